@@ -1,0 +1,162 @@
+"""Blocks of the backbones: Aaren attention, causal self-attention with a KV cache, feed-forward.
+
+Both blocks are pre-norm residual blocks, ``x + mix(LN(x))`` then ``x + FF(LN(x))``, and differ
+only in the token mixer, so that Aaren and the Transformer are compared like for like
+(Feng et al. 2024, section 4).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aaren_core.functional import ScanState, attention_scan, attention_step, empty_state
+
+__all__ = ["AarenAttention", "AarenLayer", "CausalSelfAttention", "FeedForward", "TransformerLayer"]
+
+
+class FeedForward(nn.Module):
+    """``Linear(d, d_ff) -> GELU -> Linear(d_ff, d) -> dropout``; ``[..., d] -> [..., d]``."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.fc2(F.gelu(self.fc1(x))))
+
+
+class AarenAttention(nn.Module):
+    """Attention with one learned query token, computed as an RNN (the paper's Aaren module).
+
+    The query token ``q0 [d_model]`` goes through the same query projection a Transformer has,
+    ``q = W_q q0 + b_q``, split into ``H`` heads of width ``Dh = d_model / H``. For input tokens
+    ``x_i``: ``k_i = W_k x_i``, ``v_i = W_v x_i``, ``s_i = q . k_i / sqrt(Dh)`` per head, and the
+    mixer returns ``W_o o_k`` with ``o_k`` from ``aaren_core.functional``. Keeping ``W_q`` makes
+    Aaren exactly ``d_model`` parameters larger than a Transformer block (the query token), the
+    parity the paper reports (3,152,896 vs 3,152,384 for d_model 512, d_ff 2048).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.query = nn.Parameter(torch.randn(d_model) * 0.02)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _query(self) -> Tensor:
+        return self.q_proj(self.query).view(self.n_heads, self.head_dim)  # [H, Dh]
+
+    def init_state(self, batch: int, device: torch.device | str | None = None) -> ScanState:
+        return empty_state(batch, self.n_heads, self.head_dim, dtype=self.query.dtype, device=device)
+
+    def forward(self, x: Tensor, state: ScanState | None = None) -> tuple[Tensor, ScanState]:
+        """``x [B, N, d]``, optional state -> ``(y [B, N, d], final state)``."""
+        b, n, d = x.shape
+        k = self.k_proj(x).view(b, n, self.n_heads, self.head_dim)  # [B, N, H, Dh]
+        v = self.v_proj(x).view(b, n, self.n_heads, self.head_dim)  # [B, N, H, Dh]
+        s = torch.einsum("bnhd,hd->bnh", k, self._query()) / math.sqrt(self.head_dim)  # [B, N, H]
+        o, state = attention_scan(s, v, state)
+        return self.dropout(self.out_proj(o.reshape(b, n, d))), state
+
+    def step(self, x_t: Tensor, state: ScanState) -> tuple[Tensor, ScanState]:
+        """``x_t [B, d]``, state -> ``(y_t [B, d], new state)``: O(1) in the history length."""
+        b, d = x_t.shape
+        k = self.k_proj(x_t).view(b, self.n_heads, self.head_dim)  # [B, H, Dh]
+        v = self.v_proj(x_t).view(b, self.n_heads, self.head_dim)  # [B, H, Dh]
+        s = (k * self._query()).sum(-1) / math.sqrt(self.head_dim)  # [B, H]
+        o, state = attention_step(s, v, state)
+        return self.out_proj(o.reshape(b, d)), state
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention whose state is the KV cache ``(k, v) [B, H, T, Dh]``."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def _heads(self, t: Tensor) -> Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, N, Dh]
+
+    def forward(
+        self, x: Tensor, cache: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """``x [B, N, d]``, optional cache ``(k, v) [B, H, T, Dh]`` -> ``(y [B, N, d], cache [B, H, T+N, Dh])``."""
+        b, n, d = x.shape
+        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        past = 0
+        if cache is not None:
+            past = cache[0].shape[2]
+            k = torch.cat([cache[0].to(k.dtype), k], dim=2)
+            v = torch.cat([cache[1].to(v.dtype), v], dim=2)
+        if past == 0:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            rows = torch.arange(n, device=x.device).unsqueeze(1)
+            cols = torch.arange(past + n, device=x.device).unsqueeze(0)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=cols <= rows + past)
+        y = self.out_proj(o.transpose(1, 2).reshape(b, n, d))
+        return self.dropout(y), (k, v)
+
+
+class AarenLayer(nn.Module):
+    """Pre-norm residual block with Aaren as the token mixer; state ``ScanState`` per block."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.mixer = AarenAttention(d_model, n_heads, dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+
+    def forward(self, x: Tensor, state: ScanState | None = None) -> tuple[Tensor, ScanState]:
+        """``x [B, N, d]`` -> ``(y [B, N, d], state)``."""
+        h, state = self.mixer(self.norm1(x), state)
+        x = x + h
+        return x + self.ff(self.norm2(x)), state
+
+    def step(self, x_t: Tensor, state: ScanState) -> tuple[Tensor, ScanState]:
+        """``x_t [B, d]`` -> ``(y_t [B, d], state)``."""
+        h, state = self.mixer.step(self.norm1(x_t), state)
+        x_t = x_t + h
+        return x_t + self.ff(self.norm2(x_t)), state
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm residual block with causal self-attention; state: its KV cache."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.mixer = CausalSelfAttention(d_model, n_heads, dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.ff = FeedForward(d_model, d_ff, dropout)
+
+    def forward(
+        self, x: Tensor, cache: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """``x [B, N, d]`` -> ``(y [B, N, d], cache (k, v) [B, H, T+N, Dh])``."""
+        h, cache = self.mixer(self.norm1(x), cache)
+        x = x + h
+        return x + self.ff(self.norm2(x)), cache
