@@ -208,7 +208,10 @@ class GRUModel(Backbone[GRUState]):
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__(config)
         self.gru = nn.GRU(
-            config.d_model, config.d_model, num_layers=config.n_layers, batch_first=True,
+            config.d_model,
+            config.d_model,
+            num_layers=config.n_layers,
+            batch_first=True,
             dropout=config.dropout if config.n_layers > 1 else 0.0,
         )
 

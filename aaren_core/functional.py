@@ -62,27 +62,19 @@ def empty_state(
     )
 
 
-def _rescale(m_old: Tensor, m_new: Tensor) -> Tensor:
-    """``exp(m_old - m_new)``, defined as 0 where ``m_old = -inf`` (an empty segment).
-
-    The difference is masked before ``exp`` so that neither the value nor the gradient sees
-    ``-inf - -inf = nan``.
-    """
-    empty = torch.isneginf(m_old)
-    diff = torch.where(empty, torch.zeros_like(m_old), m_old - m_new)
-    return torch.where(empty, torch.zeros_like(m_old), torch.exp(diff))
-
-
 def combine(a: ScanState, b: ScanState) -> ScanState:
     """The associative operator: the state of segment ``A`` followed by segment ``B``.
 
     ``m = max(m_A, m_B)``, ``u = u_A exp(m_A - m) + u_B exp(m_B - m)``,
     ``w = w_A exp(m_A - m) + w_B exp(m_B - m)``. Broadcasts over leading dims; ``w`` has one more
-    trailing dim than ``m`` and ``u``.
+    trailing dim than ``m`` and ``u``. An empty segment (``m = -inf``) gets weight 0.
     """
     m = torch.maximum(a.m, b.m)
-    ca = _rescale(a.m, m)
-    cb = _rescale(b.m, m)
+    # Only where both segments are empty is m = -inf; subtracting 0 there instead keeps
+    # -inf - -inf = nan out of the values and the gradients (exp(-inf - 0) = 0).
+    shift = torch.where(torch.isneginf(m), 0.0, m)
+    ca = torch.exp(a.m - shift)
+    cb = torch.exp(b.m - shift)
     return ScanState(
         m=m,
         u=a.u * ca + b.u * cb,
@@ -251,9 +243,7 @@ def attention_step(s_t: Tensor, v_t: Tensor, state: ScanState) -> tuple[Tensor, 
     ``o_t = w' / u'`` (DESIGN.md section 1).
     """
     if s_t.dim() != 2 or v_t.dim() != 3 or v_t.shape[:2] != s_t.shape:
-        raise ValueError(
-            f"expected s_t [B, H] and v_t [B, H, D]; got {tuple(s_t.shape)} and {tuple(v_t.shape)}"
-        )
+        raise ValueError(f"expected s_t [B, H] and v_t [B, H, D]; got {tuple(s_t.shape)} and {tuple(v_t.shape)}")
     cdt = _compute_dtype(s_t.dtype)
     new = combine(
         ScanState(state.m.to(cdt), state.u.to(cdt), state.w.to(cdt)),

@@ -99,9 +99,7 @@ class CausalSelfAttention(nn.Module):
         b, n, _ = t.shape
         return t.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, N, Dh]
 
-    def forward(
-        self, x: Tensor, cache: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, x: Tensor, cache: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``x [B, N, d]``, optional cache ``(k, v) [B, H, T, Dh]`` -> ``(y [B, N, d], cache [B, H, T+N, Dh])``."""
         b, n, d = x.shape
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
@@ -153,9 +151,7 @@ class TransformerLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = FeedForward(d_model, d_ff, dropout)
 
-    def forward(
-        self, x: Tensor, cache: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(self, x: Tensor, cache: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """``x [B, N, d]`` -> ``(y [B, N, d], cache (k, v) [B, H, T+N, Dh])``."""
         h, cache = self.mixer(self.norm1(x), cache)
         x = x + h

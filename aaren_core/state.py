@@ -155,9 +155,7 @@ class State:
         if json.loads(meta.get("spec", "null")) != state.spec():
             raise StateFormatError(f"state bytes do not match their own header spec {meta.get('spec')}")
         if like is not None and state.spec() != like.spec():
-            raise StateFormatError(
-                f"state shape {state.spec()} does not match this model's state shape {like.spec()}"
-            )
+            raise StateFormatError(f"state shape {state.spec()} does not match this model's state shape {like.spec()}")
         return state
 
 
@@ -175,8 +173,7 @@ def _parse(data: bytes) -> tuple[dict[str, str], dict[str, Tensor]]:
         raise StateFormatError(f"bytes are not an {STATE_FORMAT!r} (format={meta.get('format')!r})")
     if meta.get("format_version") != str(STATE_FORMAT_VERSION):
         raise StateFormatError(
-            f"state format version {meta.get('format_version')!r} is not supported; "
-            f"expected {STATE_FORMAT_VERSION}"
+            f"state format version {meta.get('format_version')!r} is not supported; expected {STATE_FORMAT_VERSION}"
         )
     return meta, tensors
 
