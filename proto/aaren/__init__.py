@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code of the aaren service (source: proto/aaren/)."""

@@ -1,0 +1,345 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ForecastMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FORECAST_MODE_UNSPECIFIED: _ClassVar[ForecastMode]
+    FORECAST_MODE_EVERY_EVENT: _ClassVar[ForecastMode]
+    FORECAST_MODE_LAST_PER_SESSION: _ClassVar[ForecastMode]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    ERROR_CODE_CANCELLED: _ClassVar[ErrorCode]
+    ERROR_CODE_UNKNOWN: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_ARGUMENT: _ClassVar[ErrorCode]
+    ERROR_CODE_DEADLINE_EXCEEDED: _ClassVar[ErrorCode]
+    ERROR_CODE_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_ALREADY_EXISTS: _ClassVar[ErrorCode]
+    ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
+    ERROR_CODE_RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
+    ERROR_CODE_FAILED_PRECONDITION: _ClassVar[ErrorCode]
+    ERROR_CODE_ABORTED: _ClassVar[ErrorCode]
+    ERROR_CODE_OUT_OF_RANGE: _ClassVar[ErrorCode]
+    ERROR_CODE_UNIMPLEMENTED: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_DATA_LOSS: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
+FORECAST_MODE_UNSPECIFIED: ForecastMode
+FORECAST_MODE_EVERY_EVENT: ForecastMode
+FORECAST_MODE_LAST_PER_SESSION: ForecastMode
+ERROR_CODE_UNSPECIFIED: ErrorCode
+ERROR_CODE_CANCELLED: ErrorCode
+ERROR_CODE_UNKNOWN: ErrorCode
+ERROR_CODE_INVALID_ARGUMENT: ErrorCode
+ERROR_CODE_DEADLINE_EXCEEDED: ErrorCode
+ERROR_CODE_NOT_FOUND: ErrorCode
+ERROR_CODE_ALREADY_EXISTS: ErrorCode
+ERROR_CODE_PERMISSION_DENIED: ErrorCode
+ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode
+ERROR_CODE_FAILED_PRECONDITION: ErrorCode
+ERROR_CODE_ABORTED: ErrorCode
+ERROR_CODE_OUT_OF_RANGE: ErrorCode
+ERROR_CODE_UNIMPLEMENTED: ErrorCode
+ERROR_CODE_INTERNAL: ErrorCode
+ERROR_CODE_UNAVAILABLE: ErrorCode
+ERROR_CODE_DATA_LOSS: ErrorCode
+ERROR_CODE_UNAUTHENTICATED: ErrorCode
+
+class Event(_message.Message):
+    __slots__ = ("session_id", "seq", "time", "mark", "values")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    MARK_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    seq: int
+    time: float
+    mark: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[float] = ..., mark: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class StreamRequest(_message.Message):
+    __slots__ = ("request_id", "events", "forecast_mode", "top_k")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_MODE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    forecast_mode: ForecastMode
+    top_k: int
+    def __init__(self, request_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., forecast_mode: _Optional[_Union[ForecastMode, str]] = ..., top_k: _Optional[int] = ...) -> None: ...
+
+class StreamResponse(_message.Message):
+    __slots__ = ("request_id", "results", "request_error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    results: _containers.RepeatedCompositeFieldContainer[EventResult]
+    request_error: EventError
+    def __init__(self, request_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ..., request_error: _Optional[_Union[EventError, _Mapping]] = ...) -> None: ...
+
+class EventResult(_message.Message):
+    __slots__ = ("session_id", "seq", "duplicate", "forecast", "ack", "error")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    seq: int
+    duplicate: bool
+    forecast: Forecast
+    ack: Ack
+    error: EventError
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., forecast: _Optional[_Union[Forecast, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[EventError, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("last_seq",)
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    last_seq: int
+    def __init__(self, last_seq: _Optional[int] = ...) -> None: ...
+
+class EventError(_message.Message):
+    __slots__ = ("code", "reason", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: ErrorCode
+    reason: str
+    message: str
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ModelRef(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class Quantile(_message.Message):
+    __slots__ = ("q", "value")
+    Q_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    q: float
+    value: float
+    def __init__(self, q: _Optional[float] = ..., value: _Optional[float] = ...) -> None: ...
+
+class TimeForecast(_message.Message):
+    __slots__ = ("mean", "quantiles", "expected_time")
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    QUANTILES_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_TIME_FIELD_NUMBER: _ClassVar[int]
+    mean: float
+    quantiles: _containers.RepeatedCompositeFieldContainer[Quantile]
+    expected_time: float
+    def __init__(self, mean: _Optional[float] = ..., quantiles: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., expected_time: _Optional[float] = ...) -> None: ...
+
+class MarkProbability(_message.Message):
+    __slots__ = ("mark", "probability")
+    MARK_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    mark: int
+    probability: float
+    def __init__(self, mark: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
+
+class ValueForecast(_message.Message):
+    __slots__ = ("mean", "std")
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    STD_FIELD_NUMBER: _ClassVar[int]
+    mean: float
+    std: float
+    def __init__(self, mean: _Optional[float] = ..., std: _Optional[float] = ...) -> None: ...
+
+class Forecast(_message.Message):
+    __slots__ = ("session_id", "seq", "last_time", "next_time", "marks", "values", "model")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIME_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TIME_FIELD_NUMBER: _ClassVar[int]
+    MARKS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    seq: int
+    last_time: float
+    next_time: TimeForecast
+    marks: _containers.RepeatedCompositeFieldContainer[MarkProbability]
+    values: _containers.RepeatedCompositeFieldContainer[ValueForecast]
+    model: ModelRef
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., last_time: _Optional[float] = ..., next_time: _Optional[_Union[TimeForecast, _Mapping]] = ..., marks: _Optional[_Iterable[_Union[MarkProbability, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[ValueForecast, _Mapping]]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ...) -> None: ...
+
+class ForecastRequest(_message.Message):
+    __slots__ = ("session_id", "horizon", "num_samples", "seed", "top_k", "include_paths")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_PATHS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    horizon: int
+    num_samples: int
+    seed: int
+    top_k: int
+    include_paths: bool
+    def __init__(self, session_id: _Optional[str] = ..., horizon: _Optional[int] = ..., num_samples: _Optional[int] = ..., seed: _Optional[int] = ..., top_k: _Optional[int] = ..., include_paths: _Optional[bool] = ...) -> None: ...
+
+class SampledEvent(_message.Message):
+    __slots__ = ("time", "mark", "values")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    MARK_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    mark: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, time: _Optional[float] = ..., mark: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class SampledPath(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[SampledEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[SampledEvent, _Mapping]]] = ...) -> None: ...
+
+class StepSummary(_message.Message):
+    __slots__ = ("step", "mean_time", "time_quantiles", "marks")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    MEAN_TIME_FIELD_NUMBER: _ClassVar[int]
+    TIME_QUANTILES_FIELD_NUMBER: _ClassVar[int]
+    MARKS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    mean_time: float
+    time_quantiles: _containers.RepeatedCompositeFieldContainer[Quantile]
+    marks: _containers.RepeatedCompositeFieldContainer[MarkProbability]
+    def __init__(self, step: _Optional[int] = ..., mean_time: _Optional[float] = ..., time_quantiles: _Optional[_Iterable[_Union[Quantile, _Mapping]]] = ..., marks: _Optional[_Iterable[_Union[MarkProbability, _Mapping]]] = ...) -> None: ...
+
+class ForecastResponse(_message.Message):
+    __slots__ = ("forecast", "steps", "paths")
+    FORECAST_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    forecast: Forecast
+    steps: _containers.RepeatedCompositeFieldContainer[StepSummary]
+    paths: _containers.RepeatedCompositeFieldContainer[SampledPath]
+    def __init__(self, forecast: _Optional[_Union[Forecast, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[SampledPath, _Mapping]]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("session_id", "include_state")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STATE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    include_state: bool
+    def __init__(self, session_id: _Optional[str] = ..., include_state: _Optional[bool] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "last_seq", "last_time", "n_events", "state_bytes", "state", "model", "created_at", "updated_at", "expires_at")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIME_FIELD_NUMBER: _ClassVar[int]
+    N_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    last_seq: int
+    last_time: float
+    n_events: int
+    state_bytes: int
+    state: bytes
+    model: ModelRef
+    created_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, session_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., last_time: _Optional[float] = ..., n_events: _Optional[int] = ..., state_bytes: _Optional[int] = ..., state: _Optional[bytes] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class EndSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class EndSessionResponse(_message.Message):
+    __slots__ = ("existed", "last_seq")
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    existed: bool
+    last_seq: int
+    def __init__(self, existed: _Optional[bool] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class DescribeModelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServiceLimits(_message.Message):
+    __slots__ = ("max_events_per_request", "max_session_id_bytes", "max_message_bytes", "max_horizon", "max_num_samples", "default_num_samples", "default_top_k", "idle_ttl_seconds")
+    MAX_EVENTS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSION_ID_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_HORIZON_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_TOP_K_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    max_events_per_request: int
+    max_session_id_bytes: int
+    max_message_bytes: int
+    max_horizon: int
+    max_num_samples: int
+    default_num_samples: int
+    default_top_k: int
+    idle_ttl_seconds: float
+    def __init__(self, max_events_per_request: _Optional[int] = ..., max_session_id_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_horizon: _Optional[int] = ..., max_num_samples: _Optional[int] = ..., default_num_samples: _Optional[int] = ..., default_top_k: _Optional[int] = ..., idle_ttl_seconds: _Optional[float] = ...) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BACKBONE_FIELD_NUMBER: _ClassVar[int]
+    D_MODEL_FIELD_NUMBER: _ClassVar[int]
+    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    N_HEADS_FIELD_NUMBER: _ClassVar[int]
+    NUM_MARKS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_PER_SESSION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    MARK_NAMES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    TIME_UNIT_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    backbone: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    num_marks: int
+    value_width: int
+    state_bytes_per_session: int
+    parameters: int
+    mark_names: _containers.RepeatedScalarFieldContainer[str]
+    value_names: _containers.RepeatedScalarFieldContainer[str]
+    time_unit: str
+    quantile_levels: _containers.RepeatedScalarFieldContainer[float]
+    device: str
+    limits: ServiceLimits
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backbone: _Optional[str] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., num_marks: _Optional[int] = ..., value_width: _Optional[int] = ..., state_bytes_per_session: _Optional[int] = ..., parameters: _Optional[int] = ..., mark_names: _Optional[_Iterable[str]] = ..., value_names: _Optional[_Iterable[str]] = ..., time_unit: _Optional[str] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., device: _Optional[str] = ..., limits: _Optional[_Union[ServiceLimits, _Mapping]] = ...) -> None: ...
