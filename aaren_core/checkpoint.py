@@ -28,6 +28,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from aaren_core.backbones import Backbone, BackboneConfig, build_backbone
+from aaren_core.event_model import EventModel, EventModelConfig
 
 __all__ = [
     "CONFIG_FILE",
@@ -174,3 +175,4 @@ def load_checkpoint(directory: str | Path, map_location: str | torch.device = "c
 
 
 register_model("backbone", Backbone, lambda config: build_backbone(BackboneConfig.from_dict(config)))
+register_model("event_model", EventModel, lambda config: EventModel(EventModelConfig.from_dict(config)))
