@@ -1,0 +1,1 @@
+"""Typed Python client of the aaren service, and the ``aaren`` command line."""

@@ -1,0 +1,1 @@
+"""The aaren gRPC service: settings, runtime (batched model steps), session stores, servicer, metrics."""

@@ -1,0 +1,154 @@
+"""Assembles and runs the server: model, store, runtime, gRPC (with health and reflection), metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from aaren.v1 import aaren_pb2, aaren_pb2_grpc
+from server.engine import load_engine, resolve_device
+from server.metrics import Metrics
+from server.runtime import Runtime
+from server.servicer import ForecastServicer
+from server.settings import ServerSettings, bundled_checkpoint
+from server.stores import StateLayout, open_store
+
+__all__ = ["AarenServer", "run"]
+
+log = logging.getLogger("aaren.server")
+
+SERVICE_NAME = aaren_pb2.DESCRIPTOR.services_by_name["ForecastService"].full_name
+
+
+class AarenServer:
+    """One server instance. ``await start()`` binds (``grpc_port`` / ``metrics_port`` tell the ports),
+    ``await stop()`` drains and shuts down."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.health = health_aio.HealthServicer()
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._http: tuple[object, threading.Thread] | None = None
+        self.runtime: Runtime | None = None
+        self.servicer: ForecastServicer | None = None
+        self._stopped = asyncio.Event()
+
+    def _checkpoint(self) -> str | None:
+        if self.settings.checkpoint is not None:
+            return str(self.settings.checkpoint)
+        bundled = bundled_checkpoint()
+        return str(bundled) if (bundled / "config.json").is_file() else None
+
+    async def start(self) -> None:
+        s = self.settings
+        options = [
+            ("grpc.max_receive_message_length", s.max_message_bytes),
+            ("grpc.max_send_message_length", max(s.max_message_bytes, 64 * 1024 * 1024)),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._server = grpc.aio.server(options=options)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            self._server,
+        )
+        self.servicer = ForecastServicer(s, self.metrics)
+        aaren_pb2_grpc.add_ForecastServiceServicer_to_server(self.servicer, self._server)
+        self.grpc_port = self._server.add_insecure_port(s.address)
+        if self.grpc_port == 0:
+            raise OSError(f"could not bind the gRPC address {s.address!r}")
+        await self._server.start()  # health answers NOT_SERVING while the model loads
+
+        device = resolve_device(s.device)
+        checkpoint = self._checkpoint()
+        engine = await asyncio.to_thread(load_engine, checkpoint, device, s.quantiles)
+        store = open_store(
+            s.store_url, StateLayout(engine.layout_rows()), capacity=s.session_capacity, idle_ttl_s=s.idle_ttl_s
+        )
+        self.runtime = Runtime(engine, store, s, self.metrics)
+        await self.runtime.start()
+        self.servicer.attach(self.runtime)
+        if s.metrics_port >= 0:
+            self._http = start_http_server(s.metrics_port, addr=s.metrics_address, registry=self.metrics.registry)
+            self.metrics_port = self._http[0].server_port  # type: ignore[attr-defined]
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        d = engine.description
+        log.info(
+            "serving %s (%s, %s backbone, %d parameters) on port %d, device %s, store %s, metrics port %s",
+            d.name,
+            d.version,
+            d.backbone,
+            d.parameters,
+            self.grpc_port,
+            d.device,
+            s.store_url,
+            self.metrics_port if s.metrics_port >= 0 else "off",
+        )
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: health NOT_SERVING, refuse new events, answer accepted ones, close streams, stop."""
+        if self._stopped.is_set():
+            return
+        grace = self.settings.drain_grace_s if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        if self.runtime is not None:
+            try:
+                await asyncio.wait_for(self.runtime.drain(), timeout=grace)
+            except TimeoutError:
+                log.warning("drain did not finish within %.1f s", grace)
+        if self.servicer is not None:
+            self.servicer.close_streams()
+        if self._server is not None:
+            await self._server.stop(grace)
+        if self.runtime is not None:
+            await self.runtime.close()
+        if self._http is not None:
+            server, thread = self._http
+            server.shutdown()  # type: ignore[attr-defined]
+            server.server_close()  # type: ignore[attr-defined]
+            thread.join(timeout=5)
+        self._stopped.set()
+
+    async def wait_for_termination(self) -> None:
+        await self._stopped.wait()
+
+
+async def _serve(settings: ServerSettings) -> None:
+    server = AarenServer(settings)
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("received %s: draining for up to %.1f s", sig.name, settings.drain_grace_s)
+        if not stopping:
+            stopping.append(asyncio.create_task(server.stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    await server.start()
+    print(f"aaren: listening on port {server.grpc_port}, metrics on port {server.metrics_port}", flush=True)
+    await server.wait_for_termination()
+    log.info("stopped")
+
+
+def run(settings: ServerSettings) -> None:
+    """Run the server until SIGTERM or SIGINT."""
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.checkpoint is not None and not Path(settings.checkpoint).exists():
+        raise SystemExit(f"checkpoint {settings.checkpoint} does not exist")
+    asyncio.run(_serve(settings))

@@ -1,0 +1,77 @@
+"""Prometheus metrics of one server (its own registry, so several servers can live in one process).
+
+Names follow Prometheus conventions: ``aaren_`` prefix, base units, ``_total`` counters. No label
+ever carries a session id.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Metrics"]
+
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class Metrics:
+    """Every metric the service exports, registered in ``self.registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.event_latency = Histogram(
+            "aaren_event_latency_seconds",
+            "Time an event spends in each phase: queue (arrival to batch start), model (batched step), "
+            "store (state write), total (arrival to result).",
+            ["phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "aaren_request_latency_seconds",
+            "Time from receiving a request (a stream message or a unary call) to its response.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "aaren_batch_size", "Sessions stepped in one batched model call.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_events = Histogram(
+            "aaren_batch_events", "Events applied by one batch.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.events = Counter(
+            "aaren_events_total", "Events by outcome: applied, duplicate or rejected.", ["outcome"], registry=r
+        )
+        self.rejections = Counter("aaren_events_rejected_total", "Rejected events by reason.", ["reason"], registry=r)
+        self.sessions_started = Counter("aaren_sessions_started_total", "Sessions created.", registry=r)
+        self.sessions_ended = Counter("aaren_sessions_ended_total", "Sessions ended by EndSession.", registry=r)
+        self.sessions_evicted = Counter(
+            "aaren_sessions_evicted_total", "Sessions evicted, by cause: ttl or capacity.", ["cause"], registry=r
+        )
+        self.active_sessions = Gauge("aaren_active_sessions", "Sessions held by the store.", registry=r)
+        self.state_bytes_per_session = Gauge(
+            "aaren_state_bytes_per_session", "Bytes of model state kept per session.", registry=r
+        )
+        self.state_bytes_total = Gauge(
+            "aaren_state_bytes_total", "Bytes of model state kept for all active sessions.", registry=r
+        )
+        self.open_streams = Gauge("aaren_open_streams", "Stream calls now open.", registry=r)
+        self.pending_events = Gauge("aaren_pending_events", "Events accepted and waiting for a batch.", registry=r)
+        self.store_errors = Counter(
+            "aaren_store_errors_total", "Store operations that failed, by operation.", ["operation"], registry=r
+        )
+        self.state_conflicts = Counter(
+            "aaren_state_conflicts_total",
+            "State writes refused because the stored seq changed since it was read (compare-and-set).",
+            registry=r,
+        )
+        for outcome in ("applied", "duplicate", "rejected"):
+            self.events.labels(outcome)
+        for phase in ("queue", "model", "store", "total"):
+            self.event_latency.labels(phase)
+        for cause in ("ttl", "capacity"):
+            self.sessions_evicted.labels(cause)

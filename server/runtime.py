@@ -1,0 +1,593 @@
+"""The runtime: accepts events, applies them in batched model calls, answers with forecasts.
+
+One background task (the batcher) takes the sessions that have pending events, up to
+``max_batch_size`` of them, loads their state from the store, applies each session's pending
+events in order (one batched ``step`` for sessions with one event, the parallel scan for longer
+runs) on a worker thread, writes the new state, and only then resolves the requests (DESIGN.md:
+acknowledgement means durable). A session is in at most one batch at a time, so its events
+apply in order. The runtime knows nothing of gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+
+from server.engine import Engine, ForecastNumbers, RunInput
+from server.errors import Code, ErrorInfo, ServiceError
+from server.metrics import Metrics
+from server.settings import ServerSettings
+from server.stores.base import SessionMeta, SessionStore, StoreUnavailableError
+
+__all__ = ["Ack", "Event", "Forecast", "Outcome", "Runtime", "SampledFuture", "SessionView", "StepSummary"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_RUN_EVENTS = 4096
+EMPTY_SESSION_ID = "session_id is empty; expected 1 or more bytes"
+
+
+@dataclasses.dataclass(slots=True)
+class Event:
+    session_id: str
+    seq: int
+    time: float
+    mark: int
+    values: Sequence[float]
+
+
+@dataclasses.dataclass(slots=True)
+class Forecast:
+    session_id: str
+    seq: int
+    last_time: float
+    numbers: ForecastNumbers
+
+
+@dataclasses.dataclass(slots=True)
+class Ack:
+    """An event that needs no forecast: applied, or a duplicate (``seq <= last_seq``) left alone."""
+
+    last_seq: int
+    duplicate: bool
+
+
+Outcome = Forecast | Ack | ErrorInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionView:
+    session_id: str
+    meta: SessionMeta
+    state: bytes | None
+    state_bytes: int
+    expires_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepSummary:
+    """What sampled futures say about future event ``step`` (1 = next): absolute times, mark frequencies."""
+
+    step: int
+    mean_time: float
+    time_quantiles: list[float]
+    marks: list[tuple[int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledFuture:
+    """The exact next-event forecast, plus (horizon > 1) per-step summaries and sampled paths
+    (absolute times ``[S][H]``, marks ``[S][H]``, values ``[S][H][V]``)."""
+
+    forecast: Forecast
+    steps: list[StepSummary]
+    times: list[list[float]]
+    marks: list[list[int]]
+    values: list[list[list[float]]]
+
+
+class _Request:
+    """One submitted message: its outcomes fill in as batches finish."""
+
+    __slots__ = ("future", "last_only", "outcomes", "remaining", "top_k")
+
+    def __init__(self, n: int, top_k: int, last_only: bool) -> None:
+        self.outcomes: list[Outcome | None] = [None] * n
+        self.remaining = n
+        self.top_k = top_k
+        self.last_only = last_only
+        self.future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+
+    def set(self, index: int, outcome: Outcome) -> None:
+        self.outcomes[index] = outcome
+        self.remaining -= 1
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(self.outcomes)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(slots=True)
+class _Run:
+    """Consecutive events of one session from one request."""
+
+    request: _Request
+    indices: list[int]
+    events: list[Event]
+    enqueued_at: float
+
+
+class Runtime:
+    def __init__(self, engine: Engine, store: SessionStore, settings: ServerSettings, metrics: Metrics) -> None:
+        self.engine = engine
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self._pending: dict[str, deque[_Run]] = {}
+        self._ready: OrderedDict[str, None] = OrderedDict()
+        self._wakeup = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aaren-model")
+        self._batcher: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._n_pending = 0
+        self.draining = False
+        store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
+        metrics.state_bytes_per_session.set(engine.description.state_bytes_per_session)
+
+    async def start(self) -> None:
+        self._batcher = asyncio.create_task(self._batch_loop(), name="aaren-batcher")
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="aaren-sweeper")
+
+    async def drain(self) -> None:
+        """Refuse new events and wait until every accepted one is answered."""
+        self.draining = True
+        while self._n_pending:
+            await asyncio.sleep(0.005)
+
+    async def close(self) -> None:
+        for task in (self._batcher, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._executor.shutdown(wait=True)
+        await self.store.close()
+
+    async def _in_worker(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def validate(self, event: Event) -> ErrorInfo | None:
+        """The checks that need no session state."""
+        s, d = self.settings, self.engine.description
+        sid = event.session_id
+        if not sid:
+            return ErrorInfo(Code.INVALID_ARGUMENT, "session_id_empty", EMPTY_SESSION_ID)
+        n_bytes = len(sid.encode("utf-8", "surrogatepass"))
+        if n_bytes > s.max_session_id_bytes:
+            return ErrorInfo(
+                Code.INVALID_ARGUMENT,
+                "session_id_too_long",
+                f"session_id is {n_bytes} bytes; expected at most {s.max_session_id_bytes}",
+            )
+        if event.seq < 1:
+            return ErrorInfo(
+                Code.INVALID_ARGUMENT, "seq_zero", f"seq of session {sid!r} is {event.seq}; seqs start at 1"
+            )
+        if not math.isfinite(event.time):
+            return ErrorInfo(
+                Code.INVALID_ARGUMENT,
+                "time_not_finite",
+                f"time of session {sid!r} seq {event.seq} is {event.time}; expected a finite number",
+            )
+        if not 0 <= event.mark < d.num_marks:
+            return ErrorInfo(
+                Code.INVALID_ARGUMENT,
+                "mark_out_of_range",
+                f"mark {event.mark} of session {sid!r} seq {event.seq} is out of range; expected 0..{d.num_marks - 1}",
+            )
+        if len(event.values) != d.value_width:
+            return ErrorInfo(
+                Code.INVALID_ARGUMENT,
+                "values_wrong_width",
+                f"session {sid!r} seq {event.seq} has {len(event.values)} values; expected {d.value_width} "
+                f"({', '.join(d.value_names)})",
+            )
+        for j, v in enumerate(event.values):
+            if not math.isfinite(v):
+                return ErrorInfo(
+                    Code.INVALID_ARGUMENT,
+                    "values_not_finite",
+                    f"value {j} ({d.value_names[j]}) of session {sid!r} seq {event.seq} is {v}; "
+                    "expected a finite number",
+                )
+        return None
+
+    async def submit(self, events: Sequence[Event], *, top_k: int = 0, last_only: bool = False) -> list[Outcome]:
+        """Apply ``events`` (many sessions, any order between sessions) and return one outcome each.
+
+        ``last_only``: forecast only the last applied event of each session in ``events``.
+        """
+        if len(events) > self.settings.max_events_per_request:
+            raise ServiceError(
+                Code.RESOURCE_EXHAUSTED,
+                "too_many_events",
+                f"request has {len(events)} events; expected at most {self.settings.max_events_per_request} "
+                "(split it into several messages)",
+            )
+        request = _Request(len(events), top_k or self.settings.default_top_k, last_only)
+        if not events:
+            return []
+        if self.draining:
+            err = ErrorInfo(Code.UNAVAILABLE, "shutting_down", "the server is shutting down; reconnect and resend")
+            for i in range(len(events)):
+                request.set(i, err)
+            self._count_rejections([err] * len(events))
+            return request.future.result()
+        now = time.perf_counter()
+        runs: dict[str, _Run] = {}
+        for i, event in enumerate(events):
+            error = self.validate(event)
+            if error is not None:
+                request.set(i, error)
+                self._count_rejections([error])
+                continue
+            run = runs.get(event.session_id)
+            if run is None:
+                runs[event.session_id] = run = _Run(request, [], [], now)
+            run.indices.append(i)
+            run.events.append(event)
+        for sid, run in runs.items():
+            self._pending.setdefault(sid, deque()).append(run)
+            self._ready[sid] = None
+            self._n_pending += len(run.events)
+        self.metrics.pending_events.set(self._n_pending)
+        if runs:
+            self._wakeup.set()
+        return await asyncio.shield(request.future)
+
+    def _count_rejections(self, errors: Sequence[ErrorInfo]) -> None:
+        for error in errors:
+            self.metrics.events.labels("rejected").inc()
+            self.metrics.rejections.labels(error.reason).inc()
+
+    async def _batch_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            wait = self.settings.max_batch_wait_ms / 1000
+            if wait and len(self._ready) < self.settings.max_batch_size:
+                await asyncio.sleep(wait)
+            sessions = []
+            while self._ready and len(sessions) < self.settings.max_batch_size:
+                sid, _ = self._ready.popitem(last=False)
+                sessions.append(sid)
+            if not self._ready:
+                self._wakeup.clear()
+            units = [(sid, self._take(sid)) for sid in sessions]
+            try:
+                await self._run_batch(units)
+            except Exception:  # a bug must not stop the service: fail this batch's events only
+                log.exception("batch of %d sessions failed", len(units))
+                err = ErrorInfo(Code.ABORTED, "batch_aborted", "the batch holding this event failed; resend it")
+                for _, runs in units:
+                    for run in runs:
+                        for i in run.indices:
+                            if run.request.outcomes[i] is None:
+                                run.request.set(i, err)
+            finally:
+                for sid, runs in units:
+                    self._n_pending -= sum(len(r.events) for r in runs)
+                    if self._pending.get(sid):
+                        self._ready[sid] = None
+                        self._wakeup.set()
+                    else:
+                        self._pending.pop(sid, None)
+                self.metrics.pending_events.set(self._n_pending)
+
+    def _take(self, sid: str) -> list[_Run]:
+        """The session's queued runs, oldest first, up to ``MAX_RUN_EVENTS`` events (at least one run)."""
+        queue = self._pending[sid]
+        runs = [queue.popleft()]
+        total = len(runs[0].events)
+        while queue and total + len(queue[0].events) <= MAX_RUN_EVENTS:
+            total += len(queue[0].events)
+            runs.append(queue.popleft())
+        return runs
+
+    async def _run_batch(self, units: list[tuple[str, list[_Run]]]) -> None:
+        started = time.perf_counter()
+        for _, runs in units:
+            for run in runs:
+                self.metrics.event_latency.labels("queue").observe(started - run.enqueued_at)
+        ids = [sid for sid, _ in units]
+        try:
+            loaded = await self.store.load(ids)
+        except StoreUnavailableError as exc:
+            self.metrics.store_errors.labels("load").inc()
+            self._fail_all(units, ErrorInfo(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}"))
+            return
+
+        # Seq, time and model checks against the stored state, event by event.
+        apply_units: list[int] = []  # indices into units with at least one applied event
+        plans: list[tuple[list[tuple[_Run, int, Event]], SessionMeta | None]] = []
+        inputs: list[RunInput] = []
+        top_ks: list[int] = []
+        for u, (sid, runs) in enumerate(units):
+            meta = loaded.metas[u]
+            applied = self._check_session(sid, runs, meta)
+            if not applied:
+                continue
+            last_time = meta.last_time if meta is not None else applied[0][2].time
+            last_of_run = {id(run): pos for pos, (run, _, _) in enumerate(applied)}
+            dts, forecast_at = [], []
+            for pos, (run, _, event) in enumerate(applied):
+                dts.append(event.time - last_time)
+                last_time = event.time
+                if not run.request.last_only or last_of_run[id(run)] == pos:
+                    forecast_at.append(pos)
+            apply_units.append(u)
+            plans.append((applied, meta))
+            inputs.append(
+                RunInput(dts, [e.mark for _, _, e in applied], [e.values for _, _, e in applied], forecast_at)
+            )
+            top_ks.append(max(r.request.top_k for r in runs))
+        if not apply_units:
+            return
+
+        self.metrics.batch_size.observe(len(apply_units))
+        self.metrics.batch_events.observe(sum(len(p[0]) for p in plans))
+        index = torch.tensor(apply_units, device=self.engine.device)
+        rows = {k: t.index_select(0, index) for k, t in loaded.tensors.items()}
+        model_started = time.perf_counter()
+        new_rows, forecasts = await self._in_worker(self.engine.apply, rows, inputs, top_ks)
+        store_started = time.perf_counter()
+
+        now = time.time()
+        save_ids, metas, expected = [], [], []
+        for (applied, meta), u in zip(plans, apply_units, strict=True):
+            last = applied[-1][2]
+            save_ids.append(units[u][0])
+            metas.append(
+                SessionMeta(
+                    last_seq=last.seq,
+                    last_time=last.time,
+                    created_at=meta.created_at if meta else now,
+                    updated_at=now,
+                    model_version=self.engine.version,
+                )
+            )
+            expected.append(meta.last_seq if meta else 0)
+        try:
+            written = await self.store.save(save_ids, new_rows, metas, expected)
+        except StoreUnavailableError as exc:
+            self.metrics.store_errors.labels("save").inc()
+            err = ErrorInfo(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable, state not saved: {exc}")
+            for applied, _ in plans:
+                for run, i, _ in applied:
+                    run.request.set(i, err)
+                self._count_rejections([err] * len(applied))
+            return
+        done = time.perf_counter()
+        self.metrics.event_latency.labels("model").observe(store_started - model_started)
+        self.metrics.event_latency.labels("store").observe(done - store_started)
+
+        for (applied, meta), ok, numbers, input_ in zip(plans, written, forecasts, inputs, strict=True):
+            sid = applied[0][2].session_id
+            if not ok:
+                self.metrics.state_conflicts.inc()
+                err = ErrorInfo(
+                    Code.ABORTED,
+                    "state_conflict",
+                    f"session {sid!r} changed while its events were applied (ended, evicted or written elsewhere); "
+                    "nothing was applied: resend from your last acknowledged seq",
+                )
+                for run, i, _ in applied:
+                    run.request.set(i, err)
+                self._count_rejections([err] * len(applied))
+                continue
+            if meta is None:
+                self.metrics.sessions_started.inc()
+            forecast_iter = iter(numbers)
+            wants = set(input_.forecast_at)
+            for pos, (run, i, event) in enumerate(applied):
+                if pos in wants:
+                    run.request.set(i, Forecast(sid, event.seq, event.time, next(forecast_iter)))
+                else:
+                    run.request.set(i, Ack(event.seq, duplicate=False))
+                self.metrics.event_latency.labels("total").observe(done - run.enqueued_at)
+            self.metrics.events.labels("applied").inc(len(applied))
+        n = await self.store.count()
+        self.metrics.active_sessions.set(n)
+        self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+
+    def _check_session(self, sid: str, runs: list[_Run], meta: SessionMeta | None) -> list[tuple[_Run, int, Event]]:
+        """Classify the session's queued events against its state; answer duplicates and errors now.
+
+        Returns the events to apply, in order (their seqs are consecutive)."""
+        if meta is not None and meta.model_version != self.engine.version:
+            err = ErrorInfo(
+                Code.FAILED_PRECONDITION,
+                "model_mismatch",
+                f"session {sid!r} was built by model {meta.model_version!r}; this server runs "
+                f"{self.engine.version!r}: end the session to start it again",
+            )
+            for run in runs:
+                for i in run.indices:
+                    run.request.set(i, err)
+                self._count_rejections([err] * len(run.indices))
+            return []
+        last_seq = meta.last_seq if meta else 0
+        last_time = meta.last_time if meta else -math.inf
+        applied: list[tuple[_Run, int, Event]] = []
+        for run in runs:
+            for i, event in zip(run.indices, run.events, strict=True):
+                error: ErrorInfo | None = None
+                if event.seq <= last_seq:
+                    run.request.set(i, Ack(last_seq, duplicate=True))
+                    self.metrics.events.labels("duplicate").inc()
+                    continue
+                if last_seq == 0 and event.seq > 1:
+                    evicted = self.store.was_evicted(sid)
+                    error = ErrorInfo(
+                        Code.NOT_FOUND,
+                        "session_evicted" if evicted else "session_not_found",
+                        f"session {sid!r} has no state ("
+                        + ("evicted after being idle or for capacity" if evicted else "never started, or ended")
+                        + f"), so seq {event.seq} cannot apply; start it again with seq 1",
+                    )
+                elif event.seq > last_seq + 1:
+                    error = ErrorInfo(
+                        Code.FAILED_PRECONDITION,
+                        "seq_gap",
+                        f"seq {event.seq} of session {sid!r} skips ahead: expected seq {last_seq + 1} "
+                        f"(last applied seq is {last_seq})",
+                    )
+                elif event.time < last_time:
+                    error = ErrorInfo(
+                        Code.FAILED_PRECONDITION,
+                        "time_before_last",
+                        f"time {event.time} of session {sid!r} seq {event.seq} is earlier than its previous "
+                        f"event's time {last_time}; expected a time >= {last_time}",
+                    )
+                if error is not None:
+                    run.request.set(i, error)
+                    self._count_rejections([error])
+                    continue
+                applied.append((run, i, event))
+                last_seq, last_time = event.seq, event.time
+        return applied
+
+    def _fail_all(self, units: list[tuple[str, list[_Run]]], error: ErrorInfo) -> None:
+        for _, runs in units:
+            for run in runs:
+                for i in run.indices:
+                    run.request.set(i, error)
+                self._count_rejections([error] * len(run.indices))
+
+    async def _sweep_loop(self) -> None:
+        period = min(max(self.settings.idle_ttl_s / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                if await self.store.sweep(time.time()):
+                    self.metrics.active_sessions.set(await self.store.count())
+            except StoreUnavailableError:
+                self.metrics.store_errors.labels("sweep").inc()
+
+    async def _get(self, session_id: str) -> tuple[SessionMeta, dict[str, torch.Tensor]]:
+        if not session_id:
+            raise ServiceError(
+                Code.INVALID_ARGUMENT, "session_id_empty", "session_id is empty; expected 1 or more bytes"
+            )
+        try:
+            found = await self.store.get(session_id)
+        except StoreUnavailableError as exc:
+            self.metrics.store_errors.labels("get").inc()
+            raise ServiceError(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}") from exc
+        if found is None:
+            evicted = self.store.was_evicted(session_id)
+            raise ServiceError(
+                Code.NOT_FOUND,
+                "session_evicted" if evicted else "session_not_found",
+                f"session {session_id!r} "
+                + ("was evicted (idle past the TTL or for capacity)" if evicted else "does not exist"),
+            )
+        meta, rows = found
+        if meta.model_version != self.engine.version:
+            raise ServiceError(
+                Code.FAILED_PRECONDITION,
+                "model_mismatch",
+                f"session {session_id!r} was built by model {meta.model_version!r}; this server runs "
+                f"{self.engine.version!r}",
+            )
+        return meta, rows
+
+    async def forecast(
+        self,
+        session_id: str,
+        *,
+        horizon: int = 1,
+        num_samples: int = 0,
+        seed: int | None = None,
+        top_k: int = 0,
+        include_paths: bool = False,
+    ) -> SampledFuture:
+        """The session's exact next-event forecast; for ``horizon > 1`` also ``num_samples`` sampled
+        futures of ``horizon`` events (0: the default count), summarized per step."""
+        s = self.settings
+        if horizon > s.max_horizon:
+            raise ServiceError(
+                Code.INVALID_ARGUMENT,
+                "horizon_too_large",
+                f"horizon {horizon} is too large; expected at most {s.max_horizon}",
+            )
+        if num_samples > s.max_num_samples:
+            raise ServiceError(
+                Code.INVALID_ARGUMENT,
+                "num_samples_too_large",
+                f"num_samples {num_samples} is too large; expected at most {s.max_num_samples}",
+            )
+        meta, rows = await self._get(session_id)
+        k = top_k or s.default_top_k
+        numbers = (await self._in_worker(self.engine.forecast_numbers, rows["features"], [k]))[0]
+        forecast = Forecast(session_id, meta.last_seq, meta.last_time, numbers)
+        if horizon <= 1:
+            return SampledFuture(forecast, [], [], [], [])
+        n = num_samples or s.default_num_samples
+        gaps, marks, values = await self._in_worker(self.engine.sample, rows, horizon, n, seed)
+        times = meta.last_time + torch.tensor(gaps, dtype=torch.float64).cumsum(dim=1)  # [S, H]
+        levels = torch.tensor(self.engine.quantiles, dtype=torch.float64)
+        quantiles = torch.quantile(times, levels, dim=0).T.tolist()  # [H, Q]
+        mark_tensor = torch.tensor(marks)
+        steps = []
+        for h in range(horizon):
+            freq = torch.bincount(mark_tensor[:, h], minlength=self.engine.description.num_marks).double() / n
+            top = freq.topk(min(k, freq.numel()))
+            steps.append(
+                StepSummary(
+                    h + 1,
+                    float(times[:, h].mean()),
+                    quantiles[h],
+                    list(zip(top.indices.tolist(), top.values.tolist(), strict=True)),
+                )
+            )
+        if not include_paths:
+            return SampledFuture(forecast, steps, [], [], [])
+        return SampledFuture(forecast, steps, times.tolist(), marks, values)
+
+    async def get_session(self, session_id: str, include_state: bool = False) -> SessionView:
+        meta, rows = await self._get(session_id)
+        state = self.engine.state_of(rows)
+        data = state.to_bytes(model_version=self.engine.version) if include_state else None
+        return SessionView(
+            session_id,
+            meta,
+            data,
+            self.engine.description.state_bytes_per_session,
+            meta.updated_at + self.settings.idle_ttl_s,
+        )
+
+    async def end_session(self, session_id: str) -> SessionMeta | None:
+        if not session_id:
+            raise ServiceError(
+                Code.INVALID_ARGUMENT, "session_id_empty", "session_id is empty; expected 1 or more bytes"
+            )
+        try:
+            meta = await self.store.delete(session_id)
+        except StoreUnavailableError as exc:
+            self.metrics.store_errors.labels("delete").inc()
+            raise ServiceError(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}") from exc
+        if meta is not None:
+            self.metrics.sessions_ended.inc()
+            n = await self.store.count()
+            self.metrics.active_sessions.set(n)
+            self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+        return meta

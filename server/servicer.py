@@ -1,0 +1,274 @@
+"""gRPC servicer: converts ``aaren.v1`` messages to runtime calls and back. No business logic."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from aaren.v1 import aaren_pb2 as pb
+from aaren.v1 import aaren_pb2_grpc as pb_grpc
+from server.errors import ErrorInfo, ServiceError
+from server.metrics import Metrics
+from server.runtime import Ack, Event, Forecast, Outcome, Runtime, SampledFuture
+from server.settings import ServerSettings
+
+__all__ = ["ForecastServicer"]
+
+REASON_METADATA_KEY = "aaren-error-reason"
+_CLOSE = object()
+
+
+_STATUS = {status.value[0]: status for status in grpc.StatusCode}
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+class ForecastServicer(pb_grpc.ForecastServiceServicer):
+    """Registered before the server starts; calls are refused with UNAVAILABLE until ``attach``."""
+
+    def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._runtime: Runtime | None = None
+        self._model_ref = pb.ModelRef()
+        self._levels: tuple[float, ...] = ()
+        self._streams: set[asyncio.Queue[object]] = set()
+
+    def attach(self, runtime: Runtime) -> None:
+        d = runtime.engine.description
+        self._model_ref = pb.ModelRef(name=d.name, version=d.version)
+        self._levels = runtime.engine.quantiles
+        self._runtime = runtime
+
+    async def _ready(self, context: grpc.aio.ServicerContext) -> Runtime:
+        if self._runtime is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "the model is still loading; retry shortly",
+                trailing_metadata=((REASON_METADATA_KEY, "loading"),),
+            )
+        return self._runtime  # type: ignore[return-value]
+
+    def _error(self, info: ErrorInfo) -> pb.EventError:
+        return pb.EventError(code=int(info.code), reason=info.reason, message=info.message)
+
+    def _quantiles(self, values: list[float]) -> list[pb.Quantile]:
+        return [pb.Quantile(q=q, value=v) for q, v in zip(self._levels, values, strict=True)]
+
+    def _forecast(self, f: Forecast) -> pb.Forecast:
+        n = f.numbers
+        return pb.Forecast(
+            session_id=f.session_id,
+            seq=f.seq,
+            last_time=f.last_time,
+            next_time=pb.TimeForecast(
+                mean=n.time_mean,
+                quantiles=self._quantiles(n.time_quantiles),
+                expected_time=f.last_time + n.time_mean,
+            ),
+            marks=[pb.MarkProbability(mark=m, probability=p) for m, p in n.marks],
+            values=[pb.ValueForecast(mean=m, std=s) for m, s in n.values],
+            model=self._model_ref,
+        )
+
+    def _result(self, event: pb.Event, outcome: Outcome) -> pb.EventResult:
+        if isinstance(outcome, Forecast):
+            return pb.EventResult(session_id=event.session_id, seq=event.seq, forecast=self._forecast(outcome))
+        if isinstance(outcome, Ack):
+            return pb.EventResult(
+                session_id=event.session_id,
+                seq=event.seq,
+                duplicate=outcome.duplicate,
+                ack=pb.Ack(last_seq=outcome.last_seq),
+            )
+        return pb.EventResult(session_id=event.session_id, seq=event.seq, error=self._error(outcome))
+
+    async def _answer(self, runtime: Runtime, request: pb.StreamRequest) -> pb.StreamResponse:
+        started = time.perf_counter()
+        events = [Event(e.session_id, e.seq, e.time, e.mark, e.values) for e in request.events]
+        try:
+            outcomes = await runtime.submit(
+                events,
+                top_k=request.top_k,
+                last_only=request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION,
+            )
+        except ServiceError as exc:
+            self.metrics.events.labels("rejected").inc(len(events))
+            self.metrics.rejections.labels(exc.reason).inc(len(events))
+            return pb.StreamResponse(request_id=request.request_id, request_error=self._error(exc.info))
+        response = pb.StreamResponse(
+            request_id=request.request_id,
+            results=[self._result(e, o) for e, o in zip(request.events, outcomes, strict=True)],
+        )
+        self.metrics.request_latency.labels("Stream").observe(time.perf_counter() - started)
+        return response
+
+    async def Stream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StreamResponse]:
+        """Each request is answered as soon as its events are applied and stored; the number of
+        requests a stream may have in flight is bounded, so a fast sender is slowed by flow control."""
+        runtime = await self._ready(context)
+        out: asyncio.Queue[object] = asyncio.Queue()
+        inflight = asyncio.Semaphore(self.settings.max_inflight_requests_per_stream)
+        self._streams.add(out)
+        self.metrics.open_streams.inc()
+
+        async def answer(request: pb.StreamRequest) -> None:
+            try:
+                await out.put(await self._answer(runtime, request))
+            finally:
+                inflight.release()
+
+        async def read() -> None:
+            tasks: set[asyncio.Task[None]] = set()
+            async for request in request_iterator:
+                await inflight.acquire()
+                task = asyncio.create_task(answer(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+            await out.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                if item is _CLOSE:
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the server is shutting down; reconnect (to another replica) and resend from your last "
+                        "acknowledged seq",
+                    )
+                yield item
+            await reader  # surfaces a failure of the request stream
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self._streams.discard(out)
+            self.metrics.open_streams.dec()
+
+    def close_streams(self) -> None:
+        """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
+        for out in self._streams:
+            out.put_nowait(_CLOSE)
+
+    async def _unary(self, method: str, context: grpc.aio.ServicerContext, call):  # noqa: ANN001, ANN202
+        started = time.perf_counter()
+        try:
+            return await call
+        except ServiceError as exc:
+            await context.abort(
+                _STATUS[int(exc.code)],
+                exc.info.message,
+                trailing_metadata=((REASON_METADATA_KEY, exc.reason),),
+            )
+        finally:
+            self.metrics.request_latency.labels(method).observe(time.perf_counter() - started)
+
+    async def Forecast(self, request: pb.ForecastRequest, context: grpc.aio.ServicerContext) -> pb.ForecastResponse:  # noqa: N802
+        runtime = await self._ready(context)
+        future: SampledFuture = await self._unary(
+            "Forecast",
+            context,
+            runtime.forecast(
+                request.session_id,
+                horizon=request.horizon,
+                num_samples=request.num_samples,
+                seed=request.seed if request.HasField("seed") else None,
+                top_k=request.top_k,
+                include_paths=request.include_paths,
+            ),
+        )
+        return pb.ForecastResponse(
+            forecast=self._forecast(future.forecast),
+            steps=[
+                pb.StepSummary(
+                    step=s.step,
+                    mean_time=s.mean_time,
+                    time_quantiles=[
+                        pb.Quantile(q=q, value=v) for q, v in zip(self._levels, s.time_quantiles, strict=True)
+                    ],
+                    marks=[pb.MarkProbability(mark=m, probability=p) for m, p in s.marks],
+                )
+                for s in future.steps
+            ],
+            paths=[
+                pb.SampledPath(
+                    events=[
+                        pb.SampledEvent(time=t, mark=m, values=v) for t, m, v in zip(times, marks, values, strict=True)
+                    ]
+                )
+                for times, marks, values in zip(future.times, future.marks, future.values, strict=True)
+            ],
+        )
+
+    async def GetSession(self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext) -> pb.SessionInfo:  # noqa: N802
+        runtime = await self._ready(context)
+        view = await self._unary("GetSession", context, runtime.get_session(request.session_id, request.include_state))
+        m = view.meta
+        return pb.SessionInfo(
+            session_id=view.session_id,
+            last_seq=m.last_seq,
+            last_time=m.last_time,
+            n_events=m.last_seq,
+            state_bytes=view.state_bytes,
+            state=view.state or b"",
+            model=self._model_ref,
+            created_at=_timestamp(m.created_at),
+            updated_at=_timestamp(m.updated_at),
+            expires_at=_timestamp(view.expires_at),
+        )
+
+    async def EndSession(  # noqa: N802
+        self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EndSessionResponse:
+        runtime = await self._ready(context)
+        meta = await self._unary("EndSession", context, runtime.end_session(request.session_id))
+        return pb.EndSessionResponse(existed=meta is not None, last_seq=meta.last_seq if meta else 0)
+
+    async def DescribeModel(  # noqa: N802
+        self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInfo:
+        runtime = await self._ready(context)
+        d, s = runtime.engine.description, self.settings
+        return pb.ModelInfo(
+            name=d.name,
+            version=d.version,
+            backbone=d.backbone,
+            d_model=d.d_model,
+            n_layers=d.n_layers,
+            n_heads=d.n_heads,
+            num_marks=d.num_marks,
+            value_width=d.value_width,
+            state_bytes_per_session=d.state_bytes_per_session,
+            parameters=d.parameters,
+            mark_names=list(d.mark_names),
+            value_names=list(d.value_names),
+            time_unit=d.time_unit,
+            quantile_levels=list(self._levels),
+            device=d.device,
+            limits=pb.ServiceLimits(
+                max_events_per_request=s.max_events_per_request,
+                max_session_id_bytes=s.max_session_id_bytes,
+                max_message_bytes=s.max_message_bytes,
+                max_horizon=s.max_horizon,
+                max_num_samples=s.max_num_samples,
+                default_num_samples=s.default_num_samples,
+                default_top_k=s.default_top_k,
+                idle_ttl_seconds=s.idle_ttl_s,
+            ),
+        )

@@ -1,0 +1,64 @@
+"""Server settings from flags and ``AAREN_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ServerSettings", "bundled_checkpoint"]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+def bundled_checkpoint() -> Path:
+    """The default model shipped in the repository (``models/default``)."""
+    return Path(__file__).resolve().parent.parent / "models" / "default"
+
+
+class ServerSettings(BaseSettings):
+    """Everything ``aaren serve`` can be told. Each field is also ``AAREN_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AAREN_", extra="forbid", cli_kebab_case=True, cli_prog_name="aaren serve", cli_implicit_flags=True
+    )
+
+    address: str = Field("127.0.0.1:50051", description="gRPC bind address, host:port (port 0 picks a free one)")
+    checkpoint: Path | None = Field(
+        None, description="checkpoint directory; default: the bundled model, or a random tiny model if none is bundled"
+    )
+    device: str = Field("auto", description="torch device: auto (CUDA when present), cpu, cuda, cuda:N")
+    store_url: str = Field("memory://", description="session store URL: memory:// (options: ?capacity=N)")
+    session_capacity: PositiveInt = Field(100_000, description="sessions the memory store holds before LRU eviction")
+    idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is evicted")
+    max_batch_size: PositiveInt = Field(256, description="most sessions stepped in one batched model call")
+    max_batch_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        description="how long the batcher waits for a batch to fill; 0: never wait, batches form while "
+        "the previous one computes (lowest latency when idle, full batches under load)",
+    )
+    max_inflight_requests_per_stream: PositiveInt = Field(
+        256, description="requests one stream may have unanswered before the server stops reading it"
+    )
+    max_events_per_request: PositiveInt = Field(10_000, description="most events in one stream message")
+    max_message_bytes: PositiveInt = Field(4 * 1024 * 1024, description="largest gRPC message accepted")
+    max_session_id_bytes: PositiveInt = Field(256, description="longest session id, UTF-8 bytes")
+    max_horizon: PositiveInt = Field(64, description="most steps ahead a Forecast call may sample")
+    max_num_samples: PositiveInt = Field(1000, description="most sampled paths per Forecast call")
+    default_num_samples: PositiveInt = Field(100, description="sampled paths when a Forecast call names none")
+    default_top_k: PositiveInt = Field(3, description="most likely marks in a forecast when a request names none")
+    quantiles: tuple[float, ...] = Field((0.1, 0.5, 0.9), description="gap quantile levels in every forecast")
+    metrics_address: str = Field("127.0.0.1", description="Prometheus /metrics bind host")
+    metrics_port: int = Field(9464, ge=-1, description="Prometheus /metrics port; 0 picks a free one, -1 disables")
+    drain_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, how long in-flight work may finish")
+    log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("quantiles")
+    @classmethod
+    def _levels_in_unit_interval(cls, value: tuple[float, ...]) -> tuple[float, ...]:
+        if not value or any(not 0 < q < 1 for q in value) or list(value) != sorted(set(value)):
+            raise ValueError(f"quantiles must be increasing levels in (0, 1); got {value}")
+        return value

@@ -1,0 +1,100 @@
+"""Shared fixtures: a tiny event-model checkpoint and real servers on free ports."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from aaren_core.backbones import BackboneConfig
+from aaren_core.checkpoint import save_checkpoint
+from aaren_core.event_model import EventModel, EventModelConfig
+
+TINY_SCHEMA = {
+    "mark_names": [f"m{i}" for i in range(5)],
+    "value_names": ["a", "b"],
+    "time_unit": "minutes",
+}
+
+
+def make_tiny_model(seed: int = 0, num_marks: int = 5, value_width: int = 2) -> EventModel:
+    torch.manual_seed(seed)
+    config = EventModelConfig(
+        backbone=BackboneConfig(kind="aaren", d_model=16, n_layers=2, n_heads=2),
+        num_marks=num_marks,
+        value_width=value_width,
+        n_components=3,
+    )
+    model = EventModel(config).eval()
+    model.set_normalization(1.0, 1.2, torch.tensor([1.0, -2.0][:value_width]), torch.tensor([3.0, 0.5][:value_width]))
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-ckpt")
+    save_checkpoint(path, make_tiny_model(), metadata={"name": "tiny", "schema": TINY_SCHEMA})
+    return path
+
+
+class ServerThread:
+    """A real ``AarenServer`` running on its own event loop in a background thread."""
+
+    def __init__(self, **settings: Any) -> None:
+        from server.app import AarenServer
+        from server.settings import ServerSettings
+
+        self.settings = ServerSettings(**{"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", **settings})
+        self.server = AarenServer(self.settings)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        self.call(self.server.start())
+        return self
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        """Run a coroutine on the server's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self.loop.is_running():
+            with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+                self.call(self.server.stop(grace))
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@pytest.fixture
+def start_server(tiny_checkpoint: Path) -> Iterator[Callable[..., ServerThread]]:
+    """``start_server(**settings)`` -> a running server with the tiny checkpoint (stopped after the test)."""
+    servers: list[ServerThread] = []
+
+    def start(**settings: Any) -> ServerThread:
+        settings.setdefault("checkpoint", tiny_checkpoint)
+        server = ServerThread(**settings).__enter__()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
