@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import torch
 from safetensors import SafetensorError
@@ -30,6 +30,7 @@ __all__ = [
 
 STATE_FORMAT = "aaren-state"
 STATE_FORMAT_VERSION = 1
+HEADER_KEY = "aaren"
 
 
 class StateFormatError(ValueError):
@@ -115,11 +116,14 @@ class State:
         tensors = {k: t.detach().contiguous().cpu() for k, t in self.tensors().items()}
         meta = {
             "format": STATE_FORMAT,
-            "format_version": str(STATE_FORMAT_VERSION),
+            "format_version": STATE_FORMAT_VERSION,
             "kind": self.kind,
             "model_version": model_version,
-            "spec": json.dumps(self.spec(), sort_keys=True),
+            "spec": self.spec(),
         }
+        # One metadata entry holding sorted JSON: safetensors keeps metadata in a hash map, so
+        # several entries would come out in a different order on every call.
+        meta = {HEADER_KEY: json.dumps(meta, sort_keys=True, separators=(",", ":"))}
         return st_save(tensors, metadata=meta)
 
     @classmethod
@@ -152,26 +156,29 @@ class State:
         batch = {t.shape[0] if t.dim() else None for t in tensors.values()}
         if len(batch) != 1:
             raise StateFormatError(f"state fields disagree on the batch size: {sorted(map(str, batch))}")
-        if json.loads(meta.get("spec", "null")) != state.spec():
+        if meta.get("spec") != state.spec():
             raise StateFormatError(f"state bytes do not match their own header spec {meta.get('spec')}")
         if like is not None and state.spec() != like.spec():
             raise StateFormatError(f"state shape {state.spec()} does not match this model's state shape {like.spec()}")
         return state
 
 
-def _parse(data: bytes) -> tuple[dict[str, str], dict[str, Tensor]]:
+def _parse(data: bytes) -> tuple[dict[str, Any], dict[str, Tensor]]:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise StateFormatError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
     try:
         tensors = st_load(data)
         header_len = int.from_bytes(data[:8], "little")
-        meta = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
+        header = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
+        meta = json.loads(header.get(HEADER_KEY, "{}"))
     except (SafetensorError, ValueError, UnicodeDecodeError) as exc:
         raise StateFormatError(f"state bytes are damaged or truncated ({len(data)} bytes): {exc}") from exc
+    if not isinstance(meta, dict):
+        meta = {}
     if meta.get("format") != STATE_FORMAT:
         raise StateFormatError(f"bytes are not an {STATE_FORMAT!r} (format={meta.get('format')!r})")
-    if meta.get("format_version") != str(STATE_FORMAT_VERSION):
+    if meta.get("format_version") != STATE_FORMAT_VERSION:
         raise StateFormatError(
             f"state format version {meta.get('format_version')!r} is not supported; expected {STATE_FORMAT_VERSION}"
         )

@@ -38,6 +38,12 @@ def make_tiny_model(seed: int = 0, num_marks: int = 5, value_width: int = 2) -> 
 
 
 @pytest.fixture(scope="session")
+def tiny_model_factory() -> Callable[..., EventModel]:
+    """``make_tiny_model`` for tests that need the same tiny model the servers run, or a variant."""
+    return make_tiny_model
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-ckpt")
     save_checkpoint(path, make_tiny_model(), metadata={"name": "tiny", "schema": TINY_SCHEMA})

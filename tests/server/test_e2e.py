@@ -1,0 +1,145 @@
+"""End to end: real flights events through a real server equal the offline model (invariant 4)."""
+
+from __future__ import annotations
+
+import random
+
+import grpc
+import pytest
+import torch
+
+from aaren.v1 import aaren_pb2 as pb
+from aaren.v1 import aaren_pb2_grpc
+from aaren_core.checkpoint import load_checkpoint, save_checkpoint
+from aaren_core.data import load_flights
+
+pytest.importorskip("pyarrow")  # the flights reader needs nothing else; this keeps the dev extra honest
+
+N_SESSIONS = 6
+EVENTS_PER_SESSION = 50
+
+
+@pytest.fixture(scope="module")
+def flights_events():
+    data = load_flights()
+    sequences = data.test[:N_SESSIONS]
+    schema = data.schema
+    return sequences, schema
+
+
+@pytest.fixture(scope="module")
+def flights_checkpoint(tmp_path_factory, flights_events, tiny_model_factory):
+    _, schema = flights_events
+    path = tmp_path_factory.mktemp("flights-ckpt")
+    model = tiny_model_factory(seed=3, num_marks=schema.num_marks, value_width=schema.value_width)
+    model.set_normalization(
+        2.0, 1.0, torch.tensor(schema.value_mean, dtype=torch.float32), torch.tensor(schema.value_std)
+    )
+    save_checkpoint(path, model, metadata={"name": "tiny-flights", "schema": schema.to_dict()})
+    return path
+
+
+def offline_forecasts(model, seq, n):
+    """What aaren_core computes for each prefix of the session: forecast after event k, k = 1..n."""
+    times = torch.tensor(seq.times[:n], dtype=torch.float64)
+    dt = torch.cat([torch.zeros(1, dtype=torch.float64), times.diff()]).float().unsqueeze(0)
+    marks = torch.tensor(seq.marks[:n]).unsqueeze(0)
+    values = torch.tensor(seq.values[:n]).unsqueeze(0)
+    with torch.no_grad():
+        y = model(dt, marks, values)[0]  # [n, d]
+        return model.forecast(y, quantiles=(0.1, 0.5, 0.9), top_k=3)
+
+
+def test_streamed_forecasts_equal_offline_model(start_server, flights_events, flights_checkpoint):
+    sequences, _ = flights_events
+    srv = start_server(checkpoint=flights_checkpoint)
+    stub = aaren_pb2_grpc.ForecastServiceStub(grpc.insecure_channel(srv.address))
+
+    events = []
+    for seq in sequences:
+        for k in range(EVENTS_PER_SESSION):
+            events.append(
+                pb.Event(
+                    session_id=seq.session_id,
+                    seq=k + 1,
+                    time=float(seq.times[k]),
+                    mark=int(seq.marks[k]),
+                    values=seq.values[k].tolist(),
+                )
+            )
+    events.sort(key=lambda e: (e.time, e.session_id, e.seq))  # interleaved as they happened
+    rng = random.Random(0)
+    messages, at = [], 0
+    while at < len(events):
+        size = rng.choice([1, 1, 1, 3, 7])  # single events (batched steps) and runs (parallel scans)
+        messages.append(pb.StreamRequest(request_id=str(len(messages)), events=events[at : at + size]))
+        at += size
+
+    got: dict[tuple[str, int], pb.Forecast] = {}
+    for response in stub.Stream(iter(messages)):
+        assert not response.HasField("request_error")
+        for result in response.results:
+            assert result.WhichOneof("outcome") == "forecast", result
+            got[(result.session_id, result.seq)] = result.forecast
+    assert len(got) == len(events) == N_SESSIONS * EVENTS_PER_SESSION
+
+    model = load_checkpoint(flights_checkpoint).model
+    worst = 0.0
+    for seq in sequences:
+        want = offline_forecasts(model, seq, EVENTS_PER_SESSION)
+        for k in range(EVENTS_PER_SESSION):
+            f = got[(seq.session_id, k + 1)]
+            assert f.seq == k + 1 and f.last_time == pytest.approx(float(seq.times[k]))
+            pairs = [
+                (f.next_time.mean, want.time_mean[k]),
+                *zip([q.value for q in f.next_time.quantiles], want.time_quantiles[k].tolist(), strict=True),
+                *zip([m.probability for m in f.marks], want.top_probs[k].tolist(), strict=True),
+                *zip([v.mean for v in f.values], want.value_mean[k].tolist(), strict=True),
+                *zip([v.std for v in f.values], want.value_std[k].tolist(), strict=True),
+            ]
+            for a, b in pairs:
+                err = abs(a - float(b)) / max(1.0, abs(float(b)))
+                worst = max(worst, err)
+                assert err < 1e-5, (seq.session_id, k, a, float(b))
+            top = [m.mark for m in f.marks]
+            probs = want.top_probs[k].tolist()
+            # Top marks agree, up to the order of exact ties.
+            if len(set(probs)) == len(probs):
+                assert top == want.top_marks[k].tolist()
+    assert worst < 1e-5
+
+
+def test_seq_rules_hold_end_to_end(start_server, flights_events, flights_checkpoint):
+    sequences, _ = flights_events
+    seq = sequences[0]
+    srv = start_server(checkpoint=flights_checkpoint)
+    stub = aaren_pb2_grpc.ForecastServiceStub(grpc.insecure_channel(srv.address))
+
+    def event(k, session=seq.session_id):
+        return pb.Event(
+            session_id=session, seq=k, time=float(seq.times[k - 1]), mark=int(seq.marks[k - 1]),
+            values=seq.values[k - 1].tolist(),
+        )  # fmt: skip
+
+    def send(*evs):
+        (response,) = list(stub.Stream(iter([pb.StreamRequest(events=list(evs))])))
+        return response.results
+
+    first = send(event(1), event(2), event(3))
+    assert [r.WhichOneof("outcome") for r in first] == ["forecast"] * 3
+    state_before = stub.GetSession(pb.GetSessionRequest(session_id=seq.session_id, include_state=True)).state
+
+    # Duplicates are acknowledged and not applied; a gap is an error and changes nothing.
+    again = send(event(2), event(3), event(5))
+    assert [r.WhichOneof("outcome") for r in again] == ["ack", "ack", "error"]
+    assert again[0].duplicate and again[1].duplicate and again[0].ack.last_seq == 3
+    assert again[2].error.reason == "seq_gap" and again[2].error.code == pb.ERROR_CODE_FAILED_PRECONDITION
+    info = stub.GetSession(pb.GetSessionRequest(session_id=seq.session_id, include_state=True))
+    assert info.last_seq == 3 and info.state == state_before
+
+    # Resending from the last acknowledged seq continues exactly where a single pass would be.
+    cont = send(event(4), event(5))
+    assert [r.forecast.seq for r in cont] == [4, 5]
+    model = load_checkpoint(flights_checkpoint).model
+    want = offline_forecasts(model, seq, 5)
+    assert cont[1].forecast.next_time.mean == pytest.approx(want.time_mean[4].item(), rel=1e-5)
