@@ -1,0 +1,164 @@
+"""The session-store contract: every backend passes the same suite (memory now; redis joins it)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from server.stores import SessionMeta, StateLayout, open_store
+
+LAYOUT = StateLayout(
+    {
+        "m": torch.full((2, 3), float("-inf")),
+        "w": torch.zeros(2, 3, 4),
+        "n_events": torch.zeros((), dtype=torch.long),
+    }
+)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture(params=["memory://"])
+def store_factory(request):
+    def make(capacity: int = 100, idle_ttl_s: float = 3600.0):
+        return open_store(request.param, LAYOUT, capacity=capacity, idle_ttl_s=idle_ttl_s)
+
+    return make
+
+
+def meta(seq: int, updated: float | None = None) -> SessionMeta:
+    now = time.time() if updated is None else updated
+    return SessionMeta(last_seq=seq, last_time=float(seq), created_at=now, updated_at=now, model_version="v1")
+
+
+def rows(n: int, fill: float) -> dict[str, torch.Tensor]:
+    out = LAYOUT.empty(n)
+    out["m"].fill_(fill)
+    out["w"].fill_(fill * 2)
+    out["n_events"].fill_(int(fill))
+    return out
+
+
+def test_unknown_sessions_load_fresh_rows(store_factory):
+    store = store_factory()
+    loaded = run(store.load(["a", "b"]))
+    assert loaded.metas == [None, None]
+    assert torch.isneginf(loaded.tensors["m"]).all() and (loaded.tensors["w"] == 0).all()
+    assert loaded.tensors["w"].shape == (2, 2, 3, 4)
+
+
+def test_save_then_load_round_trips_rows_and_meta(store_factory):
+    store = store_factory()
+
+    async def go():
+        assert await store.save(["a", "b"], rows(2, 1.5), [meta(1), meta(1)], [0, 0]) == [True, True]
+        loaded = await store.load(["b", "x", "a"])
+        got = await store.get("a")
+        return loaded, got, await store.count()
+
+    loaded, got, count = run(go())
+    assert [m.last_seq if m else None for m in loaded.metas] == [1, None, 1]
+    assert (loaded.tensors["m"][[0, 2]] == 1.5).all() and torch.isneginf(loaded.tensors["m"][1]).all()
+    assert (loaded.tensors["n_events"] == torch.tensor([1, 0, 1])).all()
+    assert got is not None and got[0].last_seq == 1 and (got[1]["w"] == 3.0).all() and got[1]["w"].shape == (1, 2, 3, 4)
+    assert count == 2
+
+
+def test_compare_and_set_refuses_stale_writes(store_factory):
+    store = store_factory()
+
+    async def go():
+        await store.save(["a"], rows(1, 1.0), [meta(1)], [0])
+        stale_new = await store.save(["a"], rows(1, 9.0), [meta(1)], [0])  # as if "a" did not exist
+        stale_old = await store.save(["a"], rows(1, 9.0), [meta(3)], [2])  # wrong expected seq
+        ok = await store.save(["a"], rows(1, 2.0), [meta(2)], [1])
+        return stale_new, stale_old, ok, await store.get("a")
+
+    stale_new, stale_old, ok, (m, r) = run(go())
+    assert stale_new == [False] and stale_old == [False] and ok == [True]
+    assert m.last_seq == 2 and (r["m"] == 2.0).all()
+
+
+def test_mixed_batch_writes_only_the_rows_that_match(store_factory):
+    store = store_factory()
+
+    async def go():
+        await store.save(["a"], rows(1, 1.0), [meta(1)], [0])
+        written = await store.save(["a", "b", "c"], rows(3, 5.0), [meta(2), meta(1), meta(1)], [7, 0, 0])
+        return written, await store.load(["a", "b", "c"])
+
+    written, loaded = run(go())
+    assert written == [False, True, True]
+    assert (loaded.tensors["m"][0] == 1.0).all() and (loaded.tensors["m"][1:] == 5.0).all()
+
+
+def test_delete_returns_what_was_there(store_factory):
+    store = store_factory()
+
+    async def go():
+        await store.save(["a"], rows(1, 1.0), [meta(1)], [0])
+        first = await store.delete("a")
+        second = await store.delete("a")
+        return first, second, await store.get("a"), await store.load(["a"]), await store.count()
+
+    first, second, got, loaded, count = run(go())
+    assert first is not None and first.last_seq == 1 and second is None and got is None
+    assert loaded.metas == [None] and torch.isneginf(loaded.tensors["m"]).all() and count == 0
+
+
+def test_ttl_sweep_evicts_idle_sessions_and_remembers_them(store_factory):
+    store = store_factory(idle_ttl_s=10.0)
+    causes = []
+    store.on_evict = causes.append
+
+    async def go():
+        now = time.time()
+        await store.save(["old", "new"], rows(2, 1.0), [meta(1, now - 60), meta(1, now)], [0, 0])
+        n = await store.sweep(now)
+        return n, await store.get("old"), await store.get("new")
+
+    n, old, new = run(go())
+    assert n == 1 and old is None and new is not None and causes == ["ttl"]
+    assert store.was_evicted("old") and not store.was_evicted("new")
+
+
+def test_capacity_evicts_least_recently_written(store_factory):
+    store = store_factory(capacity=2)
+    causes = []
+    store.on_evict = causes.append
+
+    async def go():
+        await store.save(["a"], rows(1, 1.0), [meta(1)], [0])
+        await store.save(["b"], rows(1, 2.0), [meta(1)], [0])
+        await store.save(["a"], rows(1, 3.0), [meta(2)], [1])  # "b" is now the least recent
+        await store.save(["c"], rows(1, 4.0), [meta(1)], [0])
+        return await store.get("a"), await store.get("b"), await store.get("c"), await store.count()
+
+    a, b, c, count = run(go())
+    assert b is None and a is not None and c is not None and count == 2 and causes == ["capacity"]
+    assert (a[1]["m"] == 3.0).all() and (c[1]["m"] == 4.0).all()
+    assert store.was_evicted("b")
+
+
+def test_many_sessions_grow_the_pool_without_losing_rows(store_factory):
+    store = store_factory(capacity=5000)
+    ids = [f"s{i}" for i in range(3000)]
+
+    async def go():
+        data = rows(3000, 0.0)
+        data["m"] = torch.arange(3000, dtype=torch.float32).view(-1, 1, 1).expand(-1, 2, 3).clone()
+        await store.save(ids, data, [meta(1) for _ in ids], [0] * 3000)
+        return await store.load(ids[::-1])
+
+    loaded = run(go())
+    assert torch.equal(loaded.tensors["m"][:, 0, 0], torch.arange(2999, -1, -1, dtype=torch.float32))
+
+
+def test_unknown_store_url_is_refused():
+    with pytest.raises(ValueError, match="unsupported store URL 'sqlite://x'"):
+        open_store("sqlite://x", LAYOUT, capacity=1, idle_ttl_s=1)
