@@ -58,25 +58,41 @@ class LogNormalMixture:
         """``E[tau] = sum_k pi_k exp(mu_k + sigma_k^2 / 2)`` -> ``[...]``."""
         return torch.exp(torch.logsumexp(self.log_weights + self.loc + 0.5 * torch.exp(2 * self.log_scale), dim=-1))
 
-    def quantiles(self, levels: Tensor, iterations: int = 48) -> Tensor:
-        """Gap quantiles at ``levels [Q]`` in (0, 1) -> ``[..., Q]``, by bisection on ``log tau``.
+    def quantiles(self, levels: Tensor, stages: int | None = None, grid: int = 16) -> Tensor:
+        """Gap quantiles at ``levels [Q]`` in (0, 1) -> ``[..., Q]``, by a refined grid search on ``log tau``.
 
         Every component's quantile brackets the mixture's, so the search starts from
-        ``[min_k mu_k - 9 sigma_k, max_k mu_k + 9 sigma_k]``; 48 halvings leave an error far below
-        float precision.
+        ``[min_k mu_k - 9 sigma_k, max_k mu_k + 9 sigma_k]``. Each stage evaluates the CDF on
+        ``grid + 1`` points of the current bracket and keeps the cell that holds the level; the
+        result interpolates the CDF linearly inside the last cell, then takes one Newton step.
+        ``stages`` defaults to 3 (relative error about 1e-7 in float32) and 5 in float64 (about
+        1e-12). A few batched ops where bisection takes dozens: this runs on every event.
         """
+        if stages is None:
+            stages = 5 if self.loc.dtype == torch.float64 else 3
         scale = torch.exp(self.log_scale)
-        lo = (self.loc - 9 * scale).amin(-1, keepdim=True).expand(*self.loc.shape[:-1], levels.numel()).clone()
-        hi = (self.loc + 9 * scale).amax(-1, keepdim=True).expand_as(lo).clone()
+        shape = (*self.loc.shape[:-1], levels.numel())
+        lo = (self.loc - 9 * scale).amin(-1, keepdim=True).expand(shape)  # [..., Q]
+        hi = (self.loc + 9 * scale).amax(-1, keepdim=True).expand(shape)
         weights = torch.softmax(self.logits, dim=-1).unsqueeze(-2)  # [..., 1, K]
-        loc, inv_scale = self.loc.unsqueeze(-2), torch.exp(-self.log_scale).unsqueeze(-2)
-        target = levels.to(lo)
-        for _ in range(iterations):
-            mid = 0.5 * (lo + hi)  # [..., Q]
-            below = (weights * torch.special.ndtr((mid.unsqueeze(-1) - loc) * inv_scale)).sum(-1) < target
-            lo = torch.where(below, mid, lo)
-            hi = torch.where(below, hi, mid)
-        return torch.exp(0.5 * (lo + hi))
+        loc, inv_scale = self.loc.unsqueeze(-2), torch.exp(-self.log_scale).unsqueeze(-2)  # [..., 1, K]
+        target = levels.to(lo)  # [Q]
+        frac = torch.linspace(0, 1, grid + 1, dtype=lo.dtype, device=lo.device)  # [G+1]
+        for _ in range(stages):
+            z = lo.unsqueeze(-1) + (hi - lo).unsqueeze(-1) * frac  # [..., Q, G+1]
+            u = (z.unsqueeze(-1) - loc.unsqueeze(-2)) * inv_scale.unsqueeze(-2)  # [..., Q, G+1, K]
+            cdf = (weights.unsqueeze(-2) * torch.special.ndtr(u)).sum(-1)  # [..., Q, G+1]
+            cell = ((cdf < target.unsqueeze(-1)).sum(-1, keepdim=True) - 1).clamp(0, grid - 1)  # [..., Q, 1]
+            lo, hi = z.gather(-1, cell).squeeze(-1), z.gather(-1, cell + 1).squeeze(-1)
+            cdf_lo, cdf_hi = cdf.gather(-1, cell).squeeze(-1), cdf.gather(-1, cell + 1).squeeze(-1)
+        t = ((target - cdf_lo) / (cdf_hi - cdf_lo).clamp_min(torch.finfo(lo.dtype).tiny)).clamp(0, 1)
+        z = lo + t * (hi - lo)  # [..., Q]
+        # One Newton step on F(z) = level squares the interpolation error; it stays inside the cell.
+        u = (z.unsqueeze(-1) - loc) * inv_scale  # [..., Q, K]
+        cdf = (weights * torch.special.ndtr(u)).sum(-1)
+        pdf = (weights * inv_scale * torch.exp(-0.5 * u.square())).sum(-1) / math.sqrt(2 * math.pi)
+        z = torch.minimum(torch.maximum(z - (cdf - target) / pdf.clamp_min(torch.finfo(z.dtype).tiny), lo), hi)
+        return torch.exp(z)
 
     def sample(self, generator: torch.Generator | None = None) -> Tensor:
         """One gap per batch element -> ``[...]``."""
