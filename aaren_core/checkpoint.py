@@ -97,7 +97,9 @@ def save_checkpoint(directory: str | Path, model: nn.Module, metadata: dict[str,
     kind = _kind_of(model)
     config = model.config.to_dict()  # type: ignore[union-attr, operator]
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    weights = st_save(tensors, metadata={"format": CHECKPOINT_FORMAT, "kind": kind})
+    # One metadata entry: safetensors orders several in a hash map, which would change the bytes
+    # (and so the version) from one save to the next.
+    weights = st_save(tensors, metadata={"aaren": json.dumps({"format": CHECKPOINT_FORMAT, "kind": kind})})
     weights_sha256 = hashlib.sha256(weights).hexdigest()
     version = _model_version(kind, config, weights_sha256)
     record = {

@@ -36,7 +36,8 @@ class AarenAttention(nn.Module):
 
     The query token ``q0 [d_model]`` goes through the same query projection a Transformer has,
     ``q = W_q q0 + b_q``, split into ``H`` heads of width ``Dh = d_model / H``. For input tokens
-    ``x_i``: ``k_i = W_k x_i``, ``v_i = W_v x_i``, ``s_i = q . k_i / sqrt(Dh)`` per head, and the
+    ``x_i``: ``k_i = W_k x_i``, ``v_i = W_v x_i``, ``s_i = q . k_i / sqrt(Dh)`` per head (computed
+    with ``W_k`` folded into the query, see ``_score_value_projection``), and the
     mixer returns ``W_o o_k`` with ``o_k`` from ``aaren_core.functional``. Keeping ``W_q`` makes
     Aaren exactly ``d_model`` parameters larger than a Transformer block (the query token), the
     parity the paper reports (3,152,896 vs 3,152,384 for d_model 512, d_ff 2048).
@@ -54,9 +55,35 @@ class AarenAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
+        self._fused: tuple[tuple[tuple[int, int], ...], Tensor, Tensor] | None = None
 
     def _query(self) -> Tensor:
         return self.q_proj(self.query).view(self.n_heads, self.head_dim)  # [H, Dh]
+
+    def _score_value_projection(self) -> tuple[Tensor, Tensor]:
+        """One linear map ``x -> [s, v]``: weight ``[H + d, d]``, bias ``[H + d]``.
+
+        The query is fixed per layer, so the score needs no key vector:
+        ``s_h = q_h . (W_k x + b_k)_h / sqrt(Dh) = (W_k,h^T q_h / sqrt(Dh)) . x + q_h . b_k,h / sqrt(Dh)``.
+        This folds ``W_k`` into an ``[H, d]`` matrix (d x H work per token instead of d x d) and
+        lets one matmul give scores and values. Without autograd (serving) the result is cached
+        until a parameter changes.
+        """
+        params = (self.query, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias)
+        params += (self.v_proj.weight, self.v_proj.bias)
+        cacheable = not torch.is_grad_enabled()
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if cacheable and self._fused is not None and self._fused[0] == key:
+            return self._fused[1], self._fused[2]
+        h, dh = self.n_heads, self.head_dim
+        q = self._query() / math.sqrt(dh)  # [H, Dh]
+        w_s = torch.einsum("hj,hjd->hd", q, self.k_proj.weight.view(h, dh, -1))  # [H, d]
+        b_s = (q * self.k_proj.bias.view(h, dh)).sum(-1)  # [H]
+        weight = torch.cat([w_s, self.v_proj.weight])
+        bias = torch.cat([b_s, self.v_proj.bias])
+        if cacheable:
+            self._fused = (key, weight, bias)
+        return weight, bias
 
     def init_state(self, batch: int, device: torch.device | str | None = None) -> ScanState:
         return empty_state(batch, self.n_heads, self.head_dim, dtype=self.query.dtype, device=device)
@@ -64,18 +91,18 @@ class AarenAttention(nn.Module):
     def forward(self, x: Tensor, state: ScanState | None = None) -> tuple[Tensor, ScanState]:
         """``x [B, N, d]``, optional state -> ``(y [B, N, d], final state)``."""
         b, n, d = x.shape
-        k = self.k_proj(x).view(b, n, self.n_heads, self.head_dim)  # [B, N, H, Dh]
-        v = self.v_proj(x).view(b, n, self.n_heads, self.head_dim)  # [B, N, H, Dh]
-        s = torch.einsum("bnhd,hd->bnh", k, self._query()) / math.sqrt(self.head_dim)  # [B, N, H]
+        sv = F.linear(x, *self._score_value_projection())  # [B, N, H + d]
+        s = sv[..., : self.n_heads]  # [B, N, H]
+        v = sv[..., self.n_heads :].reshape(b, n, self.n_heads, self.head_dim)  # [B, N, H, Dh]
         o, state = attention_scan(s, v, state)
         return self.dropout(self.out_proj(o.reshape(b, n, d))), state
 
     def step(self, x_t: Tensor, state: ScanState) -> tuple[Tensor, ScanState]:
         """``x_t [B, d]``, state -> ``(y_t [B, d], new state)``: O(1) in the history length."""
         b, d = x_t.shape
-        k = self.k_proj(x_t).view(b, self.n_heads, self.head_dim)  # [B, H, Dh]
-        v = self.v_proj(x_t).view(b, self.n_heads, self.head_dim)  # [B, H, Dh]
-        s = (k * self._query()).sum(-1) / math.sqrt(self.head_dim)  # [B, H]
+        sv = F.linear(x_t, *self._score_value_projection())  # [B, H + d]
+        s = sv[:, : self.n_heads]  # [B, H]
+        v = sv[:, self.n_heads :].reshape(b, self.n_heads, self.head_dim)  # [B, H, Dh]
         o, state = attention_step(s, v, state)
         return self.out_proj(o.reshape(b, d)), state
 

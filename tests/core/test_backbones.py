@@ -166,3 +166,19 @@ def test_bad_input_shapes_are_rejected():
         BackboneConfig(kind="aaren", d_model=10, n_heads=4)
     with pytest.raises(ValueError, match="unknown backbone kind"):
         BackboneConfig(kind="lstm")  # type: ignore[arg-type]
+
+
+def test_serving_cache_follows_parameter_updates():
+    """The fused score/value projection cached for serving is rebuilt when a weight changes."""
+    model = tiny("aaren", seed=5)
+    x = torch.randn(2, 16)
+    state = model.init_state(2)
+    with torch.no_grad():
+        before, _ = model.step(x, state)
+        model.layers[0].mixer.k_proj.weight.mul_(1.5)
+        after, _ = model.step(x, state)
+        fresh = tiny("aaren", seed=5)
+        fresh.layers[0].mixer.k_proj.weight.mul_(1.5)
+        want, _ = fresh.step(x, fresh.init_state(2))
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, want, atol=1e-6)

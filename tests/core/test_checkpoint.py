@@ -37,7 +37,8 @@ def test_round_trip_recreates_the_exact_model(tmp_path, kind):
 
 def test_version_depends_on_weights_and_config(saved, tmp_path_factory):
     _, model, version = saved
-    assert save_checkpoint(tmp_path_factory.mktemp("same"), model) == version
+    for _ in range(5):  # the same model always gives the same bytes, hence the same version
+        assert save_checkpoint(tmp_path_factory.mktemp("same"), model) == version
     with torch.no_grad():
         model.norm.bias.add_(1e-3)
     assert save_checkpoint(tmp_path_factory.mktemp("changed"), model) != version
