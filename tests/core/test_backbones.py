@@ -172,13 +172,15 @@ def test_serving_cache_follows_parameter_updates():
     """The fused score/value projection cached for serving is rebuilt when a weight changes."""
     model = tiny("aaren", seed=5)
     x = torch.randn(2, 16)
-    state = model.init_state(2)
+    history = torch.randn(2, 5, 16)  # scores only matter once there is more than one event
     with torch.no_grad():
+        _, state = model.prefill(history)
         before, _ = model.step(x, state)
         model.layers[0].mixer.k_proj.weight.mul_(1.5)
+        _, state = model.prefill(history)
         after, _ = model.step(x, state)
         fresh = tiny("aaren", seed=5)
         fresh.layers[0].mixer.k_proj.weight.mul_(1.5)
-        want, _ = fresh.step(x, fresh.init_state(2))
+        want, _ = fresh.step(x, fresh.prefill(history)[1])
     assert not torch.allclose(before, after)
     assert torch.allclose(after, want, atol=1e-6)

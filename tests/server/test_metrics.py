@@ -1,0 +1,91 @@
+"""Prometheus metrics: scraped over HTTP after traffic and parsed with prometheus_client's parser."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+from server_helpers import (
+    OpenStream,
+    assert_event_error,
+    assert_forecasts,
+    ev,
+    metric,
+    scrape,
+    stub_for,
+    wait_until,
+)
+
+from aaren.v1 import aaren_pb2 as pb
+
+SIDS = ("sid-alpha-7f3e", "sid-beta-91c2", "sid-gamma-04aa")
+
+
+def test_metrics_present_and_moving(start_server):
+    srv = start_server()
+    a, b, c = SIDS
+    before = scrape(srv.metrics_url)
+    for outcome in ("applied", "duplicate", "rejected"):
+        assert metric(before, "aaren_events_total", outcome=outcome) == 0
+    for phase in ("queue", "model", "store", "total"):
+        assert metric(before, "aaren_event_latency_seconds_count", phase=phase) == 0
+    assert metric(before, "aaren_open_streams") == 0
+    assert metric(before, "aaren_active_sessions") == 0
+
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = stub_for(channel)
+        per_session = stub.DescribeModel(pb.DescribeModelRequest()).state_bytes_per_session
+        stream = OpenStream(stub)
+        assert_forecasts(stream.send([ev(a, 1, 1.0), ev(b, 1, 1.0), ev(c, 1, 1.0)]), [(a, 1), (b, 1), (c, 1)])
+        assert metric(scrape(srv.metrics_url), "aaren_open_streams") == 1
+        assert_forecasts(stream.send([ev(a, 2, 2.0), ev(b, 2, 2.0)]), [(a, 2), (b, 2)])
+        response = stream.send([ev(a, 1, 1.0), ev(a, 9, 9.0), ev(b, 3, math.nan), ev(c, 2, 2.0, mark=7)])
+        assert response.results[0].duplicate
+        assert_event_error(response.results[1], pb.ERROR_CODE_FAILED_PRECONDITION, "seq_gap")
+        assert_event_error(response.results[2], pb.ERROR_CODE_INVALID_ARGUMENT, "time_not_finite")
+        assert_event_error(response.results[3], pb.ERROR_CODE_INVALID_ARGUMENT, "mark_out_of_range")
+        assert stub.EndSession(pb.EndSessionRequest(session_id=c)).existed
+        stub.Forecast(pb.ForecastRequest(session_id=a))
+        stream.close()
+        wait_until(lambda: metric(scrape(srv.metrics_url), "aaren_open_streams") == 0, "open streams back to 0")
+
+    s = scrape(srv.metrics_url)
+    for phase in ("queue", "model", "store", "total"):
+        assert metric(s, "aaren_event_latency_seconds_count", phase=phase) > 0, phase
+        assert metric(s, "aaren_event_latency_seconds_bucket", phase=phase, le="+Inf") > 0, phase
+        assert metric(s, "aaren_event_latency_seconds_sum", phase=phase) >= 0, phase
+    assert metric(s, "aaren_event_latency_seconds_count", phase="total") == 5  # one per applied event
+    assert metric(s, "aaren_batch_size_count") > 0
+    assert metric(s, "aaren_batch_size_sum") >= metric(s, "aaren_batch_size_count")
+    assert metric(s, "aaren_events_total", outcome="applied") == 5
+    assert metric(s, "aaren_events_total", outcome="duplicate") == 1
+    assert metric(s, "aaren_events_total", outcome="rejected") == 3
+    for reason in ("seq_gap", "time_not_finite", "mark_out_of_range"):
+        assert metric(s, "aaren_events_rejected_total", reason=reason) == 1, reason
+    assert metric(s, "aaren_sessions_started_total") == 3
+    assert metric(s, "aaren_sessions_ended_total") == 1
+    assert metric(s, "aaren_active_sessions") == 2
+    assert per_session > 0
+    assert metric(s, "aaren_state_bytes_per_session") == per_session
+    assert metric(s, "aaren_state_bytes_total") == 2 * per_session
+    assert metric(s, "aaren_request_latency_seconds_count", method="Stream") >= 3
+    assert metric(s, "aaren_request_latency_seconds_count", method="Forecast") >= 1
+    assert metric(s, "aaren_open_streams") == 0
+
+    # No session id anywhere in the names or labels.
+    for name, labels in s:
+        for sid in SIDS:
+            assert sid not in name and all(sid not in value for _, value in labels), (name, labels)
+
+
+def test_too_many_events_counted_as_rejected(start_server):
+    srv = start_server(max_events_per_request=2)
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        response = stream.send([ev("x", 1, 1.0), ev("y", 1, 1.0), ev("z", 1, 1.0)])
+        assert response.request_error.reason == "too_many_events"
+        stream.close()
+    s = scrape(srv.metrics_url)
+    assert metric(s, "aaren_events_rejected_total", reason="too_many_events") == 3
+    assert metric(s, "aaren_events_total", outcome="rejected") == 3
+    assert metric(s, "aaren_events_total", outcome="applied") == 0

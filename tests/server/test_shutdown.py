@@ -1,0 +1,104 @@
+"""Graceful shutdown: health NOT_SERVING while draining, in-flight events answered, streams closed
+with UNAVAILABLE, new calls refused."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from server_helpers import (
+    CALL_TIMEOUT_S,
+    OpenStream,
+    assert_event_error,
+    assert_forecasts,
+    ev,
+    stub_for,
+    wait_until,
+)
+
+from aaren.v1 import aaren_pb2 as pb
+
+
+def health_status(channel: grpc.Channel, service: str = "") -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT_S).status
+
+
+def hold_model_steps(srv) -> tuple[threading.Event, threading.Event]:
+    """Make the server's model step wait for ``release``; ``entered`` is set when a step is waiting."""
+    engine = srv.server.runtime.engine
+    apply = engine.apply
+    entered, release = threading.Event(), threading.Event()
+
+    def held_apply(*args, **kwargs):
+        entered.set()
+        release.wait(CALL_TIMEOUT_S)
+        return apply(*args, **kwargs)
+
+    engine.apply = held_apply  # instance attribute: the runtime looks it up on every batch
+    return entered, release
+
+
+def test_graceful_shutdown_answers_in_flight_events_then_closes_streams(start_server):
+    srv = start_server(metrics_port=-1)
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = stub_for(channel)
+        stream = OpenStream(stub)
+        assert_forecasts(stream.send([ev("a", 1, 1.0)]), [("a", 1)])
+        assert health_status(channel) == health_pb2.HealthCheckResponse.SERVING
+
+        entered, release = hold_model_steps(srv)
+        in_flight = stream.put([ev("a", 2, 2.0), ev("b", 1, 1.0)])
+        assert entered.wait(CALL_TIMEOUT_S), "the in-flight batch never reached the model"
+
+        stopper = threading.Thread(target=srv.stop, kwargs={"grace": 10.0}, name="stopper")
+        stopper.start()
+        try:
+            for service in ("", "aaren.v1.ForecastService"):
+                wait_until(
+                    lambda service=service: (
+                        health_status(channel, service) == health_pb2.HealthCheckResponse.NOT_SERVING
+                    ),
+                    f"health of {service!r} to be NOT_SERVING while draining",
+                )
+            # New events are refused while draining, with a clear error; the stream stays open.
+            refused_id = stream.put([ev("a", 3, 3.0)])
+            refused = stream.next()
+            assert refused.request_id == refused_id
+            assert_event_error(refused.results[0], pb.ERROR_CODE_UNAVAILABLE, "shutting_down", ("shutting down",))
+        finally:
+            release.set()
+
+        answered = stream.next()  # the in-flight events are answered before the stream closes
+        assert answered.request_id == in_flight
+        assert_forecasts(answered, [("a", 2), ("b", 1)])
+        with pytest.raises(grpc.RpcError) as info:
+            stream.next()
+        stream.end_requests()
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in info.value.details()
+        stopper.join(CALL_TIMEOUT_S)
+        assert not stopper.is_alive()
+
+    with grpc.insecure_channel(srv.address) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            stub_for(channel).DescribeModel(pb.DescribeModelRequest(), timeout=CALL_TIMEOUT_S)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError) as info:
+            OpenStream(stub_for(channel)).send([ev("c", 1, 1.0)])
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_idle_stream_closed_with_unavailable_on_shutdown(start_server):
+    srv = start_server(metrics_port=-1)
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        assert_forecasts(stream.send([ev("a", 1, 1.0)]), [("a", 1)])
+        srv.stop(grace=5.0)
+        with pytest.raises(grpc.RpcError) as info:
+            stream.next()
+        stream.end_requests()
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "shutting down" in info.value.details()
