@@ -126,6 +126,22 @@ class _Run:
     enqueued_at: float
 
 
+_APPLY = object()
+_DUPLICATE_OF_BATCH = object()
+
+
+@dataclasses.dataclass(slots=True)
+class _Plan:
+    """What one batch does with one session's queued events: a verdict per event, in order."""
+
+    sid: str
+    meta: SessionMeta | None
+    unit: int
+    verdicts: list[tuple[_Run, int, Event, object]]
+    applied: list[tuple[_Run, int, Event]]
+    forecast_at: list[int]
+
+
 class Runtime:
     def __init__(self, engine: Engine, store: SessionStore, settings: ServerSettings, metrics: Metrics) -> None:
         self.engine = engine
@@ -165,19 +181,25 @@ class Runtime:
     async def _in_worker(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def validate(self, event: Event) -> ErrorInfo | None:
-        """The checks that need no session state."""
-        s, d = self.settings, self.engine.description
-        sid = event.session_id
+    def _check_session_id(self, sid: str) -> ErrorInfo | None:
         if not sid:
             return ErrorInfo(Code.INVALID_ARGUMENT, "session_id_empty", EMPTY_SESSION_ID)
         n_bytes = len(sid.encode("utf-8", "surrogatepass"))
-        if n_bytes > s.max_session_id_bytes:
+        if n_bytes > self.settings.max_session_id_bytes:
             return ErrorInfo(
                 Code.INVALID_ARGUMENT,
                 "session_id_too_long",
-                f"session_id is {n_bytes} bytes; expected at most {s.max_session_id_bytes}",
+                f"session_id is {n_bytes} bytes; expected at most {self.settings.max_session_id_bytes}",
             )
+        return None
+
+    def validate(self, event: Event) -> ErrorInfo | None:
+        """The checks that need no session state."""
+        d = self.engine.description
+        sid = event.session_id
+        error = self._check_session_id(sid)
+        if error is not None:
+            return error
         if event.seq < 1:
             return ErrorInfo(
                 Code.INVALID_ARGUMENT, "seq_zero", f"seq of session {sid!r} is {event.seq}; seqs start at 1"
@@ -316,16 +338,21 @@ class Runtime:
             return
 
         # Seq, time and model checks against the stored state, event by event.
-        apply_units: list[int] = []  # indices into units with at least one applied event
-        plans: list[tuple[list[tuple[_Run, int, Event]], SessionMeta | None]] = []
+        plans: list[_Plan] = []
+        for u, (sid, runs) in enumerate(units):
+            plan = self._plan_session(sid, runs, loaded.metas[u], u)
+            if plan.applied:
+                plans.append(plan)
+            else:
+                self._settle(plan, None, [])  # nothing to store: duplicates and errors answer now
+        if not plans:
+            return
+
         inputs: list[RunInput] = []
         top_ks: list[int] = []
-        for u, (sid, runs) in enumerate(units):
-            meta = loaded.metas[u]
-            applied = self._check_session(sid, runs, meta)
-            if not applied:
-                continue
-            last_time = meta.last_time if meta is not None else applied[0][2].time
+        for plan in plans:
+            applied = plan.applied
+            last_time = plan.meta.last_time if plan.meta is not None else applied[0][2].time
             last_of_run = {id(run): pos for pos, (run, _, _) in enumerate(applied)}
             dts, forecast_at = [], []
             for pos, (run, _, event) in enumerate(applied):
@@ -333,85 +360,101 @@ class Runtime:
                 last_time = event.time
                 if not run.request.last_only or last_of_run[id(run)] == pos:
                     forecast_at.append(pos)
-            apply_units.append(u)
-            plans.append((applied, meta))
-            inputs.append(
-                RunInput(dts, [e.mark for _, _, e in applied], [e.values for _, _, e in applied], forecast_at)
-            )
-            top_ks.append(max(r.request.top_k for r in runs))
-        if not apply_units:
-            return
+            plan.forecast_at = forecast_at
+            marks = [e.mark for _, _, e in applied]
+            inputs.append(RunInput(dts, marks, [e.values for _, _, e in applied], forecast_at))
+            top_ks.append(max(run.request.top_k for run, _, _ in applied))
 
-        self.metrics.batch_size.observe(len(apply_units))
-        self.metrics.batch_events.observe(sum(len(p[0]) for p in plans))
-        index = torch.tensor(apply_units, device=self.engine.device)
+        self.metrics.batch_size.observe(len(plans))
+        self.metrics.batch_events.observe(sum(len(p.applied) for p in plans))
+        index = torch.tensor([p.unit for p in plans], device=self.engine.device)
         rows = {k: t.index_select(0, index) for k, t in loaded.tensors.items()}
         model_started = time.perf_counter()
         new_rows, forecasts = await self._in_worker(self.engine.apply, rows, inputs, top_ks)
         store_started = time.perf_counter()
 
         now = time.time()
-        save_ids, metas, expected = [], [], []
-        for (applied, meta), u in zip(plans, apply_units, strict=True):
-            last = applied[-1][2]
-            save_ids.append(units[u][0])
-            metas.append(
-                SessionMeta(
-                    last_seq=last.seq,
-                    last_time=last.time,
-                    created_at=meta.created_at if meta else now,
-                    updated_at=now,
-                    model_version=self.engine.version,
-                )
+        metas = [
+            SessionMeta(
+                last_seq=p.applied[-1][2].seq,
+                last_time=p.applied[-1][2].time,
+                created_at=p.meta.created_at if p.meta else now,
+                updated_at=now,
+                model_version=self.engine.version,
             )
-            expected.append(meta.last_seq if meta else 0)
+            for p in plans
+        ]
+        expected = [p.meta.last_seq if p.meta else 0 for p in plans]
         try:
-            written = await self.store.save(save_ids, new_rows, metas, expected)
+            written = await self.store.save([p.sid for p in plans], new_rows, metas, expected)
         except StoreUnavailableError as exc:
             self.metrics.store_errors.labels("save").inc()
             err = ErrorInfo(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable, state not saved: {exc}")
-            for applied, _ in plans:
-                for run, i, _ in applied:
-                    run.request.set(i, err)
-                self._count_rejections([err] * len(applied))
+            for plan in plans:
+                self._settle(plan, err, [])
             return
         done = time.perf_counter()
         self.metrics.event_latency.labels("model").observe(store_started - model_started)
         self.metrics.event_latency.labels("store").observe(done - store_started)
 
-        for (applied, meta), ok, numbers, input_ in zip(plans, written, forecasts, inputs, strict=True):
-            sid = applied[0][2].session_id
+        for plan, ok, numbers in zip(plans, written, forecasts, strict=True):
             if not ok:
                 self.metrics.state_conflicts.inc()
                 err = ErrorInfo(
                     Code.ABORTED,
                     "state_conflict",
-                    f"session {sid!r} changed while its events were applied (ended, evicted or written elsewhere); "
-                    "nothing was applied: resend from your last acknowledged seq",
+                    f"session {plan.sid!r} changed while its events were applied (ended, evicted or written "
+                    "elsewhere); nothing was applied: resend from your last acknowledged seq",
                 )
-                for run, i, _ in applied:
-                    run.request.set(i, err)
-                self._count_rejections([err] * len(applied))
+                self._settle(plan, err, [])
                 continue
-            if meta is None:
+            if plan.meta is None:
                 self.metrics.sessions_started.inc()
-            forecast_iter = iter(numbers)
-            wants = set(input_.forecast_at)
-            for pos, (run, i, event) in enumerate(applied):
-                if pos in wants:
-                    run.request.set(i, Forecast(sid, event.seq, event.time, next(forecast_iter)))
-                else:
-                    run.request.set(i, Ack(event.seq, duplicate=False))
+            self._settle(plan, None, numbers)
+            for run, _, _ in plan.applied:
                 self.metrics.event_latency.labels("total").observe(done - run.enqueued_at)
-            self.metrics.events.labels("applied").inc(len(applied))
         n = await self.store.count()
         self.metrics.active_sessions.set(n)
         self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
 
-    def _check_session(self, sid: str, runs: list[_Run], meta: SessionMeta | None) -> list[tuple[_Run, int, Event]]:
-        """Classify the session's queued events against its state; answer duplicates and errors now.
+    def _settle(self, plan: _Plan, failed: ErrorInfo | None, forecasts: list[ForecastNumbers]) -> None:
+        """Answer every event of ``plan`` in its order, once its state is stored (or failed to be).
 
-        Returns the events to apply, in order (their seqs are consecutive)."""
+        ``failed``: the store write failed, so applied events and duplicates of them get that error.
+        """
+        wants = set(plan.forecast_at)
+        numbers = iter(forecasts)
+        last_applied = plan.applied[-1][2].seq if plan.applied else 0
+        pos = 0
+        for run, i, event, verdict in plan.verdicts:
+            outcome: Outcome
+            if verdict is _APPLY:
+                if failed is not None:
+                    outcome = failed
+                elif pos in wants:
+                    outcome = Forecast(plan.sid, event.seq, event.time, next(numbers))
+                else:
+                    outcome = Ack(event.seq, duplicate=False)
+                pos += 1
+            elif verdict is _DUPLICATE_OF_BATCH:
+                outcome = failed if failed is not None else Ack(last_applied, duplicate=True)
+            else:
+                outcome = verdict  # type: ignore[assignment]
+            if isinstance(outcome, ErrorInfo):
+                self._count_rejections([outcome])
+            elif isinstance(outcome, Ack) and outcome.duplicate:
+                self.metrics.events.labels("duplicate").inc()
+            elif verdict is _APPLY:
+                self.metrics.events.labels("applied").inc()
+            run.request.set(i, outcome)
+
+    def _plan_session(self, sid: str, runs: list[_Run], meta: SessionMeta | None, unit: int) -> _Plan:
+        """Classify the session's queued events, in order, against its stored state.
+
+        The applied events' seqs are consecutive. A repeat of an event applied in this same batch
+        is answered only after the batch is stored, like the original.
+        """
+        plan = _Plan(sid, meta, unit, [], [], [])
         if meta is not None and meta.model_version != self.engine.version:
             err = ErrorInfo(
                 Code.FAILED_PRECONDITION,
@@ -419,24 +462,20 @@ class Runtime:
                 f"session {sid!r} was built by model {meta.model_version!r}; this server runs "
                 f"{self.engine.version!r}: end the session to start it again",
             )
-            for run in runs:
-                for i in run.indices:
-                    run.request.set(i, err)
-                self._count_rejections([err] * len(run.indices))
-            return []
-        last_seq = meta.last_seq if meta else 0
+            plan.verdicts = [(run, i, e, err) for run in runs for i, e in zip(run.indices, run.events, strict=True)]
+            return plan
+        stored_seq = last_seq = meta.last_seq if meta else 0
         last_time = meta.last_time if meta else -math.inf
-        applied: list[tuple[_Run, int, Event]] = []
         for run in runs:
             for i, event in zip(run.indices, run.events, strict=True):
-                error: ErrorInfo | None = None
-                if event.seq <= last_seq:
-                    run.request.set(i, Ack(last_seq, duplicate=True))
-                    self.metrics.events.labels("duplicate").inc()
-                    continue
-                if last_seq == 0 and event.seq > 1:
+                verdict: object
+                if event.seq <= stored_seq:
+                    verdict = Ack(stored_seq, duplicate=True)
+                elif event.seq <= last_seq:
+                    verdict = _DUPLICATE_OF_BATCH
+                elif last_seq == 0 and event.seq > 1:
                     evicted = self.store.was_evicted(sid)
-                    error = ErrorInfo(
+                    verdict = ErrorInfo(
                         Code.NOT_FOUND,
                         "session_evicted" if evicted else "session_not_found",
                         f"session {sid!r} has no state ("
@@ -444,26 +483,25 @@ class Runtime:
                         + f"), so seq {event.seq} cannot apply; start it again with seq 1",
                     )
                 elif event.seq > last_seq + 1:
-                    error = ErrorInfo(
+                    verdict = ErrorInfo(
                         Code.FAILED_PRECONDITION,
                         "seq_gap",
                         f"seq {event.seq} of session {sid!r} skips ahead: expected seq {last_seq + 1} "
                         f"(last applied seq is {last_seq})",
                     )
                 elif event.time < last_time:
-                    error = ErrorInfo(
+                    verdict = ErrorInfo(
                         Code.FAILED_PRECONDITION,
                         "time_before_last",
                         f"time {event.time} of session {sid!r} seq {event.seq} is earlier than its previous "
                         f"event's time {last_time}; expected a time >= {last_time}",
                     )
-                if error is not None:
-                    run.request.set(i, error)
-                    self._count_rejections([error])
-                    continue
-                applied.append((run, i, event))
-                last_seq, last_time = event.seq, event.time
-        return applied
+                else:
+                    verdict = _APPLY
+                    plan.applied.append((run, i, event))
+                    last_seq, last_time = event.seq, event.time
+                plan.verdicts.append((run, i, event, verdict))
+        return plan
 
     def _fail_all(self, units: list[tuple[str, list[_Run]]], error: ErrorInfo) -> None:
         for _, runs in units:
@@ -478,15 +516,16 @@ class Runtime:
             await asyncio.sleep(period)
             try:
                 if await self.store.sweep(time.time()):
-                    self.metrics.active_sessions.set(await self.store.count())
+                    n = await self.store.count()
+                    self.metrics.active_sessions.set(n)
+                    self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
             except StoreUnavailableError:
                 self.metrics.store_errors.labels("sweep").inc()
 
     async def _get(self, session_id: str) -> tuple[SessionMeta, dict[str, torch.Tensor]]:
-        if not session_id:
-            raise ServiceError(
-                Code.INVALID_ARGUMENT, "session_id_empty", "session_id is empty; expected 1 or more bytes"
-            )
+        error = self._check_session_id(session_id)
+        if error is not None:
+            raise ServiceError(error.code, error.reason, error.message)
         try:
             found = await self.store.get(session_id)
         except StoreUnavailableError as exc:
@@ -576,10 +615,9 @@ class Runtime:
         )
 
     async def end_session(self, session_id: str) -> SessionMeta | None:
-        if not session_id:
-            raise ServiceError(
-                Code.INVALID_ARGUMENT, "session_id_empty", "session_id is empty; expected 1 or more bytes"
-            )
+        error = self._check_session_id(session_id)
+        if error is not None:
+            raise ServiceError(error.code, error.reason, error.message)
         try:
             meta = await self.store.delete(session_id)
         except StoreUnavailableError as exc:

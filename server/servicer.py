@@ -129,8 +129,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             finally:
                 inflight.release()
 
+        tasks: set[asyncio.Task[None]] = set()
+
         async def read() -> None:
-            tasks: set[asyncio.Task[None]] = set()
             async for request in request_iterator:
                 await inflight.acquire()
                 task = asyncio.create_task(answer(request))
@@ -147,6 +148,14 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 if item is None:
                     break
                 if item is _CLOSE:
+                    # Send what was accepted before the drain, then end the call.
+                    reader.cancel()
+                    if tasks:
+                        await asyncio.gather(*tasks, return_exceptions=True)
+                    while not out.empty():
+                        pending = out.get_nowait()
+                        if isinstance(pending, pb.StreamResponse):
+                            yield pending
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE,
                         "the server is shutting down; reconnect (to another replica) and resend from your last "

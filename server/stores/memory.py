@@ -73,15 +73,23 @@ class MemoryStore(SessionStore):
             rows.append(i)
             slots.append(self._slots[sid])
             written[i] = True
+        position = {slot: k for k, slot in enumerate(slots)}
         for i in new:
             sid = session_ids[i]
             slot = self._allocate()
             self._slots[sid] = slot
             self._metas[sid] = metas[i]
             self._evicted.pop(sid, None)
+            written[i] = True
+            if slot in position:
+                # Capacity below the batch: the slot's previous owner, written in this same call,
+                # was just evicted. Copy only the new owner's row: index_copy_ with a repeated
+                # index leaves which row lands undefined.
+                rows[position[slot]] = i
+                continue
+            position[slot] = len(rows)
             rows.append(i)
             slots.append(slot)
-            written[i] = True
         if rows:
             device = self.layout.device
             src = torch.tensor(rows, dtype=torch.long, device=device)

@@ -118,11 +118,15 @@ def assert_rpc_error(error: grpc.RpcError, code: grpc.StatusCode, reason: str, m
 
 
 def get_session(stub: aaren_pb2_grpc.ForecastServiceStub, session_id: str) -> pb.SessionInfo | None:
-    """The session with its state bytes, or None when the server answers NOT_FOUND."""
+    """The session with its state bytes, or None when there is none: NOT_FOUND, or an id too long
+    to name a session (INVALID_ARGUMENT session_id_too_long)."""
     try:
         return stub.GetSession(pb.GetSessionRequest(session_id=session_id, include_state=True), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        reason = dict(exc.trailing_metadata() or ()).get("aaren-error-reason")
+        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT and reason == "session_id_too_long":
             return None
         raise
 

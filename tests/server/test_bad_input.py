@@ -427,8 +427,10 @@ def test_unknown_session_in_unary_calls(start_server, method):
         ),
         (pb.GetSessionRequest(session_id=""), "INVALID_ARGUMENT", "session_id_empty", ("empty",)),
         (pb.ForecastRequest(session_id=""), "INVALID_ARGUMENT", "session_id_empty", ("empty",)),
+        (pb.GetSessionRequest(session_id="x" * 300), "INVALID_ARGUMENT", "session_id_too_long", ("300 bytes",)),
+        (pb.EndSessionRequest(session_id="x" * 300), "INVALID_ARGUMENT", "session_id_too_long", ("at most 256",)),
     ],
-    ids=["horizon", "num_samples", "get-empty-id", "forecast-empty-id"],
+    ids=["horizon", "num_samples", "get-empty-id", "forecast-empty-id", "get-long-id", "end-long-id"],
 )
 def test_bad_unary_arguments(start_server, request_, code, reason, parts):
     srv = start_server(metrics_port=-1)
@@ -436,7 +438,11 @@ def test_bad_unary_arguments(start_server, request_, code, reason, parts):
         stub = stub_for(channel)
         stream = OpenStream(stub)
         assert_forecasts(stream.send([ev("s", 1, 1.0)]), [("s", 1)])
-        method = stub.Forecast if isinstance(request_, pb.ForecastRequest) else stub.GetSession
+        method = {
+            pb.ForecastRequest: stub.Forecast,
+            pb.GetSessionRequest: stub.GetSession,
+            pb.EndSessionRequest: stub.EndSession,
+        }[type(request_)]
         assert_rpc_error(rpc_error(method, request_), getattr(grpc.StatusCode, code), reason, parts)
         assert get_session(stub, "s").last_seq == 1
         stream.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 
 import grpc
-import pytest
 from server_helpers import (
     CALL_TIMEOUT_S,
     OpenStream,
@@ -45,11 +44,6 @@ class BatchGate:
             event.set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: Runtime._check_session acknowledges a duplicate of an event applied in the same "
-    "batch before that batch is stored, so its result overtakes the original's and is not durable",
-)
 def test_resent_event_batched_with_original_is_answered_after_it(start_server):
     srv = start_server()
     with grpc.insecure_channel(srv.address) as channel:

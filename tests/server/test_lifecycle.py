@@ -119,11 +119,6 @@ def test_capacity_eviction_within_one_batch_keeps_states_apart(start_server, exi
         stream.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: Runtime._sweep_loop updates aaren_active_sessions after a TTL sweep but not "
-    "aaren_state_bytes_total",
-)
 def test_state_bytes_total_follows_ttl_eviction(start_server):
     srv = start_server(idle_ttl_s=0.3)
     with grpc.insecure_channel(srv.address) as channel:

@@ -162,3 +162,18 @@ def test_many_sessions_grow_the_pool_without_losing_rows(store_factory):
 def test_unknown_store_url_is_refused():
     with pytest.raises(ValueError, match="unsupported store URL 'sqlite://x'"):
         open_store("sqlite://x", LAYOUT, capacity=1, idle_ttl_s=1)
+
+
+def test_batch_larger_than_capacity_keeps_the_newest_rows(store_factory):
+    store = store_factory(capacity=2)
+
+    async def go():
+        data = rows(3, 0.0)
+        data["m"] = torch.tensor([1.0, 2.0, 3.0]).view(-1, 1, 1).expand(-1, 2, 3).clone()
+        written = await store.save(["a", "b", "c"], data, [meta(1)] * 3, [0, 0, 0])
+        return written, await store.get("a"), await store.get("b"), await store.get("c")
+
+    written, a, b, c = run(go())
+    assert written == [True, True, True]
+    assert a is None  # evicted for capacity by "c" within the same write
+    assert (b[1]["m"] == 2.0).all() and (c[1]["m"] == 3.0).all()
