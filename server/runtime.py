@@ -590,14 +590,8 @@ class Runtime:
         for h in range(horizon):
             freq = torch.bincount(mark_tensor[:, h], minlength=self.engine.description.num_marks).double() / n
             top = freq.topk(min(k, freq.numel()))
-            steps.append(
-                StepSummary(
-                    h + 1,
-                    float(times[:, h].mean()),
-                    quantiles[h],
-                    list(zip(top.indices.tolist(), top.values.tolist(), strict=True)),
-                )
-            )
+            seen = [(m, p) for m, p in zip(top.indices.tolist(), top.values.tolist(), strict=True) if p > 0]
+            steps.append(StepSummary(h + 1, float(times[:, h].mean()), quantiles[h], seen))
         if not include_paths:
             return SampledFuture(forecast, steps, [], [], [])
         return SampledFuture(forecast, steps, times.tolist(), marks, values)

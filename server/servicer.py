@@ -160,6 +160,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                         grpc.StatusCode.UNAVAILABLE,
                         "the server is shutting down; reconnect (to another replica) and resend from your last "
                         "acknowledged seq",
+                        trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
                     )
                 yield item
             await reader  # surfaces a failure of the request stream

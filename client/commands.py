@@ -1,0 +1,419 @@
+"""What the client commands of ``aaren`` do: call the server, render for people (rich) or as JSON.
+
+``client.cli`` parses the arguments and calls these; each returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from client.client import (
+    AarenClient,
+    AarenError,
+    ForecastOut,
+    ForecastResult,
+    ModelInfoOut,
+    SessionOut,
+    to_jsonable,
+)
+from client.events_file import EventsFileError, ModelSchema, load_source
+from client.replay import ForecastWriter, ReplayError, ReplayStats, replay, schedule
+
+__all__ = ["end_command", "forecast_command", "model_command", "replay_command", "session_command"]
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _console(stderr: bool = False) -> Console:
+    return Console(stderr=stderr, highlight=False)
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(to_jsonable(obj), indent=2))
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    """Run a command; service and data errors become a one-line message and exit code 1 (2 for data)."""
+    err = _console(stderr=True)
+    try:
+        return asyncio.run(coro)
+    except AarenError as exc:
+        _print_error(err, _describe(exc))
+        return 1
+    except EventsFileError as exc:
+        _print_error(err, str(exc))
+        return 2
+
+
+def _describe(exc: AarenError) -> str:
+    return f"{exc.code}" + (f" ({exc.reason})" if exc.reason else "") + f": {exc.message}"
+
+
+def _print_error(console: Console, text: str, prefix: str = "error:") -> None:
+    console.print(f"[red]{prefix}[/red] {escape(text)}", soft_wrap=True)
+
+
+async def _connect(target: str) -> AarenClient:
+    client = AarenClient(target)
+    try:
+        await client.wait_ready(CONNECT_TIMEOUT_S)
+    except BaseException:
+        await client.close()
+        raise
+    return client
+
+
+def _num(x: float, digits: int = 4) -> str:
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.{digits}g}" if abs(x) < 1e6 else f"{x:,.2f}"
+
+
+def _forecast_table(f: ForecastOut, model: ModelInfoOut) -> Table:
+    unit = model.time_unit or "time units"
+    title = f"Next event of {escape(repr(f.session_id))}"
+    table = Table(box=box.SIMPLE_HEAVY, show_header=False, title=title, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("after seq", f"{f.seq} (at {_num(f.last_time, 10)} {unit})")
+    table.add_row("expected at", f"{_num(f.expected_time, 10)} {unit}")
+    table.add_row("expected gap", f"{_num(f.mean_gap)} {unit}")
+    if f.quantiles:
+        table.add_row("gap quantiles", "   ".join(f"q{q:g}: {_num(v)}" for q, v in sorted(f.quantiles.items())))
+    for i, (mark, p) in enumerate(f.marks):
+        table.add_row("likely marks" if i == 0 else "", f"{escape(model.mark_name(mark)):<12} {p:6.1%}")
+    for i, (mean, std) in enumerate(f.values):
+        name = model.value_names[i] if i < len(model.value_names) else f"value {i}"
+        table.add_row("values" if i == 0 else "", f"{escape(name)}: {_num(mean)} ± {_num(std)}")
+    table.add_row("model", escape(f"{f.model_name} ({f.model_version})"))
+    return table
+
+
+def _steps_table(result: ForecastResult, model: ModelInfoOut) -> Table:
+    table = Table(box=box.SIMPLE_HEAVY, title="Sampled futures", title_justify="left")
+    table.add_column("step", justify="right")
+    table.add_column("mean time", justify="right")
+    for q in model.quantile_levels:
+        table.add_column(f"q{q:g}", justify="right")
+    table.add_column("most frequent marks")
+    for s in result.steps:
+        table.add_row(
+            str(s.step),
+            _num(s.mean_time, 8),
+            *(_num(s.time_quantiles.get(q, math.nan), 8) for q in model.quantile_levels),
+            escape(", ".join(f"{model.mark_name(m)} {p:.0%}" for m, p in s.marks)),
+        )
+    return table
+
+
+async def _forecast(
+    target: str, session_id: str, horizon: int, samples: int, seed: int | None, top_k: int, paths: bool, as_json: bool
+) -> int:
+    async with await _connect(target) as client:
+        result = await client.forecast(
+            session_id, horizon=horizon, num_samples=samples, seed=seed, top_k=top_k, include_paths=paths
+        )
+        if as_json:
+            _print_json(result)
+            return 0
+        model = await client.describe_model()
+    out = _console()
+    out.print(_forecast_table(result.forecast, model))
+    if result.steps:
+        out.print(_steps_table(result, model))
+    if result.paths:
+        out.print(f"{len(result.paths)} sampled paths (use --json to see them)")
+    return 0
+
+
+def forecast_command(
+    target: str,
+    session_id: str,
+    *,
+    horizon: int = 1,
+    samples: int = 0,
+    seed: int | None = None,
+    top_k: int = 0,
+    paths: bool = False,
+    as_json: bool = False,
+) -> int:
+    return _run(_forecast(target, session_id, horizon, samples, seed, top_k, paths, as_json))
+
+
+def _session_table(s: SessionOut) -> Table:
+    title = f"Session {escape(repr(s.session_id))}"
+    table = Table(box=box.SIMPLE_HEAVY, show_header=False, title=title, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("last seq", str(s.last_seq))
+    table.add_row("last time", _num(s.last_time, 10))
+    table.add_row("events", str(s.n_events))
+    table.add_row("state", f"{s.state_bytes:,} bytes")
+    table.add_row("model", escape(f"{s.model_name} ({s.model_version})"))
+    for name in ("created_at", "updated_at", "expires_at"):
+        stamp = getattr(s, name)
+        table.add_row(name.replace("_", " "), stamp.isoformat(timespec="seconds") if stamp else "-")
+    return table
+
+
+async def _session(target: str, session_id: str, state_out: Path | None, as_json: bool) -> int:
+    async with await _connect(target) as client:
+        s = await client.get_session(session_id, include_state=state_out is not None)
+    if state_out is not None:
+        state_out.write_bytes(s.state)
+    if as_json:
+        _print_json(s)
+        return 0
+    out = _console()
+    out.print(_session_table(s))
+    if state_out is not None:
+        out.print(f"state ({len(s.state):,} bytes, safetensors) written to {state_out}")
+    return 0
+
+
+def session_command(target: str, session_id: str, *, state_out: Path | None = None, as_json: bool = False) -> int:
+    return _run(_session(target, session_id, state_out, as_json))
+
+
+async def _end(target: str, session_id: str, as_json: bool) -> int:
+    async with await _connect(target) as client:
+        r = await client.end_session(session_id)
+    if as_json:
+        _print_json(r)
+    elif r.existed:
+        _console().print(f"ended session {session_id!r} (last seq {r.last_seq})", markup=False)
+    else:
+        _console().print(f"session {session_id!r} did not exist; nothing to end", markup=False)
+    return 0
+
+
+def end_command(target: str, session_id: str, *, as_json: bool = False) -> int:
+    return _run(_end(target, session_id, as_json))
+
+
+def _model_table(m: ModelInfoOut) -> Table:
+    table = Table(box=box.SIMPLE_HEAVY, show_header=False, title=f"Model {escape(repr(m.name))}", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    marks = ", ".join(m.mark_names[:20]) + (", ..." if len(m.mark_names) > 20 else "")
+    rows = [
+        ("version", m.version),
+        ("backbone", f"{m.backbone}, d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads"),
+        ("parameters", f"{m.parameters:,}"),
+        ("state per session", f"{m.state_bytes_per_session:,} bytes"),
+        ("marks", f"{m.num_marks}" + (f": {marks}" if marks else "")),
+        ("values", f"{m.value_width}" + (f": {', '.join(m.value_names)}" if m.value_names else "")),
+        ("time unit", m.time_unit or "-"),
+        ("quantiles", ", ".join(f"{q:g}" for q in m.quantile_levels)),
+        ("device", m.device),
+    ]
+    lim = m.limits
+    rows += [
+        ("max events / message", f"{lim.max_events_per_request:,}"),
+        ("max message", f"{lim.max_message_bytes:,} bytes"),
+        ("max session id", f"{lim.max_session_id_bytes} bytes"),
+        ("horizon / samples", f"max {lim.max_horizon} / max {lim.max_num_samples} (default {lim.default_num_samples})"),
+        ("default top-k", str(lim.default_top_k)),
+        ("idle TTL", f"{lim.idle_ttl_seconds:g} s" if lim.idle_ttl_seconds else "none"),
+    ]
+    for key, value in rows:
+        table.add_row(key, escape(value))
+    return table
+
+
+async def _model(target: str, as_json: bool) -> int:
+    async with await _connect(target) as client:
+        m = await client.describe_model()
+    if as_json:
+        _print_json(m)
+    else:
+        _console().print(_model_table(m))
+    return 0
+
+
+def model_command(target: str, *, as_json: bool = False) -> int:
+    return _run(_model(target, as_json))
+
+
+def _summary_table(stats: ReplayStats) -> Table:
+    s = stats.summary()
+    table = Table(box=box.SIMPLE_HEAVY, show_header=False, title="Replay summary", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_row("events sent", f"{s['events']:,}")
+    table.add_row("forecasts", f"{s['forecasts']:,}")
+    table.add_row("acks", f"{s['acks']:,}")
+    table.add_row("duplicates", f"{s['duplicates']:,}")
+    table.add_row("errors", f"[red]{s['errors']:,}[/red]" if s["errors"] else "0")
+    for reason, n in s["errors_by_reason"].items():
+        table.add_row(f"  {escape(reason)}", f"{n:,}")
+    table.add_row("messages", f"{s['messages']:,}")
+    table.add_row("elapsed", f"{s['elapsed_s']:.2f} s")
+    table.add_row("events/s", f"{s['events_per_s']:,.0f}")
+    for name, ms in s["latency_ms"].items():
+        table.add_row(f"latency {name} (per message)", f"{ms:.2f} ms")
+    return table
+
+
+def _check_flights_fit(source_marks: tuple[str, ...], source_values: tuple[str, ...], model: ModelInfoOut) -> str:
+    """A warning when the model was not trained on data shaped like the built-in source."""
+    problems = []
+    if tuple(model.mark_names) != source_marks:
+        problems.append(f"its marks are {list(model.mark_names)[:8]}..., the flights' carriers {list(source_marks)}")
+    if tuple(model.value_names) != source_values:
+        problems.append(f"its values are {list(model.value_names)}, the flights' {list(source_values)}")
+    if model.time_unit != "minutes":
+        problems.append(f"its time unit is {model.time_unit!r}, the flights' 'minutes'")
+    if not problems:
+        return ""
+    return "the served model does not look trained on the flights data (" + "; ".join(problems) + ")"
+
+
+async def _replay(
+    target: str,
+    source: str,
+    *,
+    rate: float | None,
+    sessions: int,
+    streams: int,
+    batch: int,
+    window: int,
+    limit: int | None,
+    out: Path | None,
+    split: str,
+    time_unit: str | None,
+    top_k: int,
+    progress: bool,
+    as_json: bool,
+) -> int:
+    err = _console(stderr=True)
+    async with await _connect(target) as client:
+        model = await client.describe_model()
+        data = load_source(source, ModelSchema.from_model(model, time_unit=time_unit), split=split)
+        if source == "flights" and not Path(source).exists():
+            warning = _check_flights_fit(data.mark_names, data.value_names, model)
+            if warning:
+                err.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
+        most = model.limits.max_events_per_request
+        if most and batch > most:
+            err.print(f"[yellow]warning:[/yellow] --batch {batch} is over the server's limit; sending {most} a message")
+            batch = most
+        events = list(schedule(data.events, sessions))
+        if limit is not None:
+            events = events[:limit]
+        writer = ForecastWriter(out, model, top_k) if out is not None else None
+        stats = ReplayStats()
+        bar = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]replay"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=not progress,
+            transient=False,
+        )
+        task = bar.add_task("replay", total=len(events), info="")
+
+        async def refresh() -> None:
+            while True:
+                info = (
+                    f"{stats.events_per_s:,.0f} ev/s  p50 {stats.latency_ms(0.5, recent=True):.1f} ms  "
+                    f"p99 {stats.latency_ms(0.99, recent=True):.1f} ms"
+                )
+                if stats.n_errors:
+                    info += f"  [red]{stats.n_errors:,} errors[/red]"
+                bar.update(task, completed=stats.events_answered, info=info)
+                await asyncio.sleep(0.2)
+
+        title = (
+            f"Replayed {data.name} ({data.n_sessions:,} sessions) to {target}: "
+            f"{streams} streams, {batch} events/message" + (f", {rate:g} events/s" if rate else "")
+        )
+        failure: ReplayError | None = None
+        with bar:
+            refresher = asyncio.create_task(refresh())
+            try:
+                await replay(
+                    client,
+                    events,
+                    streams=streams,
+                    batch=batch,
+                    rate=rate,
+                    window=window,
+                    top_k=top_k,
+                    on_result=writer.write if writer is not None else None,
+                    stats=stats,
+                )
+            except ReplayError as exc:
+                failure = exc
+            finally:
+                refresher.cancel()
+                if writer is not None:
+                    writer.close()
+                bar.update(task, completed=stats.events_answered)
+    if as_json:
+        summary = stats.summary()
+        if failure is not None:
+            summary["stream_error"] = {"code": failure.error.code, "reason": failure.error.reason}
+        print(json.dumps(summary, indent=2))
+    else:
+        out_console = _console()
+        out_console.print(title, markup=False, soft_wrap=True)
+        out_console.print(_summary_table(stats))
+        if out is not None:
+            written = writer.rows if writer else 0
+            out_console.print(f"{written:,} results written to {out}", markup=False, soft_wrap=True)
+    if failure is not None:
+        _print_error(err, f"a stream failed: {_describe(failure.error)}")
+        return 1
+    return 0
+
+
+def replay_command(
+    target: str,
+    source: str,
+    *,
+    rate: float | None = None,
+    sessions: int = 0,
+    streams: int = 4,
+    batch: int = 1,
+    window: int = 64,
+    limit: int | None = None,
+    out: Path | None = None,
+    split: str = "test",
+    time_unit: str | None = None,
+    top_k: int = 0,
+    progress: bool = True,
+    as_json: bool = False,
+) -> int:
+    return _run(
+        _replay(
+            target,
+            source,
+            rate=rate,
+            sessions=sessions,
+            streams=streams,
+            batch=batch,
+            window=window,
+            limit=limit,
+            out=out,
+            split=split,
+            time_unit=time_unit,
+            top_k=top_k,
+            progress=progress,
+            as_json=as_json,
+        )
+    )

@@ -1,0 +1,163 @@
+"""``aaren replay/forecast/session/end/model`` against a real server (typer's CliRunner)."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import random
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from client.cli import app
+from client.client import AarenClient
+
+SESSIONS = ("alpha", "beta", "gamma", "delta")
+PER_SESSION = 12
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def events_csv(tmp_path):
+    rng = random.Random(0)
+    rows = []
+    for sid in SESSIONS:
+        t = rng.uniform(0, 5)
+        for _ in range(PER_SESSION):
+            t += rng.expovariate(0.5)
+            a, b = round(rng.gauss(1, 3), 3), round(rng.gauss(-2, 1), 3)
+            rows.append((sid, round(t, 3), f"m{rng.randrange(5)}", a, b))
+    rng.shuffle(rows)
+    rows.sort(key=lambda r: r[0])  # sessions one after another: replay must interleave them by time
+    path = tmp_path / "events.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["session_id", "time", "mark", "b", "a"])
+        writer.writerows((sid, t, m, b, a) for sid, t, m, a, b in sorted(rows, key=lambda r: (r[0], r[1])))
+    return path
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def unary_forecasts(address: str) -> dict:
+    async def main():
+        async with AarenClient(address) as client:
+            return {sid: (await client.forecast(sid)).forecast for sid in SESSIONS}
+
+    return asyncio.run(main())
+
+
+def test_replay_writes_one_forecast_per_event_matching_the_server(start_server, events_csv, tmp_path):
+    srv = start_server()
+    out = tmp_path / "forecasts.csv"
+    result = invoke(
+        "replay", str(events_csv), "--target", srv.address, "--out", str(out), "--streams", "3", "--batch", "2",
+        "--no-progress", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    n = len(SESSIONS) * PER_SESSION
+    assert summary["events"] == summary["answered"] == summary["forecasts"] == n
+    assert summary["errors"] == 0 and summary["errors_by_reason"] == {}
+    assert summary["latency_ms"]["p50"] > 0
+
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == n and {r["status"] for r in rows} == {"forecast"}
+    assert sorted((r["session_id"], int(r["seq"])) for r in rows) == sorted(
+        (sid, k) for sid in SESSIONS for k in range(1, PER_SESSION + 1)
+    )
+    assert list(rows[0])[:9] == [
+        *("session_id", "seq", "status", "last_time", "mean_gap", "expected_time"),
+        *("q0.1", "q0.5", "q0.9"),
+    ]
+
+    for sid, f in unary_forecasts(srv.address).items():
+        (row,) = [r for r in rows if r["session_id"] == sid and int(r["seq"]) == PER_SESSION]
+        assert f.seq == PER_SESSION
+        assert float(row["last_time"]) == f.last_time
+        assert float(row["mean_gap"]) == pytest.approx(f.mean_gap, rel=1e-5)
+        assert float(row["expected_time"]) == pytest.approx(f.expected_time, rel=1e-6)
+        for q, v in f.quantiles.items():
+            assert float(row[f"q{q:g}"]) == pytest.approx(v, rel=1e-5)
+        assert [row[f"mark_{i + 1}"] for i in range(3)] == [f"m{m}" for m, _ in f.marks]
+        assert [float(row[f"p_{i + 1}"]) for i in range(3)] == pytest.approx([p for _, p in f.marks], rel=1e-5)
+        assert float(row["a_mean"]) == pytest.approx(f.values[0][0], rel=1e-5, abs=1e-5)
+        assert float(row["b_std"]) == pytest.approx(f.values[1][1], rel=1e-5, abs=1e-5)
+
+    # A second replay of the same file is all duplicates (acknowledged, not applied again).
+    again = invoke("replay", str(events_csv), "--target", srv.address, "--no-progress", "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout)["duplicates"] == n
+
+
+def test_replay_paced_jsonl_limited_sessions(start_server, events_csv, tmp_path):
+    srv = start_server()
+    out = tmp_path / "forecasts.jsonl"
+    result = invoke(
+        "replay", str(events_csv), "-t", srv.address, "--out", str(out), "--rate", "400", "--sessions", "2",
+        "--limit", "30", "--top-k", "5",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "events/s" in result.stdout and "latency p99" in result.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 30 and {r["status"] for r in rows} == {"forecast"}
+    # --sessions 2: a third session starts only once one of the first two has sent all its events.
+    counts = Counter(r["session_id"] for r in rows)
+    assert len(counts) <= 3 and max(counts.values()) == PER_SESSION
+    assert len(rows[0]["marks"]) == 5 and rows[0]["marks"][0][1].startswith("m")
+    assert set(rows[0]["quantiles"]) == {"0.1", "0.5", "0.9"}
+
+
+def test_replay_reports_event_errors_and_bad_files(start_server, tmp_path):
+    srv = start_server()
+    path = tmp_path / "bad.csv"
+    path.write_text("session_id,time,mark,a,b\ns,1,m0,1,1\ns,2,m1,1,1\n")
+    (tmp_path / "first.csv").write_text("session_id,time,mark,a,b\ns,5,m0,1,1\n")
+    assert invoke("replay", str(tmp_path / "first.csv"), "-t", srv.address, "--no-progress").exit_code == 0
+    # seq 1 is now a duplicate; seq 2 has time 2 < 5: rejected, and counted by reason.
+    result = invoke("replay", str(path), "-t", srv.address, "--no-progress", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["duplicates"] == 1 and summary["errors_by_reason"] == {"time_before_last": 1}
+
+    path.write_text("session_id,time,mark,a\ns,1,m0,1\n")
+    result = invoke("replay", str(path), "-t", srv.address, "--no-progress")
+    assert result.exit_code == 2
+    assert "bad.csv: value columns ['a'] do not match the model's ['a', 'b']" in result.stderr
+    result = invoke("replay", str(path), "-t", srv.address, "--out", str(tmp_path / "x.txt"))
+    assert result.exit_code == 2 and "--out" in result.output
+
+
+def test_forecast_session_end_model_commands(start_server, events_csv, tmp_path):
+    srv = start_server()
+    assert invoke("replay", str(events_csv), "-t", srv.address, "--no-progress").exit_code == 0
+
+    model = json.loads(invoke("model", "-t", srv.address, "--json").stdout)
+    assert model["num_marks"] == 5 and model["value_names"] == ["a", "b"] and model["limits"]["default_top_k"] == 3
+    assert "aaren, d_model 16" in invoke("model", "-t", srv.address).stdout
+
+    shown = invoke("forecast", "alpha", "-t", srv.address)
+    assert shown.exit_code == 0 and "Next event of 'alpha'" in shown.stdout and "expected gap" in shown.stdout
+    sampled = json.loads(invoke("forecast", "alpha", "-t", srv.address, "--horizon", "2", "--samples", "5",
+                                "--seed", "1", "--paths", "--json").stdout)  # fmt: skip
+    assert sampled["forecast"]["seq"] == PER_SESSION and len(sampled["steps"]) == 2 and len(sampled["paths"]) == 5
+    assert "Sampled futures" in invoke("forecast", "alpha", "-t", srv.address, "--horizon", "2").stdout
+
+    state = tmp_path / "alpha.safetensors"
+    info = invoke("session", "alpha", "-t", srv.address, "--state-out", str(state))
+    assert info.exit_code == 0 and "last seq" in info.stdout and state.stat().st_size > 0
+    assert json.loads(invoke("session", "alpha", "-t", srv.address, "--json").stdout)["last_seq"] == PER_SESSION
+
+    assert "ended session 'alpha' (last seq 12)" in invoke("end", "alpha", "-t", srv.address).stdout
+    assert "did not exist" in invoke("end", "alpha", "-t", srv.address).stdout
+    missing = invoke("forecast", "alpha", "-t", srv.address)
+    assert missing.exit_code == 1 and "NOT_FOUND (session_not_found)" in missing.stderr
+    assert invoke("session", "alpha", "-t", srv.address).exit_code == 1
