@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import grpc
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -73,6 +74,8 @@ class AarenServer:
             raise OSError(f"could not bind the gRPC address {s.address!r}")
         await self._server.start()  # health answers NOT_SERVING while the model loads
 
+        if s.torch_threads:
+            torch.set_num_threads(s.torch_threads)
         device = resolve_device(s.device)
         checkpoint = self._checkpoint()
         engine = await asyncio.to_thread(load_engine, checkpoint, device, s.quantiles)

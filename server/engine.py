@@ -19,7 +19,15 @@ from aaren_core.checkpoint import load_checkpoint
 from aaren_core.event_model import EventModel, EventModelConfig
 from aaren_core.state import State
 
-__all__ = ["Engine", "ForecastNumbers", "ModelDescription", "RunInput", "load_engine", "resolve_device"]
+__all__ = [
+    "Engine",
+    "ForecastColumns",
+    "ForecastNumbers",
+    "ModelDescription",
+    "RunInput",
+    "load_engine",
+    "resolve_device",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +77,29 @@ class ForecastNumbers:
     time_quantiles: list[float]
     marks: list[tuple[int, float]]
     values: list[tuple[float, float]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForecastColumns:
+    """Forecasts of ``F`` rows as Python lists, one ``tolist`` per field (row ``r`` is one forecast).
+
+    ``time_mean [F]``, ``time_quantiles [F][Q]``, ``top_marks``/``top_probs [F][k]`` (most likely
+    first; rows may want fewer than ``k``), ``values [F][V]`` of ``(mean, std)``.
+    """
+
+    time_mean: list[float]
+    time_quantiles: list[list[float]]
+    top_marks: list[list[int]]
+    top_probs: list[list[float]]
+    values: list[list[tuple[float, float]]]
+
+    def numbers(self, row: int, top_k: int) -> ForecastNumbers:
+        return ForecastNumbers(
+            self.time_mean[row],
+            self.time_quantiles[row],
+            list(zip(self.top_marks[row][:top_k], self.top_probs[row][:top_k], strict=True)),
+            [tuple(v) for v in self.values[row]],  # type: ignore[misc]
+        )
 
 
 class Engine:
@@ -126,81 +157,78 @@ class Engine:
 
     @torch.inference_mode()
     def apply(
-        self, rows: dict[str, Tensor], runs: Sequence[RunInput], top_k: Sequence[int]
-    ) -> tuple[dict[str, Tensor], list[list[ForecastNumbers]]]:
-        """Apply ``runs[i]`` to session row ``i`` of ``rows`` (``name -> [U, ...]``).
+        self, rows: dict[str, Tensor], runs: Sequence[RunInput], top_k: int
+    ) -> tuple[dict[str, Tensor], ForecastColumns | None, list[int]]:
+        """Apply ``runs[i]`` to session row ``i`` of ``rows`` (``name -> [U, ...]``, updated in place).
 
-        Sessions with one event are stepped together in one batched ``step``; longer runs are
-        ingested with the parallel scan (``prefill``). Returns the new rows and, per run, the
-        forecasts at its ``forecast_at`` positions (``top_k[i]`` marks each).
+        Sessions with one event are stepped together in one batched ``step``; runs of equal length
+        ``L > 1`` are ingested together with one parallel scan (``prefill [R, L]``). Returns the rows,
+        the forecasts at every run's ``forecast_at`` positions (run order, then position order; up
+        to ``top_k`` marks each) and, per run, the index of its first forecast row.
         """
-        n = len(runs)
-        new_rows = rows  # freshly gathered by the store: updated in place
-        wanted: list[Tensor] = []  # features rows to forecast, in (run, position) order
-        feature_rows: dict[int, Tensor] = {}
-        singles = [i for i, run in enumerate(runs) if len(run.dt) == 1]
-        if singles:
-            idx = torch.tensor(singles, device=self.device)
-            state = self.state_of({k: t.index_select(0, idx) for k, t in rows.items()})
-            dt, marks, values = self._inputs([runs[i] for i in singles])
-            y, state = self.model.step(dt[:, 0], marks[:, 0], values[:, 0], state)
-            for k, t in state.tensors().items():
-                new_rows[k].index_copy_(0, idx, t)
-            new_rows[FEATURES].index_copy_(0, idx, y)
-            for j, i in enumerate(singles):
-                feature_rows[i] = y[j : j + 1]
-        for i in range(n):
-            if len(runs[i].dt) <= 1:
-                continue
-            state = self.state_of({k: t[i : i + 1] for k, t in rows.items()})
-            dt, marks, values = self._inputs([runs[i]])
-            y, state = self.model.prefill(dt, marks, values, state)  # y [1, N, d]
-            for k, t in state.tensors().items():
-                new_rows[k][i] = t[0]
-            new_rows[FEATURES][i] = y[0, -1]
-            feature_rows[i] = y[0]
-        counts = []
+        by_length: dict[int, list[int]] = {}
         for i, run in enumerate(runs):
-            if run.forecast_at:
-                wanted.append(feature_rows[i][run.forecast_at])
-            counts.append(len(run.forecast_at))
-        forecasts: list[list[ForecastNumbers]] = [[] for _ in runs]
-        if wanted:
-            flat_k = [top_k[i] for i, c in enumerate(counts) for _ in range(c)]
-            numbers = self.forecast_numbers(torch.cat(wanted), flat_k)
-            at = 0
-            for i, c in enumerate(counts):
-                forecasts[i] = numbers[at : at + c]
-                at += c
-        return new_rows, forecasts
+            by_length.setdefault(len(run.dt), []).append(i)
+        feature_sources: list[tuple[Tensor, list[int]]] = []  # (features [R*L, d], flat row per forecast)
+        order: list[tuple[int, int]] = []  # (run, position) of each forecast, in the order gathered
+        for length, members in by_length.items():
+            idx = torch.tensor(members, device=self.device)
+            state = self.state_of({k: t.index_select(0, idx) for k, t in rows.items()})
+            dt, marks, values = self._inputs([runs[i] for i in members], length)
+            if length == 1:
+                y, state = self.model.step(dt[:, 0], marks[:, 0], values[:, 0], state)  # y [R, d]
+                last = y
+            else:
+                y, state = self.model.prefill(dt, marks, values, state)  # y [R, L, d]
+                last = y[:, -1]
+                y = y.reshape(-1, y.shape[-1])
+            for k, t in state.tensors().items():
+                rows[k].index_copy_(0, idx, t)
+            rows[FEATURES].index_copy_(0, idx, last)
+            flat = []
+            for r, i in enumerate(members):
+                for pos in runs[i].forecast_at:
+                    flat.append(r * length + pos)
+                    order.append((i, pos))
+            if flat:
+                feature_sources.append((y, flat))
+        if not order:
+            return rows, None, [0] * len(runs)
+        wanted = torch.cat([y.index_select(0, torch.tensor(flat, device=self.device)) for y, flat in feature_sources])
+        # Gathered by length group; put them back in run order so each run's forecasts are contiguous.
+        permutation = sorted(range(len(order)), key=order.__getitem__)
+        if permutation != list(range(len(order))):
+            wanted = wanted.index_select(0, torch.tensor(permutation, device=self.device))
+        starts, at = [], 0
+        for run in runs:
+            starts.append(at)
+            at += len(run.forecast_at)
+        return rows, self.forecast_columns(wanted, top_k), starts
 
-    def _inputs(self, runs: Sequence[RunInput]) -> tuple[Tensor, Tensor, Tensor]:
-        """Equal-length runs -> ``dt [R, N]``, ``marks [R, N]``, ``values [R, N, V]`` on the device."""
+    def _inputs(self, runs: Sequence[RunInput], length: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Runs of ``length`` events -> ``dt [R, L]``, ``marks [R, L]``, ``values [R, L, V]`` on the device."""
         v = self.model.config.value_width
         dt = torch.tensor([run.dt for run in runs], dtype=torch.float32, device=self.device)
         marks = torch.tensor([run.marks for run in runs], dtype=torch.long, device=self.device)
-        values = torch.tensor([list(run.values) for run in runs], dtype=torch.float32, device=self.device)
-        return dt, marks, values.view(len(runs), len(runs[0].dt), v)
+        values = torch.tensor([run.values for run in runs], dtype=torch.float32, device=self.device)
+        return dt, marks, values.view(len(runs), length, v)
 
     @torch.inference_mode()
-    def forecast_numbers(self, features: Tensor, top_k: Sequence[int]) -> list[ForecastNumbers]:
-        """Forecasts from ``features [R, d_model]`` as Python numbers (one ``tolist`` per field)."""
-        k_max = max(top_k)
-        f = self.model.forecast(features, self.quantiles, k_max)
-        means = f.time_mean.tolist()
-        quantiles = f.time_quantiles.tolist()
-        top_marks = f.top_marks.tolist()
-        top_probs = f.top_probs.tolist()
-        value_pairs = torch.stack([f.value_mean, f.value_std], dim=-1).tolist()
-        return [
-            ForecastNumbers(
-                time_mean=means[r],
-                time_quantiles=quantiles[r],
-                marks=list(zip(top_marks[r][: top_k[r]], top_probs[r][: top_k[r]], strict=True)),
-                values=[(m, s) for m, s in value_pairs[r]],
-            )
-            for r in range(features.shape[0])
-        ]
+    def forecast_columns(self, features: Tensor, top_k: int) -> ForecastColumns:
+        """Forecasts from ``features [F, d_model]`` as Python lists (one ``tolist`` per field)."""
+        f = self.model.forecast(features, self.quantiles, top_k)
+        return ForecastColumns(
+            time_mean=f.time_mean.tolist(),
+            time_quantiles=f.time_quantiles.tolist(),
+            top_marks=f.top_marks.tolist(),
+            top_probs=f.top_probs.tolist(),
+            values=torch.stack([f.value_mean, f.value_std], dim=-1).tolist(),
+        )
+
+    def forecast_numbers(self, features: Tensor, top_k: int) -> list[ForecastNumbers]:
+        """Forecasts from ``features [F, d_model]``, one object per row (for unary calls)."""
+        cols = self.forecast_columns(features, top_k)
+        return [cols.numbers(r, top_k) for r in range(features.shape[0])]
 
     @torch.inference_mode()
     def sample(

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import torch
 
-from server.engine import Engine, ForecastNumbers, RunInput
+from server.engine import Engine, ForecastColumns, ForecastNumbers, RunInput
 from server.errors import Code, ErrorInfo, ServiceError
 from server.metrics import Metrics
 from server.settings import ServerSettings
@@ -40,6 +40,9 @@ EMPTY_SESSION_ID = "session_id is empty; expected 1 or more bytes"
 
 @dataclasses.dataclass(slots=True)
 class Event:
+    """An event as the runtime reads it. Any object with these attributes will do (the servicer
+    passes ``aaren.v1.Event`` messages as they are, without copying)."""
+
     session_id: str
     seq: int
     time: float
@@ -49,10 +52,18 @@ class Event:
 
 @dataclasses.dataclass(slots=True)
 class Forecast:
+    """The forecast after ``seq``: row ``row`` of ``columns``, with its ``top_k`` most likely marks."""
+
     session_id: str
     seq: int
     last_time: float
-    numbers: ForecastNumbers
+    columns: ForecastColumns
+    row: int
+    top_k: int
+
+    @property
+    def numbers(self) -> ForecastNumbers:
+        return self.columns.numbers(self.row, self.top_k)
 
 
 @dataclasses.dataclass(slots=True)
@@ -98,22 +109,28 @@ class SampledFuture:
 
 
 class _Request:
-    """One submitted message: its outcomes fill in as batches finish."""
+    """One submitted message: its outcomes fill in as batches finish; ``on_done`` gets them all."""
 
-    __slots__ = ("future", "last_only", "outcomes", "remaining", "top_k")
+    __slots__ = ("last_only", "on_done", "outcomes", "remaining", "top_k")
 
-    def __init__(self, n: int, top_k: int, last_only: bool) -> None:
+    def __init__(self, n: int, top_k: int, last_only: bool, on_done: Callable[[list[Outcome]], None]) -> None:
         self.outcomes: list[Outcome | None] = [None] * n
         self.remaining = n
         self.top_k = top_k
         self.last_only = last_only
-        self.future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        self.on_done = on_done
 
     def set(self, index: int, outcome: Outcome) -> None:
+        if self.outcomes[index] is None:
+            self.remaining -= 1
         self.outcomes[index] = outcome
-        self.remaining -= 1
-        if self.remaining == 0 and not self.future.done():
-            self.future.set_result(self.outcomes)  # type: ignore[arg-type]
+        if self.remaining == 0:
+            on_done, self.on_done = self.on_done, _answered
+            on_done(self.outcomes)  # type: ignore[arg-type]
+
+
+def _answered(outcomes: list[Outcome]) -> None:
+    """Stands in for a request's callback once it has been called."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -158,6 +175,12 @@ class Runtime:
         self.draining = False
         store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
         metrics.state_bytes_per_session.set(engine.description.state_bytes_per_session)
+        # Label children resolved once: a labels() lookup per event costs more than the increment.
+        self._applied = metrics.events.labels("applied")
+        self._duplicates = metrics.events.labels("duplicate")
+        self._rejected = metrics.events.labels("rejected")
+        self._by_reason: dict[str, object] = {}
+        self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
 
     async def start(self) -> None:
         self._batcher = asyncio.create_task(self._batch_loop(), name="aaren-batcher")
@@ -233,10 +256,19 @@ class Runtime:
                 )
         return None
 
-    async def submit(self, events: Sequence[Event], *, top_k: int = 0, last_only: bool = False) -> list[Outcome]:
-        """Apply ``events`` (many sessions, any order between sessions) and return one outcome each.
+    def enqueue(
+        self,
+        events: Sequence[Event],
+        on_done: Callable[[list[Outcome]], None],
+        *,
+        top_k: int = 0,
+        last_only: bool = False,
+    ) -> None:
+        """Accept ``events`` (many sessions, any order between sessions); ``on_done(outcomes)`` is
+        called once with one outcome per event, in the events' order, after their state is stored.
 
-        ``last_only``: forecast only the last applied event of each session in ``events``.
+        ``last_only``: forecast only the last applied event of each session in ``events`` (ack the
+        others). Raises ``ServiceError`` (nothing accepted) for a request over the size limit.
         """
         if len(events) > self.settings.max_events_per_request:
             raise ServiceError(
@@ -245,22 +277,23 @@ class Runtime:
                 f"request has {len(events)} events; expected at most {self.settings.max_events_per_request} "
                 "(split it into several messages)",
             )
-        request = _Request(len(events), top_k or self.settings.default_top_k, last_only)
         if not events:
-            return []
+            on_done([])
+            return
+        request = _Request(len(events), top_k or self.settings.default_top_k, last_only, on_done)
         if self.draining:
             err = ErrorInfo(Code.UNAVAILABLE, "shutting_down", "the server is shutting down; reconnect and resend")
             for i in range(len(events)):
+                self._count_rejection(err)
                 request.set(i, err)
-            self._count_rejections([err] * len(events))
-            return request.future.result()
+            return
         now = time.perf_counter()
         runs: dict[str, _Run] = {}
         for i, event in enumerate(events):
             error = self.validate(event)
             if error is not None:
+                self._count_rejection(error)
                 request.set(i, error)
-                self._count_rejections([error])
                 continue
             run = runs.get(event.session_id)
             if run is None:
@@ -271,22 +304,34 @@ class Runtime:
             self._pending.setdefault(sid, deque()).append(run)
             self._ready[sid] = None
             self._n_pending += len(run.events)
-        self.metrics.pending_events.set(self._n_pending)
         if runs:
+            self.metrics.pending_events.set(self._n_pending)
             self._wakeup.set()
-        return await asyncio.shield(request.future)
 
-    def _count_rejections(self, errors: Sequence[ErrorInfo]) -> None:
-        for error in errors:
-            self.metrics.events.labels("rejected").inc()
-            self.metrics.rejections.labels(error.reason).inc()
+    async def submit(self, events: Sequence[Event], *, top_k: int = 0, last_only: bool = False) -> list[Outcome]:
+        """``enqueue`` and wait for the outcomes."""
+        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+
+        def done(outcomes: list[Outcome]) -> None:
+            if not future.done():
+                future.set_result(outcomes)
+
+        self.enqueue(events, done, top_k=top_k, last_only=last_only)
+        return await future
+
+    def _count_rejection(self, error: ErrorInfo) -> None:
+        self._rejected.inc()
+        child = self._by_reason.get(error.reason)
+        if child is None:
+            child = self._by_reason[error.reason] = self.metrics.rejections.labels(error.reason)
+        child.inc()  # type: ignore[attr-defined]
 
     async def _batch_loop(self) -> None:
         while True:
             await self._wakeup.wait()
             wait = self.settings.max_batch_wait_ms / 1000
-            if wait and len(self._ready) < self.settings.max_batch_size:
-                await asyncio.sleep(wait)
+            # Always yield once: stream readers then queue what has arrived while the last batch ran.
+            await asyncio.sleep(wait if len(self._ready) < self.settings.max_batch_size else 0)
             sessions = []
             while self._ready and len(sessions) < self.settings.max_batch_size:
                 sid, _ = self._ready.popitem(last=False)
@@ -326,9 +371,10 @@ class Runtime:
 
     async def _run_batch(self, units: list[tuple[str, list[_Run]]]) -> None:
         started = time.perf_counter()
+        queue_latency = self._latency["queue"]
         for _, runs in units:
             for run in runs:
-                self.metrics.event_latency.labels("queue").observe(started - run.enqueued_at)
+                queue_latency.observe(started - run.enqueued_at)
         ids = [sid for sid, _ in units]
         try:
             loaded = await self.store.load(ids)
@@ -344,12 +390,12 @@ class Runtime:
             if plan.applied:
                 plans.append(plan)
             else:
-                self._settle(plan, None, [])  # nothing to store: duplicates and errors answer now
+                self._settle(plan, None, None, 0)  # nothing to store: duplicates and errors answer now
         if not plans:
             return
 
         inputs: list[RunInput] = []
-        top_ks: list[int] = []
+        top_k = 1
         for plan in plans:
             applied = plan.applied
             last_time = plan.meta.last_time if plan.meta is not None else applied[0][2].time
@@ -362,15 +408,18 @@ class Runtime:
                     forecast_at.append(pos)
             plan.forecast_at = forecast_at
             marks = [e.mark for _, _, e in applied]
-            inputs.append(RunInput(dts, marks, [e.values for _, _, e in applied], forecast_at))
-            top_ks.append(max(run.request.top_k for run, _, _ in applied))
+            inputs.append(RunInput(dts, marks, [list(e.values) for _, _, e in applied], forecast_at))
+            top_k = max(top_k, max(run.request.top_k for run, _, _ in applied))
 
         self.metrics.batch_size.observe(len(plans))
         self.metrics.batch_events.observe(sum(len(p.applied) for p in plans))
         index = torch.tensor([p.unit for p in plans], device=self.engine.device)
         rows = {k: t.index_select(0, index) for k, t in loaded.tensors.items()}
         model_started = time.perf_counter()
-        new_rows, forecasts = await self._in_worker(self.engine.apply, rows, inputs, top_ks)
+        if self.settings.model_thread:
+            new_rows, columns, starts = await self._in_worker(self.engine.apply, rows, inputs, top_k)
+        else:
+            new_rows, columns, starts = self.engine.apply(rows, inputs, top_k)
         store_started = time.perf_counter()
 
         now = time.time()
@@ -391,13 +440,14 @@ class Runtime:
             self.metrics.store_errors.labels("save").inc()
             err = ErrorInfo(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable, state not saved: {exc}")
             for plan in plans:
-                self._settle(plan, err, [])
+                self._settle(plan, err, None, 0)
             return
         done = time.perf_counter()
-        self.metrics.event_latency.labels("model").observe(store_started - model_started)
-        self.metrics.event_latency.labels("store").observe(done - store_started)
+        self._latency["model"].observe(store_started - model_started)
+        self._latency["store"].observe(done - store_started)
 
-        for plan, ok, numbers in zip(plans, written, forecasts, strict=True):
+        total_latency = self._latency["total"]
+        for plan, ok, start in zip(plans, written, starts, strict=True):
             if not ok:
                 self.metrics.state_conflicts.inc()
                 err = ErrorInfo(
@@ -406,24 +456,24 @@ class Runtime:
                     f"session {plan.sid!r} changed while its events were applied (ended, evicted or written "
                     "elsewhere); nothing was applied: resend from your last acknowledged seq",
                 )
-                self._settle(plan, err, [])
+                self._settle(plan, err, None, 0)
                 continue
             if plan.meta is None:
                 self.metrics.sessions_started.inc()
-            self._settle(plan, None, numbers)
-            for run, _, _ in plan.applied:
-                self.metrics.event_latency.labels("total").observe(done - run.enqueued_at)
+            self._settle(plan, None, columns, start)
+            total_latency.observe(done - plan.applied[0][0].enqueued_at)
         n = await self.store.count()
         self.metrics.active_sessions.set(n)
         self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
 
-    def _settle(self, plan: _Plan, failed: ErrorInfo | None, forecasts: list[ForecastNumbers]) -> None:
+    def _settle(self, plan: _Plan, failed: ErrorInfo | None, columns: ForecastColumns | None, start: int) -> None:
         """Answer every event of ``plan`` in its order, once its state is stored (or failed to be).
 
         ``failed``: the store write failed, so applied events and duplicates of them get that error.
+        The plan's forecasts are rows ``start, start + 1, ...`` of ``columns``.
         """
         wants = set(plan.forecast_at)
-        numbers = iter(forecasts)
+        row = start
         last_applied = plan.applied[-1][2].seq if plan.applied else 0
         pos = 0
         for run, i, event, verdict in plan.verdicts:
@@ -432,7 +482,8 @@ class Runtime:
                 if failed is not None:
                     outcome = failed
                 elif pos in wants:
-                    outcome = Forecast(plan.sid, event.seq, event.time, next(numbers))
+                    outcome = Forecast(plan.sid, event.seq, event.time, columns, row, run.request.top_k)  # type: ignore[arg-type]
+                    row += 1
                 else:
                     outcome = Ack(event.seq, duplicate=False)
                 pos += 1
@@ -441,11 +492,11 @@ class Runtime:
             else:
                 outcome = verdict  # type: ignore[assignment]
             if isinstance(outcome, ErrorInfo):
-                self._count_rejections([outcome])
-            elif isinstance(outcome, Ack) and outcome.duplicate:
-                self.metrics.events.labels("duplicate").inc()
+                self._count_rejection(outcome)
             elif verdict is _APPLY:
-                self.metrics.events.labels("applied").inc()
+                self._applied.inc()
+            else:
+                self._duplicates.inc()
             run.request.set(i, outcome)
 
     def _plan_session(self, sid: str, runs: list[_Run], meta: SessionMeta | None, unit: int) -> _Plan:
@@ -507,8 +558,8 @@ class Runtime:
         for _, runs in units:
             for run in runs:
                 for i in run.indices:
+                    self._count_rejection(error)
                     run.request.set(i, error)
-                self._count_rejections([error] * len(run.indices))
 
     async def _sweep_loop(self) -> None:
         period = min(max(self.settings.idle_ttl_s / 4, 0.05), 5.0)
@@ -576,8 +627,8 @@ class Runtime:
             )
         meta, rows = await self._get(session_id)
         k = top_k or s.default_top_k
-        numbers = (await self._in_worker(self.engine.forecast_numbers, rows["features"], [k]))[0]
-        forecast = Forecast(session_id, meta.last_seq, meta.last_time, numbers)
+        columns = await self._in_worker(self.engine.forecast_columns, rows["features"], k)
+        forecast = Forecast(session_id, meta.last_seq, meta.last_time, columns, 0, k)
         if horizon <= 1:
             return SampledFuture(forecast, [], [], [], [])
         n = num_samples or s.default_num_samples

@@ -14,7 +14,7 @@ from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 from server.errors import ErrorInfo, ServiceError
 from server.metrics import Metrics
-from server.runtime import Ack, Event, Forecast, Outcome, Runtime, SampledFuture
+from server.runtime import Ack, Forecast, Outcome, Runtime, SampledFuture
 from server.settings import ServerSettings
 
 __all__ = ["ForecastServicer"]
@@ -32,6 +32,34 @@ def _timestamp(seconds: float) -> Timestamp:
     return ts
 
 
+class _StreamState:
+    """One open stream: its outgoing queue and how many of its requests are unanswered."""
+
+    __slots__ = ("idle", "inflight", "limit", "out", "room")
+
+    def __init__(self, limit: int) -> None:
+        self.out: asyncio.Queue[object] = asyncio.Queue()
+        self.inflight = 0
+        self.limit = limit
+        self.room = asyncio.Event()  # set while fewer than `limit` requests are unanswered
+        self.room.set()
+        self.idle = asyncio.Event()  # set while none is
+        self.idle.set()
+
+    def started(self) -> None:
+        self.inflight += 1
+        self.idle.clear()
+        if self.inflight >= self.limit:
+            self.room.clear()
+
+    def finished(self, response: pb.StreamResponse) -> None:
+        self.out.put_nowait(response)
+        self.inflight -= 1
+        self.room.set()
+        if self.inflight == 0:
+            self.idle.set()
+
+
 class ForecastServicer(pb_grpc.ForecastServiceServicer):
     """Registered before the server starts; calls are refused with UNAVAILABLE until ``attach``."""
 
@@ -42,6 +70,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self._model_ref = pb.ModelRef()
         self._levels: tuple[float, ...] = ()
         self._streams: set[asyncio.Queue[object]] = set()
+        self._stream_latency = metrics.request_latency.labels("Stream")
 
     def attach(self, runtime: Runtime) -> None:
         d = runtime.engine.description
@@ -65,18 +94,22 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         return [pb.Quantile(q=q, value=v) for q, v in zip(self._levels, values, strict=True)]
 
     def _forecast(self, f: Forecast) -> pb.Forecast:
-        n = f.numbers
+        c, r, k = f.columns, f.row, f.top_k
+        mean = c.time_mean[r]
         return pb.Forecast(
             session_id=f.session_id,
             seq=f.seq,
             last_time=f.last_time,
             next_time=pb.TimeForecast(
-                mean=n.time_mean,
-                quantiles=self._quantiles(n.time_quantiles),
-                expected_time=f.last_time + n.time_mean,
+                mean=mean,
+                quantiles=[pb.Quantile(q=q, value=v) for q, v in zip(self._levels, c.time_quantiles[r], strict=True)],
+                expected_time=f.last_time + mean,
             ),
-            marks=[pb.MarkProbability(mark=m, probability=p) for m, p in n.marks],
-            values=[pb.ValueForecast(mean=m, std=s) for m, s in n.values],
+            marks=[
+                pb.MarkProbability(mark=m, probability=p)
+                for m, p in zip(c.top_marks[r][:k], c.top_probs[r][:k], strict=True)
+            ],
+            values=[pb.ValueForecast(mean=m, std=s) for m, s in c.values[r]],
             model=self._model_ref,
         )
 
@@ -92,68 +125,60 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             )
         return pb.EventResult(session_id=event.session_id, seq=event.seq, error=self._error(outcome))
 
-    async def _answer(self, runtime: Runtime, request: pb.StreamRequest) -> pb.StreamResponse:
+    def _submit(self, runtime: Runtime, stream: _StreamState, request: pb.StreamRequest) -> None:
+        """Hand a request to the runtime; its response joins the stream's queue when it is answered."""
         started = time.perf_counter()
-        events = [Event(e.session_id, e.seq, e.time, e.mark, e.values) for e in request.events]
+        stream.started()
+
+        def done(outcomes: list[Outcome]) -> None:
+            results = [self._result(e, o) for e, o in zip(request.events, outcomes, strict=True)]
+            stream.finished(pb.StreamResponse(request_id=request.request_id, results=results))
+            self._stream_latency.observe(time.perf_counter() - started)
+
         try:
-            outcomes = await runtime.submit(
-                events,
+            runtime.enqueue(
+                request.events,
+                done,
                 top_k=request.top_k,
                 last_only=request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION,
             )
         except ServiceError as exc:
-            self.metrics.events.labels("rejected").inc(len(events))
-            self.metrics.rejections.labels(exc.reason).inc(len(events))
-            return pb.StreamResponse(request_id=request.request_id, request_error=self._error(exc.info))
-        response = pb.StreamResponse(
-            request_id=request.request_id,
-            results=[self._result(e, o) for e, o in zip(request.events, outcomes, strict=True)],
-        )
-        self.metrics.request_latency.labels("Stream").observe(time.perf_counter() - started)
-        return response
+            n = len(request.events)
+            self.metrics.events.labels("rejected").inc(n)
+            self.metrics.rejections.labels(exc.reason).inc(n)
+            stream.finished(pb.StreamResponse(request_id=request.request_id, request_error=self._error(exc.info)))
 
     async def Stream(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamResponse]:
-        """Each request is answered as soon as its events are applied and stored; the number of
-        requests a stream may have in flight is bounded, so a fast sender is slowed by flow control."""
+        """Each request is answered as soon as its events are applied and stored. A stream may
+        have ``max_inflight_requests_per_stream`` requests unanswered; past that the server stops
+        reading it, so a fast sender is slowed by gRPC flow control."""
         runtime = await self._ready(context)
-        out: asyncio.Queue[object] = asyncio.Queue()
-        inflight = asyncio.Semaphore(self.settings.max_inflight_requests_per_stream)
-        self._streams.add(out)
+        stream = _StreamState(self.settings.max_inflight_requests_per_stream)
+        self._streams.add(stream.out)
         self.metrics.open_streams.inc()
-
-        async def answer(request: pb.StreamRequest) -> None:
-            try:
-                await out.put(await self._answer(runtime, request))
-            finally:
-                inflight.release()
-
-        tasks: set[asyncio.Task[None]] = set()
 
         async def read() -> None:
             async for request in request_iterator:
-                await inflight.acquire()
-                task = asyncio.create_task(answer(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
-            await out.put(None)
+                self._submit(runtime, stream, request)
+                if not stream.room.is_set():
+                    await stream.room.wait()
+            await stream.idle.wait()
+            stream.out.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
             while True:
-                item = await out.get()
+                item = await stream.out.get()
                 if item is None:
                     break
                 if item is _CLOSE:
                     # Send what was accepted before the drain, then end the call.
                     reader.cancel()
-                    if tasks:
-                        await asyncio.gather(*tasks, return_exceptions=True)
-                    while not out.empty():
-                        pending = out.get_nowait()
+                    await stream.idle.wait()
+                    while not stream.out.empty():
+                        pending = stream.out.get_nowait()
                         if isinstance(pending, pb.StreamResponse):
                             yield pending
                     await context.abort(
@@ -168,7 +193,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            self._streams.discard(out)
+            self._streams.discard(stream.out)
             self.metrics.open_streams.dec()
 
     def close_streams(self) -> None:

@@ -40,6 +40,17 @@ class ServerSettings(BaseSettings):
         description="how long the batcher waits for a batch to fill; 0: never wait, batches form while "
         "the previous one computes (lowest latency when idle, full batches under load)",
     )
+    model_thread: bool = Field(
+        False,
+        description="run batched model calls on a worker thread (keeps gRPC responsive during long batches); "
+        "off: on the event loop, which avoids GIL hand-offs and is faster on small CPUs",
+    )
+    torch_threads: int = Field(
+        1,
+        ge=0,
+        description="torch intra-op threads (0: torch's default). Batched steps are small ops that gain "
+        "little from threads, and spinning OpenMP workers steal the core gRPC needs",
+    )
     max_inflight_requests_per_stream: PositiveInt = Field(
         256, description="requests one stream may have unanswered before the server stops reading it"
     )

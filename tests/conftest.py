@@ -57,7 +57,8 @@ class ServerThread:
         from server.app import AarenServer
         from server.settings import ServerSettings
 
-        self.settings = ServerSettings(**{"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", **settings})
+        defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "torch_threads": 0}
+        self.settings = ServerSettings(**{**defaults, **settings})  # torch_threads 0: leave the process as is
         self.server = AarenServer(self.settings)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)

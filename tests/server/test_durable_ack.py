@@ -45,7 +45,7 @@ class BatchGate:
 
 
 def test_resent_event_batched_with_original_is_answered_after_it(start_server):
-    srv = start_server()
+    srv = start_server(model_thread=True)  # the gate holds the worker thread, not the event loop
     with grpc.insecure_channel(srv.address) as channel:
         stub = stub_for(channel)
         stream = OpenStream(stub)

@@ -42,7 +42,7 @@ def hold_model_steps(srv) -> tuple[threading.Event, threading.Event]:
 
 
 def test_graceful_shutdown_answers_in_flight_events_then_closes_streams(start_server):
-    srv = start_server(metrics_port=-1)
+    srv = start_server(metrics_port=-1, model_thread=True)  # the gate holds the worker thread
     with grpc.insecure_channel(srv.address) as channel:
         stub = stub_for(channel)
         stream = OpenStream(stub)
