@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aaren_core.backbones import Backbone, BackboneConfig, build_backbone
@@ -89,7 +90,7 @@ class ForecastTensors:
 class EventEmbedding(nn.Module):
     """``(dt [...], mark [...], values [..., V]) -> x [..., d_model]``.
 
-    ``x = E[mark] + W_t phi(dt) + W_v standardize(values)`` with
+    ``x = E[mark] + W_t phi(dt) + W_v standardize(values)`` (computed as one matmul) with
     ``phi(dt) = [log1p(dt), sin(2^j log1p(dt)), cos(2^j log1p(dt))]`` for ``j < F / 2``.
     """
 
@@ -101,14 +102,37 @@ class EventEmbedding(nn.Module):
         self.value = nn.Linear(config.value_width, d) if config.value_width else None
         self.register_buffer("freqs", 2.0 ** torch.arange(config.time_features // 2, dtype=torch.float32))
         self._heads = [heads]  # a list so the module is not registered twice
+        self._fused: tuple[tuple[tuple[int, int], ...], Tensor, Tensor] | None = None
+
+    def _time_value_projection(self) -> tuple[Tensor, Tensor]:
+        """One linear map ``[phi(dt), values] -> [..., d]`` with the value standardization folded in:
+        ``W_t phi + W_v (v - mean) / std + b = [W_t, W_v / std] [phi, v] + (b_t + b_v - W_v mean / std)``.
+        Cached while autograd is off (serving), keyed on parameter versions."""
+        heads = self._heads[0]
+        params = (self.time.weight, self.time.bias)
+        if self.value is not None:
+            params += (self.value.weight, self.value.bias, heads.value_mean, heads.value_std)
+        cacheable = not torch.is_grad_enabled()
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if cacheable and self._fused is not None and self._fused[0] == key:
+            return self._fused[1], self._fused[2]
+        weight, bias = self.time.weight, self.time.bias
+        if self.value is not None:
+            scaled = self.value.weight / heads.value_std  # [d, V]
+            weight = torch.cat([weight, scaled], dim=1)
+            bias = bias + self.value.bias - scaled @ heads.value_mean
+        if cacheable:
+            self._fused = (key, weight, bias)
+        return weight, bias
 
     def forward(self, dt: Tensor, marks: Tensor, values: Tensor) -> Tensor:
         log_dt = torch.log1p(dt.to(self.freqs.dtype).clamp_min(0)).unsqueeze(-1)  # [..., 1]
         angles = log_dt * self.freqs  # [..., F/2]
-        x = self.mark(marks) + self.time(torch.cat([log_dt, torch.sin(angles), torch.cos(angles)], dim=-1))
+        features = [log_dt, torch.sin(angles), torch.cos(angles)]
         if self.value is not None:
-            x = x + self.value(self._heads[0].standardize_values(values.to(self.freqs.dtype)))
-        return x
+            features.append(values.to(self.freqs.dtype))
+        x = F.linear(torch.cat(features, dim=-1), *self._time_value_projection())
+        return x + self.mark(marks)
 
 
 class EventModel(nn.Module):

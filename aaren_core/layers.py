@@ -18,6 +18,11 @@ from aaren_core.functional import ScanState, attention_scan, attention_step, emp
 __all__ = ["AarenAttention", "AarenLayer", "CausalSelfAttention", "FeedForward", "TransformerLayer"]
 
 
+def _dropout(p: float) -> nn.Module:
+    """Dropout, or nothing at all when ``p == 0``: the serving step calls it twice per layer."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class FeedForward(nn.Module):
     """``Linear(d, d_ff) -> GELU -> Linear(d_ff, d) -> dropout``; ``[..., d] -> [..., d]``."""
 
@@ -25,7 +30,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = _dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.fc2(F.gelu(self.fc1(x))))
@@ -54,7 +59,7 @@ class AarenAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = _dropout(dropout)
         self._fused: tuple[tuple[tuple[int, int], ...], Tensor, Tensor] | None = None
 
     def _query(self) -> Tensor:
@@ -120,7 +125,7 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = _dropout(dropout)
 
     def _heads(self, t: Tensor) -> Tensor:
         b, n, _ = t.shape

@@ -93,37 +93,48 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _quantiles(self, values: list[float]) -> list[pb.Quantile]:
         return [pb.Quantile(q=q, value=v) for q, v in zip(self._levels, values, strict=True)]
 
-    def _forecast(self, f: Forecast) -> pb.Forecast:
+    def _forecast_message(self, f: Forecast) -> pb.Forecast:
+        out = pb.Forecast()
+        self._fill_forecast(out, f)
+        return out
+
+    def _fill_forecast(self, out: pb.Forecast, f: Forecast) -> None:
+        """Write ``f`` into ``out`` in place: about 2.5x cheaper than building nested messages by
+        keyword, which copies each submessage into its parent."""
         c, r, k = f.columns, f.row, f.top_k
         mean = c.time_mean[r]
-        return pb.Forecast(
-            session_id=f.session_id,
-            seq=f.seq,
-            last_time=f.last_time,
-            next_time=pb.TimeForecast(
-                mean=mean,
-                quantiles=[pb.Quantile(q=q, value=v) for q, v in zip(self._levels, c.time_quantiles[r], strict=True)],
-                expected_time=f.last_time + mean,
-            ),
-            marks=[
-                pb.MarkProbability(mark=m, probability=p)
-                for m, p in zip(c.top_marks[r][:k], c.top_probs[r][:k], strict=True)
-            ],
-            values=[pb.ValueForecast(mean=m, std=s) for m, s in c.values[r]],
-            model=self._model_ref,
-        )
+        out.session_id = f.session_id
+        out.seq = f.seq
+        out.last_time = f.last_time
+        next_time = out.next_time
+        next_time.mean = mean
+        next_time.expected_time = f.last_time + mean
+        quantiles = next_time.quantiles
+        for q, v in zip(self._levels, c.time_quantiles[r], strict=True):
+            quantiles.add(q=q, value=v)
+        marks = out.marks
+        for m, p in zip(c.top_marks[r][:k], c.top_probs[r][:k], strict=True):
+            marks.add(mark=m, probability=p)
+        values = out.values
+        for m, s in c.values[r]:
+            values.add(mean=m, std=s)
+        out.model.CopyFrom(self._model_ref)
 
-    def _result(self, event: pb.Event, outcome: Outcome) -> pb.EventResult:
-        if isinstance(outcome, Forecast):
-            return pb.EventResult(session_id=event.session_id, seq=event.seq, forecast=self._forecast(outcome))
-        if isinstance(outcome, Ack):
-            return pb.EventResult(
-                session_id=event.session_id,
-                seq=event.seq,
-                duplicate=outcome.duplicate,
-                ack=pb.Ack(last_seq=outcome.last_seq),
-            )
-        return pb.EventResult(session_id=event.session_id, seq=event.seq, error=self._error(outcome))
+    def _response(self, request: pb.StreamRequest, outcomes: list[Outcome]) -> pb.StreamResponse:
+        response = pb.StreamResponse(request_id=request.request_id)
+        results = response.results
+        for event, outcome in zip(request.events, outcomes, strict=True):
+            result = results.add(session_id=event.session_id, seq=event.seq)
+            kind = type(outcome)
+            if kind is Forecast:
+                self._fill_forecast(result.forecast, outcome)  # type: ignore[arg-type]
+            elif kind is Ack:
+                result.duplicate = outcome.duplicate  # type: ignore[union-attr]
+                result.ack.SetInParent()
+                result.ack.last_seq = outcome.last_seq  # type: ignore[union-attr]
+            else:
+                result.error.CopyFrom(self._error(outcome))  # type: ignore[arg-type]
+        return response
 
     def _submit(self, runtime: Runtime, stream: _StreamState, request: pb.StreamRequest) -> None:
         """Hand a request to the runtime; its response joins the stream's queue when it is answered."""
@@ -131,8 +142,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         stream.started()
 
         def done(outcomes: list[Outcome]) -> None:
-            results = [self._result(e, o) for e, o in zip(request.events, outcomes, strict=True)]
-            stream.finished(pb.StreamResponse(request_id=request.request_id, results=results))
+            stream.finished(self._response(request, outcomes))
             self._stream_latency.observe(time.perf_counter() - started)
 
         try:
@@ -229,7 +239,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             ),
         )
         return pb.ForecastResponse(
-            forecast=self._forecast(future.forecast),
+            forecast=self._forecast_message(future.forecast),
             steps=[
                 pb.StepSummary(
                     step=s.step,

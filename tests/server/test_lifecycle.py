@@ -110,7 +110,7 @@ def test_capacity_eviction_within_one_batch_keeps_states_apart(start_server, exi
         assert sorted(s for s, info in alive.items() if info is None) == ["a"], alive
         for forecast in streamed[1:]:
             stored = stub.Forecast(pb.ForecastRequest(session_id=forecast.session_id)).forecast
-            assert_forecasts_close(stored, forecast, atol=1e-6)
+            assert_forecasts_close(stored, forecast)  # 1e-5 relative: float32 quantiles differ by batch width
         assert_rpc_error(
             rpc_error(stub.GetSession, pb.GetSessionRequest(session_id="a")),
             grpc.StatusCode.NOT_FOUND,
