@@ -24,8 +24,8 @@ class Metrics:
         r = self.registry
         self.event_latency = Histogram(
             "aaren_event_latency_seconds",
-            "Time an event spends in each phase: queue (arrival to batch start), model (batched step), "
-            "store (state write), total (arrival to result).",
+            "Time events spend in each phase, observed once per request (queue: arrival to batch start; "
+            "total: arrival to answer) or once per batch (model: batched step; store: state write).",
             ["phase"],
             buckets=LATENCY_BUCKETS,
             registry=r,

@@ -280,14 +280,21 @@ class Runtime:
         if not events:
             on_done([])
             return
-        request = _Request(len(events), top_k or self.settings.default_top_k, last_only, on_done)
+        received = time.perf_counter()
+        total_latency = self._latency["total"]
+
+        def answered(outcomes: list[Outcome]) -> None:
+            total_latency.observe(time.perf_counter() - received)
+            on_done(outcomes)
+
+        request = _Request(len(events), top_k or self.settings.default_top_k, last_only, answered)
         if self.draining:
             err = ErrorInfo(Code.UNAVAILABLE, "shutting_down", "the server is shutting down; reconnect and resend")
             for i in range(len(events)):
                 self._count_rejection(err)
                 request.set(i, err)
             return
-        now = time.perf_counter()
+        now = received
         runs: dict[str, _Run] = {}
         for i, event in enumerate(events):
             error = self.validate(event)
@@ -372,9 +379,12 @@ class Runtime:
     async def _run_batch(self, units: list[tuple[str, list[_Run]]]) -> None:
         started = time.perf_counter()
         queue_latency = self._latency["queue"]
+        seen: set[int] = set()
         for _, runs in units:
             for run in runs:
-                queue_latency.observe(started - run.enqueued_at)
+                if id(run.request) not in seen:  # once per request: its events arrived together
+                    seen.add(id(run.request))
+                    queue_latency.observe(started - run.enqueued_at)
         ids = [sid for sid, _ in units]
         try:
             loaded = await self.store.load(ids)
@@ -446,7 +456,6 @@ class Runtime:
         self._latency["model"].observe(store_started - model_started)
         self._latency["store"].observe(done - store_started)
 
-        total_latency = self._latency["total"]
         for plan, ok, start in zip(plans, written, starts, strict=True):
             if not ok:
                 self.metrics.state_conflicts.inc()
@@ -461,7 +470,6 @@ class Runtime:
             if plan.meta is None:
                 self.metrics.sessions_started.inc()
             self._settle(plan, None, columns, start)
-            total_latency.observe(done - plan.applied[0][0].enqueued_at)
         n = await self.store.count()
         self.metrics.active_sessions.set(n)
         self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
@@ -475,7 +483,7 @@ class Runtime:
         wants = set(plan.forecast_at)
         row = start
         last_applied = plan.applied[-1][2].seq if plan.applied else 0
-        pos = 0
+        pos = applied = duplicates = 0
         for run, i, event, verdict in plan.verdicts:
             outcome: Outcome
             if verdict is _APPLY:
@@ -494,10 +502,14 @@ class Runtime:
             if isinstance(outcome, ErrorInfo):
                 self._count_rejection(outcome)
             elif verdict is _APPLY:
-                self._applied.inc()
+                applied += 1
             else:
-                self._duplicates.inc()
+                duplicates += 1
             run.request.set(i, outcome)
+        if applied:
+            self._applied.inc(applied)
+        if duplicates:
+            self._duplicates.inc(duplicates)
 
     def _plan_session(self, sid: str, runs: list[_Run], meta: SessionMeta | None, unit: int) -> _Plan:
         """Classify the session's queued events, in order, against its stored state.
