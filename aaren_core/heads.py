@@ -55,8 +55,10 @@ class LogNormalMixture:
         return (torch.softmax(self.logits, dim=-1) * torch.special.ndtr(z)).sum(-1)
 
     def mean(self) -> Tensor:
-        """``E[tau] = sum_k pi_k exp(mu_k + sigma_k^2 / 2)`` -> ``[...]``."""
-        return torch.exp(torch.logsumexp(self.log_weights + self.loc + 0.5 * torch.exp(2 * self.log_scale), dim=-1))
+        """``E[tau] = sum_k pi_k exp(mu_k + sigma_k^2 / 2)`` -> ``[...]``, in float64: a wide component
+        overflows float32 (``exp(sigma^2 / 2)`` passes 3.4e38 once sigma is above about 13)."""
+        log_terms = (self.log_weights + self.loc).double() + 0.5 * torch.exp(2 * self.log_scale.double())
+        return torch.exp(torch.logsumexp(log_terms, dim=-1))
 
     def quantiles(self, levels: Tensor, stages: int | None = None, grid: int = 8) -> Tensor:
         """Gap quantiles at ``levels [Q]`` in (0, 1) -> ``[..., Q]``, by a refined grid search on ``log tau``.

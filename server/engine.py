@@ -129,6 +129,13 @@ class Engine:
         schema = metadata.get("schema", {})
         config = model.config
         state_bytes = model.backbone.state_nbytes(model.init_state(1, device="cpu"))
+        mark_names = schema.get("mark_names", [str(i) for i in range(config.num_marks)])
+        value_names = schema.get("value_names", [f"value_{i}" for i in range(config.value_width)])
+        if len(mark_names) != config.num_marks or len(value_names) != config.value_width:
+            raise ValueError(
+                f"the checkpoint's schema names {len(mark_names)} marks and {len(value_names)} value columns; "
+                f"its model has {config.num_marks} marks and {config.value_width} values"
+            )
         self.description = ModelDescription(
             name=name,
             version=version,
@@ -140,8 +147,8 @@ class Engine:
             value_width=config.value_width,
             parameters=sum(p.numel() for p in model.parameters()),
             state_bytes_per_session=state_bytes,
-            mark_names=tuple(schema.get("mark_names", [str(i) for i in range(config.num_marks)])),
-            value_names=tuple(schema.get("value_names", [f"value_{i}" for i in range(config.value_width)])),
+            mark_names=tuple(mark_names),
+            value_names=tuple(value_names),
             time_unit=str(schema.get("time_unit", "")),
             device=str(device),
         )

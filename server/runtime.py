@@ -126,7 +126,10 @@ class _Request:
         self.outcomes[index] = outcome
         if self.remaining == 0:
             on_done, self.on_done = self.on_done, _answered
-            on_done(self.outcomes)  # type: ignore[arg-type]
+            try:
+                on_done(self.outcomes)  # type: ignore[arg-type]
+            except Exception:  # the caller's failure to deliver must not fail the batch that stored it
+                log.exception("delivering the answer of a request failed")
 
 
 def _answered(outcomes: list[Outcome]) -> None:
@@ -271,6 +274,7 @@ class Runtime:
         others). Raises ``ServiceError`` (nothing accepted) for a request over the size limit.
         """
         if len(events) > self.settings.max_events_per_request:
+            self._count_rejection(ErrorInfo(Code.RESOURCE_EXHAUSTED, "too_many_events", ""), n=len(events))
             raise ServiceError(
                 Code.RESOURCE_EXHAUSTED,
                 "too_many_events",
@@ -326,12 +330,12 @@ class Runtime:
         self.enqueue(events, done, top_k=top_k, last_only=last_only)
         return await future
 
-    def _count_rejection(self, error: ErrorInfo) -> None:
-        self._rejected.inc()
+    def _count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
+        self._rejected.inc(n)
         child = self._by_reason.get(error.reason)
         if child is None:
             child = self._by_reason[error.reason] = self.metrics.rejections.labels(error.reason)
-        child.inc()  # type: ignore[attr-defined]
+        child.inc(n)  # type: ignore[attr-defined]
 
     async def _batch_loop(self) -> None:
         while True:
@@ -348,13 +352,14 @@ class Runtime:
             units = [(sid, self._take(sid)) for sid in sessions]
             try:
                 await self._run_batch(units)
-            except Exception:  # a bug must not stop the service: fail this batch's events only
+            except Exception:  # a bug must not stop the service: fail this batch's unanswered events only
                 log.exception("batch of %d sessions failed", len(units))
                 err = ErrorInfo(Code.ABORTED, "batch_aborted", "the batch holding this event failed; resend it")
                 for _, runs in units:
                     for run in runs:
                         for i in run.indices:
                             if run.request.outcomes[i] is None:
+                                self._count_rejection(err)
                                 run.request.set(i, err)
             finally:
                 for sid, runs in units:
@@ -431,6 +436,9 @@ class Runtime:
         else:
             new_rows, columns, starts = self.engine.apply(rows, inputs, top_k)
         store_started = time.perf_counter()
+        plans, starts = self._drop_non_finite(plans, starts, new_rows)
+        if not plans:
+            return
 
         now = time.time()
         metas = [
@@ -473,6 +481,34 @@ class Runtime:
         n = await self.store.count()
         self.metrics.active_sessions.set(n)
         self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+
+    def _drop_non_finite(
+        self, plans: list[_Plan], starts: list[int], rows: dict[str, torch.Tensor]
+    ) -> tuple[list[_Plan], list[int]]:
+        """Refuse sessions whose new state is not finite (a gap or value too large for float32), so
+        that a numeric overflow is an error for its events and never a stored state."""
+        finite = None
+        for t in rows.values():
+            if t.is_floating_point():
+                ok = torch.isfinite(t.flatten(1)).all(dim=1)
+                finite = ok if finite is None else finite & ok
+        if finite is None or bool(finite.all()):
+            return plans, starts
+        keep = finite.tolist()
+        for plan, ok in zip(plans, keep, strict=True):
+            if not ok:
+                err = ErrorInfo(
+                    Code.INVALID_ARGUMENT,
+                    "numeric_overflow",
+                    f"the events of session {plan.sid!r} overflow the model's float32 arithmetic (a time gap "
+                    "or a value too large, e.g. above 3.4e38); expected ordinary magnitudes. Nothing was applied",
+                )
+                self._settle(plan, err, None, 0)
+        index = torch.tensor([i for i, ok in enumerate(keep) if ok], dtype=torch.long, device=finite.device)
+        for k in rows:
+            rows[k] = rows[k].index_select(0, index)
+        kept = [i for i, ok in enumerate(keep) if ok]
+        return [plans[i] for i in kept], [starts[i] for i in kept]
 
     def _settle(self, plan: _Plan, failed: ErrorInfo | None, columns: ForecastColumns | None, start: int) -> None:
         """Answer every event of ``plan`` in its order, once its state is stored (or failed to be).

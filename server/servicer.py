@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from aaren.v1 import aaren_pb2 as pb
@@ -18,6 +21,8 @@ from server.runtime import Ack, Forecast, Outcome, Runtime, SampledFuture
 from server.settings import ServerSettings
 
 __all__ = ["ForecastServicer"]
+
+log = logging.getLogger(__name__)
 
 REASON_METADATA_KEY = "aaren-error-reason"
 _CLOSE = object()
@@ -33,30 +38,40 @@ def _timestamp(seconds: float) -> Timestamp:
 
 
 class _StreamState:
-    """One open stream: its outgoing queue and how many of its requests are unanswered."""
+    """One open stream: its unanswered requests, in the order they arrived, and its outgoing queue.
 
-    __slots__ = ("idle", "inflight", "limit", "out", "room")
+    Responses leave in request order. A response waits for the earlier ones, so a session's
+    results always reach the client in the order its events were sent, also when one request
+    holds several sessions and a later request completes first.
+    """
+
+    __slots__ = ("idle", "limit", "out", "pending", "room")
 
     def __init__(self, limit: int) -> None:
         self.out: asyncio.Queue[object] = asyncio.Queue()
-        self.inflight = 0
+        self.pending: deque[list[pb.StreamResponse | None]] = deque()
         self.limit = limit
         self.room = asyncio.Event()  # set while fewer than `limit` requests are unanswered
         self.room.set()
         self.idle = asyncio.Event()  # set while none is
         self.idle.set()
 
-    def started(self) -> None:
-        self.inflight += 1
+    def started(self) -> list[pb.StreamResponse | None]:
+        """A slot for the next request's response."""
+        slot: list[pb.StreamResponse | None] = [None]
+        self.pending.append(slot)
         self.idle.clear()
-        if self.inflight >= self.limit:
+        if len(self.pending) >= self.limit:
             self.room.clear()
+        return slot
 
-    def finished(self, response: pb.StreamResponse) -> None:
-        self.out.put_nowait(response)
-        self.inflight -= 1
-        self.room.set()
-        if self.inflight == 0:
+    def finished(self, slot: list[pb.StreamResponse | None], response: pb.StreamResponse) -> None:
+        slot[0] = response
+        while self.pending and self.pending[0][0] is not None:
+            self.out.put_nowait(self.pending.popleft()[0])
+        if len(self.pending) < self.limit:
+            self.room.set()
+        if not self.pending:
             self.idle.set()
 
 
@@ -139,10 +154,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _submit(self, runtime: Runtime, stream: _StreamState, request: pb.StreamRequest) -> None:
         """Hand a request to the runtime; its response joins the stream's queue when it is answered."""
         started = time.perf_counter()
-        stream.started()
+        slot = stream.started()
 
         def done(outcomes: list[Outcome]) -> None:
-            stream.finished(self._response(request, outcomes))
+            stream.finished(slot, self._response(request, outcomes))
             self._stream_latency.observe(time.perf_counter() - started)
 
         try:
@@ -153,10 +168,11 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 last_only=request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION,
             )
         except ServiceError as exc:
-            n = len(request.events)
-            self.metrics.events.labels("rejected").inc(n)
-            self.metrics.rejections.labels(exc.reason).inc(n)
-            stream.finished(pb.StreamResponse(request_id=request.request_id, request_error=self._error(exc.info)))
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(exc.info)))
+        except Exception:  # a bug must cost this request, not the stream
+            log.exception("request %r failed", request.request_id)
+            error = pb.EventError(code=pb.ERROR_CODE_INTERNAL, reason="internal", message="internal error; resend")
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=error))
 
     async def Stream(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
@@ -165,17 +181,25 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         have ``max_inflight_requests_per_stream`` requests unanswered; past that the server stops
         reading it, so a fast sender is slowed by gRPC flow control."""
         runtime = await self._ready(context)
+        if runtime.draining:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "the server is shutting down; connect to another replica",
+                trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
+            )
         stream = _StreamState(self.settings.max_inflight_requests_per_stream)
         self._streams.add(stream.out)
         self.metrics.open_streams.inc()
 
         async def read() -> None:
-            async for request in request_iterator:
-                self._submit(runtime, stream, request)
-                if not stream.room.is_set():
-                    await stream.room.wait()
-            await stream.idle.wait()
-            stream.out.put_nowait(None)
+            try:
+                async for request in request_iterator:
+                    self._submit(runtime, stream, request)
+                    if not stream.room.is_set():
+                        await stream.room.wait()
+                await stream.idle.wait()
+            finally:
+                stream.out.put_nowait(None)  # the writer ends the call, with the reader's error if any
 
         reader = asyncio.create_task(read())
         try:
@@ -198,7 +222,12 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                         trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
                     )
                 yield item
-            await reader  # surfaces a failure of the request stream
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                exc = reader.exception()
+                if isinstance(exc, DecodeError):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
+                log.error("stream reader failed", exc_info=exc)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error reading the stream")
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -16,6 +16,9 @@ def open_store(url: str, layout: StateLayout, *, capacity: int, idle_ttl_s: floa
     if parsed.scheme == "memory":
         options = parse_qs(parsed.query)
         if "capacity" in options:
-            capacity = int(options["capacity"][0])
+            raw = options["capacity"][0]
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValueError(f"store URL {url!r}: capacity must be a whole number >= 1, got {raw!r}")
+            capacity = int(raw)
         return MemoryStore(layout, capacity=capacity, idle_ttl_s=idle_ttl_s)
     raise ValueError(f"unsupported store URL {url!r}; expected memory://")

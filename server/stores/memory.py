@@ -36,6 +36,7 @@ class MemoryStore(SessionStore):
         #: Session id -> metadata, least recently written first.
         self._metas: OrderedDict[str, SessionMeta] = OrderedDict()
         self._evicted: OrderedDict[str, None] = OrderedDict()
+        self._writing: set[str] = set()
 
     @property
     def pool_rows(self) -> int:
@@ -57,6 +58,7 @@ class MemoryStore(SessionStore):
         expected_seqs: Sequence[int],
     ) -> list[bool]:
         written = [False] * len(session_ids)
+        self._writing = set(session_ids)
         rows: list[int] = []
         slots: list[int] = []
         new: list[int] = []
@@ -73,7 +75,6 @@ class MemoryStore(SessionStore):
             rows.append(i)
             slots.append(self._slots[sid])
             written[i] = True
-        position = {slot: k for k, slot in enumerate(slots)}
         for i in new:
             sid = session_ids[i]
             slot = self._allocate()
@@ -81,13 +82,6 @@ class MemoryStore(SessionStore):
             self._metas[sid] = metas[i]
             self._evicted.pop(sid, None)
             written[i] = True
-            if slot in position:
-                # Capacity below the batch: the slot's previous owner, written in this same call,
-                # was just evicted. Copy only the new owner's row: index_copy_ with a repeated
-                # index leaves which row lands undefined.
-                rows[position[slot]] = i
-                continue
-            position[slot] = len(rows)
             rows.append(i)
             slots.append(slot)
         if rows:
@@ -96,18 +90,34 @@ class MemoryStore(SessionStore):
             dst = torch.tensor(slots, dtype=torch.long, device=device)
             for k, pool in self._pool.items():
                 pool.index_copy_(0, dst, tensors[k].index_select(0, src).to(pool.dtype))
+        self._shrink()  # back to capacity, sparing what this call wrote
+        self._writing = set()
         return written
 
     def _allocate(self) -> int:
+        """A free slot. Past capacity, the least recently written session makes room, unless it was
+        written in the current call (answered as stored): then the pool grows past capacity for
+        now and ``_shrink`` restores it later."""
         if not self._free:
-            if self.pool_rows < self.capacity:
-                self._grow(min(self.capacity, 2 * self.pool_rows))
+            oldest = next(iter(self._metas), None)
+            if self.pool_rows >= self.capacity and oldest is not None and oldest not in self._writing:
+                self._evict(oldest, "capacity")
             else:
-                oldest = next(iter(self._metas))
-                self._remove(oldest)
-                self._tombstone(oldest)
-                self.on_evict("capacity")
+                self._grow(max(self.pool_rows + 1, min(self.capacity, 2 * self.pool_rows)))
         return self._free.pop()
+
+    def _evict(self, session_id: str, cause: str) -> None:
+        self._remove(session_id)
+        self._tombstone(session_id)
+        self.on_evict(cause)
+
+    def _shrink(self) -> None:
+        """Evict least recently written sessions down to capacity (never those being written)."""
+        while len(self._metas) > self.capacity:
+            oldest = next(iter(self._metas))
+            if oldest in self._writing:
+                break
+            self._evict(oldest, "capacity")
 
     def _grow(self, rows: int) -> None:
         old = self.pool_rows
@@ -153,7 +163,5 @@ class MemoryStore(SessionStore):
                 break
             expired.append(sid)
         for sid in expired:
-            self._remove(sid)
-            self._tombstone(sid)
-            self.on_evict("ttl")
+            self._evict(sid, "ttl")
         return len(expired)

@@ -65,15 +65,16 @@ def test_graceful_shutdown_answers_in_flight_events_then_closes_streams(start_se
                 )
             # New events are refused while draining, with a clear error; the stream stays open.
             refused_id = stream.put([ev("a", 3, 3.0)])
-            refused = stream.next()
-            assert refused.request_id == refused_id
-            assert_event_error(refused.results[0], pb.ERROR_CODE_UNAVAILABLE, "shutting_down", ("shutting down",))
         finally:
             release.set()
 
-        answered = stream.next()  # the in-flight events are answered before the stream closes
+        # Answers leave in request order: the in-flight events first, then the refusal.
+        answered = stream.next()
         assert answered.request_id == in_flight
         assert_forecasts(answered, [("a", 2), ("b", 1)])
+        refused = stream.next()
+        assert refused.request_id == refused_id
+        assert_event_error(refused.results[0], pb.ERROR_CODE_UNAVAILABLE, "shutting_down", ("shutting down",))
         with pytest.raises(grpc.RpcError) as info:
             stream.next()
         stream.end_requests()

@@ -164,16 +164,29 @@ def test_unknown_store_url_is_refused():
         open_store("sqlite://x", LAYOUT, capacity=1, idle_ttl_s=1)
 
 
-def test_batch_larger_than_capacity_keeps_the_newest_rows(store_factory):
+def test_batch_larger_than_capacity_keeps_every_row_it_wrote(store_factory):
+    """A write answered as stored stays readable: a batch wider than the capacity is kept whole,
+    and the next write brings the store back to capacity, least recently written first."""
     store = store_factory(capacity=2)
+    causes = []
+    store.on_evict = causes.append
 
     async def go():
         data = rows(3, 0.0)
         data["m"] = torch.tensor([1.0, 2.0, 3.0]).view(-1, 1, 1).expand(-1, 2, 3).clone()
         written = await store.save(["a", "b", "c"], data, [meta(1)] * 3, [0, 0, 0])
-        return written, await store.get("a"), await store.get("b"), await store.get("c")
+        after_batch = [await store.get(s) for s in "abc"]
+        await store.save(["d"], rows(1, 4.0), [meta(1)], [0])
+        return written, after_batch, [await store.get(s) for s in "abcd"], await store.count()
 
-    written, a, b, c = run(go())
+    written, after_batch, later, count = run(go())
     assert written == [True, True, True]
-    assert a is None  # evicted for capacity by "c" within the same write
-    assert (b[1]["m"] == 2.0).all() and (c[1]["m"] == 3.0).all()
+    assert [float(got[1]["m"].flatten()[0]) for got in after_batch] == [1.0, 2.0, 3.0]
+    assert [got is not None for got in later] == [False, False, True, True] and count == 2
+    assert causes == ["capacity", "capacity"]
+
+
+def test_bad_capacity_in_url_is_refused():
+    for raw in ("0", "-5", "x"):
+        with pytest.raises(ValueError, match="capacity must be a whole number >= 1"):
+            open_store(f"memory://?capacity={raw}", LAYOUT, capacity=10, idle_ttl_s=1)

@@ -72,11 +72,12 @@ class ForecastServiceServicer:
         """Bidirectional stream of events and per-event results.
 
         Every StreamRequest is answered by exactly one StreamResponse with the same request_id,
-        holding one EventResult per event, in the order of the request's events. Responses to
-        different requests may arrive in a different order than the requests were sent (a long
-        history must not hold back other sessions), but the results of one session always arrive
-        in the order its events were sent. A result is sent only after the state that includes the
-        event is stored in the configured store (acknowledgement means durable).
+        holding one EventResult per event, in the order of the request's events. This server sends
+        the responses of one stream in the order the requests were sent, so the results of one
+        session always arrive in the order its events were sent (clients should match responses by
+        request_id all the same: the contract allows other orders). A result is sent only after the
+        state that includes the event is stored in the configured store (acknowledgement means
+        durable).
 
         The stream itself ends with a non-OK status only for stream-wide problems: a message over
         the server's size limit (RESOURCE_EXHAUSTED, from gRPC itself), server shutdown
