@@ -61,7 +61,8 @@ def dummy_forecast(
 
 
 class EchoServicer(pb_grpc.ForecastServiceServicer):
-    """Answers each stream message with one dummy forecast per event, in the request's order."""
+    """Answers each stream message with one dummy forecast per event (or, in last-per-session mode,
+    per session and acks for the rest), in the request's order."""
 
     def __init__(self, template: pb.Forecast) -> None:
         self.template = template
@@ -73,8 +74,13 @@ class EchoServicer(pb_grpc.ForecastServiceServicer):
         async for request in request_iterator:
             response = pb.StreamResponse(request_id=request.request_id)
             results = response.results
-            for event in request.events:
+            last_only = request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION
+            last = {event.session_id: i for i, event in enumerate(request.events)} if last_only else {}
+            for i, event in enumerate(request.events):
                 result = results.add(session_id=event.session_id, seq=event.seq)
+                if last_only and last[event.session_id] != i:  # as the service: an ack, no forecast
+                    result.ack.last_seq = event.seq
+                    continue
                 forecast = result.forecast
                 forecast.CopyFrom(template)
                 forecast.session_id = event.session_id

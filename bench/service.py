@@ -128,6 +128,7 @@ class Job:
     duration: float
     num_marks: int
     value_width: int
+    last_only: bool = False  # runs ask for a forecast of the last event only (history ingestion)
 
 
 @dataclasses.dataclass
@@ -179,6 +180,8 @@ async def _one_stream(
     n = kind.events
     sids = [f"{job.prefix}-s{stream}"] * n if kind.run else [f"{job.prefix}-s{stream}-k{k}" for k in range(n)]
     request = pb.StreamRequest()
+    if kind.run and job.last_only:
+        request.forecast_mode = pb.FORECAST_MODE_LAST_PER_SESSION
     for k, sid in enumerate(sids):
         request.events.add(
             session_id=sid,
@@ -222,10 +225,13 @@ async def _one_stream(
                 bad = n
                 first_error = first_error or f"bad response: {str(response)[:300]!r}"
             else:
-                for r in response.results:
-                    if r.WhichOneof("outcome") != "forecast":
+                last_only = request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION
+                for k, r in enumerate(response.results):
+                    # In last-only mode every event but the message's last is answered with an ack.
+                    want = "forecast" if not last_only or k == n - 1 else "ack"
+                    if r.WhichOneof("outcome") != want:
                         bad += 1
-                        first_error = first_error or f"result without forecast: {str(r)[:300]!r}"
+                        first_error = first_error or f"result without {want}: {str(r)[:300]!r}"
             errors += bad
             if t_from <= done <= t_to:
                 latencies.append(done - sent)
@@ -570,6 +576,7 @@ def run_cell(
             duration=duration,
             num_marks=model.num_marks,
             value_width=model.value_width,
+            last_only=args.last_only,
         )
         for p in range(procs)
     ]
@@ -946,6 +953,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--streams", type=parse_ints, default=(1, 16, 64), help="concurrent streams, e.g. 1,16,64")
     p.add_argument("--batch", type=parse_ints, default=(1, 64), help="events per message, each of another session")
     p.add_argument("--run", type=parse_ints, default=(64,), help="events per message of one session (0: none)")
+    p.add_argument(
+        "--last-only",
+        action="store_true",
+        help="runs use FORECAST_MODE_LAST_PER_SESSION (a forecast for the last event, acks for the rest), "
+        "as a client ingesting histories would; the echo answers alike",
+    )
     p.add_argument("--rounds", type=int, default=1, help="repeat the grid; report the median round per cell")
     p.add_argument("--procs", type=int, default=0, help="load-generator processes (0: 1 up to 16 streams, else 2)")
     p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint directory for the service")
