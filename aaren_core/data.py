@@ -42,6 +42,7 @@ __all__ = [
     "EventData",
     "EventSchema",
     "EventSequence",
+    "dequantize",
     "fit_standardization",
     "flights_path",
     "iterate_batches",
@@ -225,7 +226,7 @@ class EventBatch:
     times   [B, N]    float64  absolute event times (0 where padded)
     dt      [B, N]    float32  gap since the previous event of the same sequence (0 for the first, 0 where padded)
     marks   [B, N]    int64    mark ids (0 where padded)
-    values  [B, N, V] float32  standardized with the schema (0 where padded)
+    values  [B, N, V] float32  standardized with the schema, or raw with ``raw_values`` (0 where padded)
     mask    [B, N]    bool     True for real events
     lengths [B]       int64    events per sequence
     """
@@ -254,8 +255,9 @@ class EventBatch:
         return EventBatch(**moved)
 
 
-def pad_batch(sequences: Sequence[EventSequence], schema: EventSchema) -> EventBatch:
-    """Pad ``sequences`` into one ``EventBatch`` (values standardized with ``schema``).
+def pad_batch(sequences: Sequence[EventSequence], schema: EventSchema, *, raw_values: bool = False) -> EventBatch:
+    """Pad ``sequences`` into one ``EventBatch`` (values standardized with ``schema``, or left raw
+    with ``raw_values``: ``EventModel`` takes raw values and standardizes them itself).
 
     ``DataError`` if a sequence has a mark id outside ``[0, schema.num_marks)`` or values of the
     wrong width.
@@ -285,7 +287,7 @@ def pad_batch(sequences: Sequence[EventSequence], schema: EventSchema) -> EventB
         times[i, :k] = seq.times
         gaps[i, 1:k] = np.diff(seq.times)
         marks[i, :k] = seq.marks
-        values[i, :k] = schema.standardize(seq.values)
+        values[i, :k] = seq.values if raw_values else schema.standardize(seq.values)
         mask[i, :k] = True
         lengths[i] = k
     return EventBatch(
@@ -307,6 +309,7 @@ def iterate_batches(
     shuffle: bool,
     seed: int = 0,
     drop_last: bool = False,
+    raw_values: bool = False,
 ) -> Iterator[EventBatch]:
     """Padded batches of ``batch_size`` sequences (the last one smaller unless ``drop_last``).
 
@@ -320,7 +323,7 @@ def iterate_batches(
         order = np.random.default_rng(seed).permutation(len(sequences))
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     for start in range(0, stop, batch_size):
-        yield pad_batch([sequences[int(i)] for i in order[start : start + batch_size]], schema)
+        yield pad_batch([sequences[int(i)] for i in order[start : start + batch_size]], schema, raw_values=raw_values)
 
 
 def fit_standardization(sequences: Sequence[EventSequence], schema: EventSchema) -> EventSchema:
@@ -337,6 +340,31 @@ def fit_standardization(sequences: Sequence[EventSequence], schema: EventSchema)
             raise DataError(f"session {s.session_id!r}: {s.values.shape[1]} value columns; expected {width}")
     mean, std = _moments(np.concatenate(chunks, axis=0))
     return dataclasses.replace(schema, value_mean=mean, value_std=std)
+
+
+def dequantize(
+    sequences: Sequence[EventSequence], width: float, rng: np.random.Generator
+) -> tuple[list[EventSequence], list[np.ndarray]]:
+    """Spread tied event times: add ``U(0, width)`` to every time and re-sort each sequence.
+
+    Times recorded to a resolution of ``width`` (whole minutes: ``width=1``) tie often, and a
+    continuous gap density on tied data rewards a spike at zero. The jitter puts each event
+    uniformly inside its recording interval; marks and values move with their times (stable
+    sort). Returns the jittered sequences and, aligned with them, each sequence's original times
+    ``[n]`` in the new order: when the raw times lie on the ``width`` grid, jittering never moves an
+    event past another one of a different interval, so these stay non-decreasing. Draws come from
+    ``rng`` in sequence order, so a seeded generator gives the same jitter every time.
+    """
+    if not (math.isfinite(width) and width > 0):
+        raise DataError(f"dequantize: width is {width}; expected a finite number > 0 (the time resolution)")
+    jittered: list[EventSequence] = []
+    raw: list[np.ndarray] = []
+    for seq in sequences:
+        times = seq.times + rng.uniform(0.0, width, size=len(seq))
+        order = np.argsort(times, kind="stable")
+        jittered.append(EventSequence(seq.session_id, times[order], seq.marks[order], seq.values[order]))
+        raw.append(seq.times[order])
+    return jittered, raw
 
 
 def split_by_time(sequences: Sequence[EventSequence], boundaries: Sequence[float]) -> tuple[list[EventSequence], ...]:

@@ -6,6 +6,7 @@ client commands run with the client's dependencies only.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,82 @@ def serve(ctx: typer.Context) -> None:
     from server.settings import ServerSettings
 
     run(ServerSettings(_cli_parse_args=list(ctx.args)))  # type: ignore[call-arg]
+
+
+# train and evaluate reach into aaren_core: the CLI is the one module where the rooms meet, so
+# aaren_core is imported inside these functions only and the client commands never load torch.
+@app.command()
+def train(
+    config: Annotated[Path | None, typer.Option(help="a .json or .toml train config (flags override it)")] = None,
+    backbone: Annotated[str | None, typer.Option(help="aaren, transformer or gru")] = None,
+    d_model: Annotated[int | None, typer.Option(help="model width")] = None,
+    n_layers: Annotated[int | None, typer.Option(help="backbone layers")] = None,
+    n_heads: Annotated[int | None, typer.Option(help="attention heads")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="`flights` or a .csv/.parquet of session_id,time,mark[,values]")
+    ] = None,
+    epochs: Annotated[int | None, typer.Option(help="most epochs (early stopping may end sooner)")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="sessions per global batch")] = None,
+    lr: Annotated[float | None, typer.Option(help="peak learning rate")] = None,
+    seed: Annotated[int | None, typer.Option(help="seed of everything random")] = None,
+    out_dir: Annotated[str | None, typer.Option(help="run directory (best/ and last/ checkpoints)")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="any other config key, KEY=VALUE (repeatable)", metavar="KEY=VALUE"),
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="continue from <out_dir>/last")] = False,
+) -> None:
+    """Train a forecaster (also under `torchrun --nproc_per_node=N`, with DistributedDataParallel)."""
+    from aaren_core.training import TrainConfig
+    from aaren_core.training import train as run_training
+
+    base = TrainConfig.from_file(config) if config else TrainConfig()
+    flags = {
+        "backbone": backbone,
+        "d_model": d_model,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "data": data,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "out_dir": out_dir,
+    }
+    changes: dict[str, object] = {k: v for k, v in flags.items() if v is not None}
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
+        changes[key.strip().replace("-", "_")] = value
+    try:
+        cfg = base.replace(**changes)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    result = run_training(cfg, resume=resume)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one line, not one per process
+        typer.echo(f"best checkpoint: {result.best_dir} (val NLL {result.best_val:.4f}, epoch {result.best_epoch})")
+
+
+@app.command()
+def evaluate(
+    checkpoint: Annotated[Path, typer.Argument(help="a checkpoint directory written by `aaren train`")],
+    split: Annotated[str, typer.Option(help="train, val or test")] = "test",
+    out: Annotated[Path | None, typer.Option(help="report directory [default: the checkpoint directory]")] = None,
+    plots: Annotated[bool, typer.Option(help="draw PNG plots")] = True,
+) -> None:
+    """Score a checkpoint and the no-history/constant baselines; write report.md, metrics.json, plots."""
+    from aaren_core.evaluation import evaluate_checkpoint
+
+    if split not in ("train", "val", "test"):
+        raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
+    result = evaluate_checkpoint(checkpoint, split=split, out_dir=out or checkpoint, plots=plots)
+    m, b = result["model"], result["no_history"]
+    typer.echo(
+        f"{result['name']} on {split}: NLL {m['nll_total']:.4f} (no-history {b['nll_total']:.4f}), "
+        f"mark acc {m['mark_acc']:.3f} (top-3 {m['top3_acc']:.3f}), time RMSE {m['time_rmse']:.3f}, "
+        f"q10/q50/q90 {m['calib_q10']:.3f}/{m['calib_q50']:.3f}/{m['calib_q90']:.3f}; report in {out or checkpoint}"
+    )
 
 
 Target = Annotated[
