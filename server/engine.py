@@ -232,11 +232,6 @@ class Engine:
             values=torch.stack([f.value_mean, f.value_std], dim=-1).tolist(),
         )
 
-    def forecast_numbers(self, features: Tensor, top_k: int) -> list[ForecastNumbers]:
-        """Forecasts from ``features [F, d_model]``, one object per row (for unary calls)."""
-        cols = self.forecast_columns(features, top_k)
-        return [cols.numbers(r, top_k) for r in range(features.shape[0])]
-
     @torch.inference_mode()
     def sample(
         self, rows: dict[str, Tensor], horizon: int, num_samples: int, seed: int | None
