@@ -91,7 +91,11 @@ def test_parallel_and_step_forecasts_agree(kind):
     for name in ("time_mean", "time_quantiles", "top_probs", "value_mean", "value_std"):
         a, b = getattr(f_par, name), getattr(f_step, name)
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), name
-    assert (f_par.top_marks == f_step.top_marks).float().mean() > 0.99
+    # Top marks agree wherever the ranking is not a near tie (neighbouring probabilities 1e-5 apart).
+    gaps = (f_par.top_probs[:, :-1] - f_par.top_probs[:, 1:]).abs().min(dim=-1).values
+    decided = gaps > 1e-5
+    assert decided.float().mean() > 0.9
+    assert torch.equal(f_par.top_marks[decided], f_step.top_marks[decided])
 
 
 def test_nll_is_finite_and_trains():
