@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
@@ -23,6 +24,7 @@ from server.runtime import Runtime
 from server.servicer import ForecastServicer
 from server.settings import ServerSettings, bundled_checkpoint
 from server.stores import StateLayout, open_store
+from server.stores.factory import redact_url
 
 __all__ = ["AarenServer", "run"]
 
@@ -46,6 +48,8 @@ class AarenServer:
         self.runtime: Runtime | None = None
         self.servicer: ForecastServicer | None = None
         self._stopped = asyncio.Event()
+        self._store_watch: asyncio.Task[None] | None = None
+        self._serving = False
 
     def _checkpoint(self) -> str | None:
         if self.settings.checkpoint is not None:
@@ -93,8 +97,8 @@ class AarenServer:
         # cyclic collector's scans, which otherwise walk them on every full collection.
         gc.collect()
         gc.freeze()
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_serving(await store.healthy())
+        self._store_watch = asyncio.create_task(self._watch_store(), name="aaren-store-health")
         d = engine.description
         log.info(
             "serving %s (%s, %s backbone, %d parameters) on port %d, device %s, store %s, metrics port %s",
@@ -104,9 +108,32 @@ class AarenServer:
             d.parameters,
             self.grpc_port,
             d.device,
-            s.store_url,
+            redact_url(s.store_url),
             self.metrics_port if s.metrics_port >= 0 else "off",
         )
+
+    async def _set_serving(self, store_ok: bool) -> None:
+        self.metrics.store_up.set(1 if store_ok else 0)
+        if store_ok == self._serving:
+            return
+        self._serving = store_ok
+        status = health_pb2.HealthCheckResponse.SERVING if store_ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        if not store_ok:
+            log.error(
+                "session store %s is not answering: health NOT_SERVING until it does",
+                redact_url(self.settings.store_url),
+            )
+        elif self.runtime is not None:
+            log.info("session store answers: health SERVING")
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)  # ignored once draining: health stays NOT_SERVING
+
+    async def _watch_store(self) -> None:
+        """Health follows the store: NOT_SERVING while it does not answer, SERVING again when it does."""
+        assert self.runtime is not None
+        while True:
+            await asyncio.sleep(self.settings.store_check_interval_s)
+            await self._set_serving(await self.runtime.store.healthy())
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: health NOT_SERVING, refuse new events, answer accepted ones, close streams, stop."""
@@ -114,6 +141,10 @@ class AarenServer:
             return
         grace = self.settings.drain_grace_s if grace is None else grace
         await self.health.enter_graceful_shutdown()
+        if self._store_watch is not None:
+            self._store_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._store_watch
         if self.runtime is not None:
             try:
                 await asyncio.wait_for(self.runtime.drain(), timeout=grace)

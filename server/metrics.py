@@ -69,9 +69,27 @@ class Metrics:
             "State writes refused because the stored seq changed since it was read (compare-and-set).",
             registry=r,
         )
+        self.store_latency = Histogram(
+            "aaren_store_latency_seconds",
+            "Time of store operations, by operation (load and save: once per batch).",
+            ["operation"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.store_up = Gauge(
+            "aaren_store_up", "1 while the session store answers its health check, else 0.", registry=r
+        )
+        self.state_resets = Counter(
+            "aaren_state_resets_total",
+            "Sessions whose stored state came from another model version and was reset (on_model_mismatch=reset).",
+            registry=r,
+        )
         for outcome in ("applied", "duplicate", "rejected"):
             self.events.labels(outcome)
         for phase in ("queue", "model", "store", "total"):
             self.event_latency.labels(phase)
         for cause in ("ttl", "capacity"):
             self.sessions_evicted.labels(cause)
+        for operation in ("load", "save", "get", "delete"):
+            self.store_latency.labels(operation)
+            self.store_errors.labels(operation)

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import torch
@@ -27,7 +27,7 @@ from server.engine import Engine, ForecastColumns, ForecastNumbers, RunInput
 from server.errors import Code, ErrorInfo, ServiceError
 from server.metrics import Metrics
 from server.settings import ServerSettings
-from server.stores.base import SessionMeta, SessionStore, StoreUnavailableError
+from server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
 
 __all__ = ["Ack", "Event", "Forecast", "Outcome", "Runtime", "SampledFuture", "SessionView", "StepSummary"]
 
@@ -392,11 +392,11 @@ class Runtime:
                     queue_latency.observe(started - run.enqueued_at)
         ids = [sid for sid, _ in units]
         try:
-            loaded = await self.store.load(ids)
+            loaded = await self._timed("load", self.store.load(ids))
         except StoreUnavailableError as exc:
-            self.metrics.store_errors.labels("load").inc()
             self._fail_all(units, ErrorInfo(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}"))
             return
+        self._reset_foreign_states(ids, loaded)
 
         # Seq, time and model checks against the stored state, event by event.
         plans: list[_Plan] = []
@@ -453,9 +453,8 @@ class Runtime:
         ]
         expected = [p.meta.last_seq if p.meta else 0 for p in plans]
         try:
-            written = await self.store.save([p.sid for p in plans], new_rows, metas, expected)
+            written = await self._timed("save", self.store.save([p.sid for p in plans], new_rows, metas, expected))
         except StoreUnavailableError as exc:
-            self.metrics.store_errors.labels("save").inc()
             err = ErrorInfo(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable, state not saved: {exc}")
             for plan in plans:
                 self._settle(plan, err, None, 0)
@@ -478,9 +477,43 @@ class Runtime:
             if plan.meta is None:
                 self.metrics.sessions_started.inc()
             self._settle(plan, None, columns, start)
+        if self.store.cheap_count:
+            await self._update_session_gauges()
+
+    async def _timed(self, operation: str, call: Awaitable[T]) -> T:
+        """Await a store call, observing its latency and counting its failure."""
+        started = time.perf_counter()
+        try:
+            return await call
+        except StoreUnavailableError:
+            self.metrics.store_errors.labels(operation).inc()
+            raise
+        finally:
+            self.metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
+
+    async def _update_session_gauges(self) -> None:
         n = await self.store.count()
         self.metrics.active_sessions.set(n)
         self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+
+    def _reset_foreign_states(self, ids: list[str], loaded: LoadedBatch) -> None:
+        """With ``on_model_mismatch=reset``: a state another model version wrote becomes a fresh state
+        of this model; the session keeps its seq and time, so its client just goes on."""
+        if self.settings.on_model_mismatch != "reset":
+            return
+        for u, meta in enumerate(loaded.metas):
+            if meta is None or meta.model_version == self.engine.version:
+                continue
+            log.warning(
+                "session %r was written by model %s; resetting it for %s",
+                ids[u],
+                meta.model_version,
+                self.engine.version,
+            )
+            for name, row in self.store.layout.rows.items():
+                loaded.tensors[name][u] = row
+            loaded.metas[u] = dataclasses.replace(meta, model_version=self.engine.version)
+            self.metrics.state_resets.inc()
 
     def _drop_non_finite(
         self, plans: list[_Plan], starts: list[int], rows: dict[str, torch.Tensor]
@@ -559,7 +592,8 @@ class Runtime:
                 Code.FAILED_PRECONDITION,
                 "model_mismatch",
                 f"session {sid!r} was built by model {meta.model_version!r}; this server runs "
-                f"{self.engine.version!r}: end the session to start it again",
+                f"{self.engine.version!r}: end the session to start it again (or run the server with "
+                "on_model_mismatch=reset)",
             )
             plan.verdicts = [(run, i, e, err) for run in runs for i, e in zip(run.indices, run.events, strict=True)]
             return plan
@@ -610,14 +644,13 @@ class Runtime:
                     run.request.set(i, error)
 
     async def _sweep_loop(self) -> None:
+        """Evict idle sessions now and then; refresh the session gauges of stores that count slowly."""
         period = min(max(self.settings.idle_ttl_s / 4, 0.05), 5.0)
         while True:
             await asyncio.sleep(period)
             try:
-                if await self.store.sweep(time.time()):
-                    n = await self.store.count()
-                    self.metrics.active_sessions.set(n)
-                    self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+                if await self.store.sweep(time.time()) or not self.store.cheap_count:
+                    await self._update_session_gauges()
             except StoreUnavailableError:
                 self.metrics.store_errors.labels("sweep").inc()
 
@@ -626,9 +659,8 @@ class Runtime:
         if error is not None:
             raise ServiceError(error.code, error.reason, error.message)
         try:
-            found = await self.store.get(session_id)
+            found = await self._timed("get", self.store.get(session_id))
         except StoreUnavailableError as exc:
-            self.metrics.store_errors.labels("get").inc()
             raise ServiceError(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}") from exc
         if found is None:
             evicted = self.store.was_evicted(session_id)
@@ -712,13 +744,11 @@ class Runtime:
         if error is not None:
             raise ServiceError(error.code, error.reason, error.message)
         try:
-            meta = await self.store.delete(session_id)
+            meta = await self._timed("delete", self.store.delete(session_id))
         except StoreUnavailableError as exc:
-            self.metrics.store_errors.labels("delete").inc()
             raise ServiceError(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}") from exc
         if meta is not None:
             self.metrics.sessions_ended.inc()
-            n = await self.store.count()
-            self.metrics.active_sessions.set(n)
-            self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+            if self.store.cheap_count:
+                await self._update_session_gauges()
         return meta

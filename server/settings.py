@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,8 +30,22 @@ class ServerSettings(BaseSettings):
         None, description="checkpoint directory; default: the bundled model, or a random tiny model if none is bundled"
     )
     device: str = Field("auto", description="torch device: auto (CUDA when present), cpu, cuda, cuda:N")
-    store_url: str = Field("memory://", description="session store URL: memory:// (options: ?capacity=N)")
-    session_capacity: PositiveInt = Field(100_000, description="sessions the memory store holds before LRU eviction")
+    store_url: str = Field(
+        "memory://",
+        description="session store URL: memory:// (?capacity=N), redis://, rediss:// (TLS), redis+cluster://, "
+        "rediss+cluster:// (?prefix=, timeout_s=, tombstone_ttl_s=, and redis-py options)",
+    )
+    on_model_mismatch: Literal["refuse", "reset"] = Field(
+        "refuse",
+        description="a stored state written by another model version: refuse its events (FAILED_PRECONDITION), "
+        "or reset it to a fresh state and go on from its last seq",
+    )
+    store_check_interval_s: float = Field(
+        1.0, gt=0, description="how often the store's health is checked (health service and aaren_store_up)"
+    )
+    session_capacity: PositiveInt = Field(
+        100_000, description="sessions the memory store holds before LRU eviction (Redis: bounded by its maxmemory)"
+    )
     idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is evicted")
     max_batch_size: PositiveInt = Field(256, description="most sessions stepped in one batched model call")
     max_batch_wait_ms: float = Field(

@@ -6,12 +6,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from redis_process import RedisProcess
 
 from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import save_checkpoint
@@ -105,3 +107,17 @@ def start_server(tiny_checkpoint: Path) -> Iterator[Callable[..., ServerThread]]
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
+    """One real redis-server for the whole run; tests keep apart by key prefix (``redis_url``)."""
+    server = RedisProcess(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisProcess, request: pytest.FixtureRequest) -> str:
+    """A store URL on the shared test Redis with a key prefix of this test's own."""
+    return f"{redis_server.url}?prefix=t{abs(hash(request.node.nodeid)):x}-{uuid.uuid4().hex[:8]}:"

@@ -1,4 +1,4 @@
-"""Session stores behind one interface, chosen by URL (``memory://``)."""
+"""Session stores behind one interface, chosen by URL (``memory://``, ``redis://``...)."""
 
 from server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout, StoreUnavailableError
 from server.stores.factory import open_store

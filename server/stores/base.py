@@ -63,6 +63,13 @@ class LoadedBatch:
 class SessionStore(abc.ABC):
     """The interface every backend implements (the contract suite in tests/server runs on each)."""
 
+    #: Whether ``count`` is cheap enough to call after every batch (else the runtime calls it now and then).
+    cheap_count = True
+    #: Whether the backend expires idle sessions by itself (then ``sweep`` finds nothing to do).
+    expires_by_itself = False
+    #: Whether the backend bounds the number of sessions (``capacity``) by evicting the least recent.
+    bounded_by_capacity = True
+
     def __init__(self, layout: StateLayout) -> None:
         self.layout = layout
         #: Called with the cause ("ttl" or "capacity") of every eviction, for metrics.

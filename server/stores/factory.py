@@ -7,11 +7,26 @@ from urllib.parse import parse_qs, urlparse
 from server.stores.base import SessionStore, StateLayout
 from server.stores.memory import MemoryStore
 
-__all__ = ["open_store"]
+__all__ = ["REDIS_SCHEMES", "open_store", "redact_url"]
+
+REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (and any query, which may hold key files' paths) hidden, for logs."""
+    parsed = urlparse(url)
+    netloc = parsed.netloc
+    if parsed.password is not None:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        netloc = f"{user}:***@{host}"
+    return f"{parsed.scheme}://{netloc}{parsed.path}" + ("?***" if parsed.query else "")
 
 
 def open_store(url: str, layout: StateLayout, *, capacity: int, idle_ttl_s: float) -> SessionStore:
-    """``memory://`` (options: ``?capacity=N``) -> a store. Unknown schemes are refused by name."""
+    """``memory://`` (options: ``?capacity=N``), ``redis://``, ``rediss://``, ``redis+cluster://``,
+    ``rediss+cluster://`` (options: see ``open_redis_store``) -> a store. Unknown schemes are refused
+    by name. ``capacity`` bounds the memory store only: Redis is bounded by its own ``maxmemory``."""
     parsed = urlparse(url)
     if parsed.scheme == "memory":
         options = parse_qs(parsed.query)
@@ -21,4 +36,10 @@ def open_store(url: str, layout: StateLayout, *, capacity: int, idle_ttl_s: floa
                 raise ValueError(f"store URL {url!r}: capacity must be a whole number >= 1, got {raw!r}")
             capacity = int(raw)
         return MemoryStore(layout, capacity=capacity, idle_ttl_s=idle_ttl_s)
-    raise ValueError(f"unsupported store URL {url!r}; expected memory://")
+    if parsed.scheme in REDIS_SCHEMES:
+        from server.stores.redis_store import open_redis_store
+
+        return open_redis_store(url, layout, idle_ttl_s=idle_ttl_s)
+    raise ValueError(
+        f"unsupported store URL {url!r}; expected memory:// or one of {', '.join(s + '://' for s in REDIS_SCHEMES)}"
+    )

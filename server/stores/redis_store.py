@@ -1,0 +1,358 @@
+"""Redis session store: one hash per session, compare-and-set writes in Lua, one round trip per batch.
+
+Keys (``{...}`` is a Redis Cluster hash tag, so both keys of a session live in one slot)::
+
+    <prefix>{<session_id>}     hash: seq, time, created, updated, model, state (raw row bytes)
+    <prefix>{<session_id>}:t   tombstone "1" (or "2" once an eviction was reported), outlives the hash
+
+The session hash expires ``idle_ttl_s`` after its last write (Redis expires it; ``sweep`` has
+nothing to do). The tombstone lives ``tombstone_ttl_s`` longer, so a late event for a session that
+expired is told it was evicted rather than that it never existed; the first reader of an expired
+session reports the eviction (``on_evict("ttl")``) once for the whole cluster of replicas.
+
+A write is a Lua script per session, all of a batch's scripts in one pipeline: the script writes
+only if the stored seq equals the seq the step started from (0: no session), so two replicas
+stepping the same session can never both win. A write that already happened (same seq and the
+same state bytes, e.g. a retry after a lost reply) answers as written, so retries never report a
+false conflict.
+
+State rows are stored as the tensors' raw bytes (little-endian, fields in layout order). The
+model version stored beside them names the layout; a length check guards against anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+
+import numpy as np
+import torch
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from torch import Tensor
+
+from server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout, StoreUnavailableError
+
+__all__ = ["RedisStore", "open_redis_store"]
+
+T = TypeVar("T")
+TOMBSTONES = 100_000
+DEFAULT_PREFIX = "aaren:"
+DEFAULT_TOMBSTONE_TTL_S = 7 * 24 * 3600.0
+DEFAULT_TIMEOUT_S = 2.0
+META_FIELDS = ("seq", "time", "created", "updated", "model")
+
+# KEYS: session, tombstone. ARGV: expected seq, new seq, state, time, created, updated, model,
+# session expiry (unix ms), tombstone expiry (unix ms). Returns 1 if written (or already written).
+SAVE_LUA = """
+local cur = redis.call('HGET', KEYS[1], 'seq')
+if (cur or '0') ~= ARGV[1] then
+  if cur == ARGV[2] and redis.call('HGET', KEYS[1], 'state') == ARGV[3] then return 1 end
+  return 0
+end
+redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'state', ARGV[3], 'time', ARGV[4], 'created', ARGV[5],
+           'updated', ARGV[6], 'model', ARGV[7])
+redis.call('PEXPIREAT', KEYS[1], ARGV[8])
+redis.call('SET', KEYS[2], '1', 'PXAT', ARGV[9])
+return 1
+"""
+
+# KEYS: session, tombstone. Returns the 6 fields, or {tombstone} for an expired session (marking it
+# reported), or {} for none.
+LOAD_LUA = """
+local v = redis.call('HMGET', KEYS[1], 'seq', 'time', 'created', 'updated', 'model', 'state')
+if v[1] then return v end
+local t = redis.call('GET', KEYS[2])
+if t == '1' then redis.call('SET', KEYS[2], '2', 'KEEPTTL') end
+if t then return {t} end
+return {}
+"""
+
+# KEYS: session, tombstone. Deletes both (an ended session is not an evicted one); returns the meta.
+DELETE_LUA = """
+local v = redis.call('HMGET', KEYS[1], 'seq', 'time', 'created', 'updated', 'model')
+redis.call('DEL', KEYS[1], KEYS[2])
+if v[1] then return v end
+return {}
+"""
+
+_UNAVAILABLE = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError, TimeoutError)
+
+
+class _Script:
+    """A Lua script run by EVALSHA, loaded on first use and again after a Redis restart."""
+
+    def __init__(self, body: str) -> None:
+        self.body = body
+        self.sha = hashlib.sha1(body.encode()).hexdigest()
+
+
+class RedisStore(SessionStore):
+    """Sessions in Redis (standalone, TLS or Cluster). Construct with ``open_redis_store``."""
+
+    cheap_count = False
+    expires_by_itself = True
+    bounded_by_capacity = False  # Redis bounds memory with maxmemory; use noeviction (README)
+
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        layout: StateLayout,
+        *,
+        idle_ttl_s: float,
+        prefix: str = DEFAULT_PREFIX,
+        tombstone_ttl_s: float = DEFAULT_TOMBSTONE_TTL_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        super().__init__(layout)
+        self.client = client
+        self.idle_ttl_s = idle_ttl_s
+        self.prefix = prefix
+        self.tombstone_ttl_s = tombstone_ttl_s
+        self.timeout_s = timeout_s
+        self._fields = [
+            (name, row.dtype, tuple(row.shape), row.numel() * row.element_size()) for name, row in layout.rows.items()
+        ]
+        self._row_nbytes = sum(n for *_, n in self._fields)
+        self._fresh = self._encode({k: v.unsqueeze(0) for k, v in layout.rows.items()})[0]
+        self._save = _Script(SAVE_LUA)
+        self._load = _Script(LOAD_LUA)
+        self._delete = _Script(DELETE_LUA)
+        self._evicted: OrderedDict[str, None] = OrderedDict()
+
+    # -- keys and rows ---------------------------------------------------------------------------
+
+    def _keys(self, session_id: str) -> tuple[bytes, bytes]:
+        key = self.prefix.encode() + b"{" + session_id.encode("utf-8", "surrogatepass") + b"}"
+        return key, key + b":t"
+
+    def _encode(self, tensors: dict[str, Tensor]) -> list[bytes]:
+        """Rows ``tensors[name] [B, ...]`` -> B byte strings of ``row_nbytes`` each."""
+        parts = []
+        for name, dtype, _, _ in self._fields:
+            t = tensors[name].detach().to("cpu", dtype).contiguous()
+            parts.append(t.reshape(t.shape[0], -1).view(torch.uint8))
+        flat = torch.cat(parts, dim=1).numpy()  # [B, row_nbytes]
+        return [row.tobytes() for row in flat]
+
+    def _decode(self, blobs: Sequence[bytes]) -> dict[str, Tensor]:
+        """B byte strings -> ``name -> [B, *row_shape]`` on the layout's device."""
+        flat = torch.from_numpy(
+            np.frombuffer(b"".join(blobs), dtype=np.uint8).reshape(len(blobs), self._row_nbytes).copy()
+        )
+        out, offset = {}, 0
+        device = self.layout.device
+        for name, dtype, shape, nbytes in self._fields:
+            part = flat[:, offset : offset + nbytes].contiguous().view(dtype).reshape(len(blobs), *shape)
+            out[name] = part.to(device)
+            offset += nbytes
+        return out
+
+    def _meta(self, fields: Sequence[bytes]) -> SessionMeta:
+        seq, last_time, created, updated, model = fields[:5]
+        return SessionMeta(int(seq), float(last_time), float(created), float(updated), model.decode())
+
+    # -- calls to Redis --------------------------------------------------------------------------
+
+    async def _guard(self, operation: str, call: Awaitable[T]) -> T:
+        """Bound a call by the timeout and turn any Redis or network failure into ``StoreUnavailableError``."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await call
+        except StoreUnavailableError:
+            raise
+        except _UNAVAILABLE as exc:
+            detail = str(exc) or "timed out"
+            raise StoreUnavailableError(f"redis {operation} failed: {type(exc).__name__}: {detail}") from exc
+
+    async def _run_scripts(self, script: _Script, calls: Sequence[tuple[Sequence[bytes], Sequence[Any]]]) -> list[Any]:
+        """Run ``script`` once per ``(keys, args)`` in one pipelined round trip; load it if Redis lost it."""
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                keys, args = calls[i]
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            answers = await pipe.execute(raise_on_error=False)
+            missing = []
+            for i, answer in zip(todo, answers, strict=True):
+                if isinstance(answer, redis_errors.NoScriptError) and attempt == 0:
+                    missing.append(i)  # the script never ran for this call: safe to run again
+                elif isinstance(answer, Exception):
+                    raise answer
+                else:
+                    results[i] = answer
+            if not missing:
+                break
+            await self.client.script_load(script.body)
+            todo = missing
+        return results
+
+    # -- the interface ---------------------------------------------------------------------------
+
+    async def load(self, session_ids: Sequence[str]) -> LoadedBatch:
+        calls = [(self._keys(sid), ()) for sid in session_ids]
+        answers = await self._guard("load", self._run_scripts(self._load, calls))
+        metas: list[SessionMeta | None] = []
+        blobs = []
+        for sid, answer in zip(session_ids, answers, strict=True):
+            if len(answer) == 6:
+                blob = answer[5]
+                if len(blob) != self._row_nbytes:
+                    raise StoreUnavailableError(
+                        f"redis holds {len(blob)} state bytes for session {sid!r}; expected {self._row_nbytes} "
+                        "(written by an incompatible server?)"
+                    )
+                metas.append(self._meta(answer))
+                blobs.append(blob)
+                continue
+            if answer:
+                self._tombstone(sid, first_report=answer[0] == b"1")
+            metas.append(None)
+            blobs.append(self._fresh)
+        return LoadedBatch(metas=metas, tensors=self._decode(blobs))
+
+    async def save(
+        self,
+        session_ids: Sequence[str],
+        tensors: dict[str, Tensor],
+        metas: Sequence[SessionMeta],
+        expected_seqs: Sequence[int],
+    ) -> list[bool]:
+        blobs = self._encode(tensors)
+        calls = []
+        for sid, blob, meta, expected in zip(session_ids, blobs, metas, expected_seqs, strict=True):
+            expires_ms = math.ceil((meta.updated_at + self.idle_ttl_s) * 1000)
+            tomb_ms = expires_ms + math.ceil(self.tombstone_ttl_s * 1000)
+            args = (
+                str(expected),
+                str(meta.last_seq),
+                blob,
+                repr(meta.last_time),
+                repr(meta.created_at),
+                repr(meta.updated_at),
+                meta.model_version,
+                str(expires_ms),
+                str(tomb_ms),
+            )
+            calls.append((self._keys(sid), args))
+        answers = await self._guard("save", self._run_scripts(self._save, calls))
+        written = [int(a) == 1 for a in answers]
+        for sid, ok in zip(session_ids, written, strict=True):
+            if ok:
+                self._evicted.pop(sid, None)
+        return written
+
+    async def get(self, session_id: str) -> tuple[SessionMeta, dict[str, Tensor]] | None:
+        loaded = await self.load([session_id])
+        meta = loaded.metas[0]
+        return None if meta is None else (meta, loaded.tensors)
+
+    async def delete(self, session_id: str) -> SessionMeta | None:
+        (answer,) = await self._guard("delete", self._run_scripts(self._delete, [(self._keys(session_id), ())]))
+        self._evicted.pop(session_id, None)
+        return self._meta(answer) if answer else None
+
+    def was_evicted(self, session_id: str) -> bool:
+        return session_id in self._evicted
+
+    def _tombstone(self, session_id: str, *, first_report: bool) -> None:
+        self._evicted[session_id] = None
+        self._evicted.move_to_end(session_id)
+        if len(self._evicted) > TOMBSTONES:
+            self._evicted.popitem(last=False)
+        if first_report:
+            self.on_evict("ttl")
+
+    async def count(self) -> int:
+        """Sessions under this store's prefix (a SCAN: call it now and then, not per batch)."""
+
+        async def scan() -> int:
+            pattern = _glob_escape(self.prefix) + "{*}"
+            n = 0
+            async for _ in self.client.scan_iter(match=pattern, count=1000):
+                n += 1
+            return n
+
+        try:
+            return await asyncio.wait_for(scan(), timeout=max(self.timeout_s, 30.0))
+        except _UNAVAILABLE as exc:
+            raise StoreUnavailableError(f"redis count failed: {type(exc).__name__}: {exc}") from exc
+
+    async def sweep(self, now: float | None = None) -> int:
+        return 0  # Redis expires idle sessions itself (PEXPIREAT on every write)
+
+    async def healthy(self) -> bool:
+        try:
+            await self._guard("ping", self.client.ping())
+        except StoreUnavailableError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+OUR_OPTIONS = {"prefix", "tombstone_ttl_s", "timeout_s"}
+
+
+def open_redis_store(url: str, layout: StateLayout, *, idle_ttl_s: float) -> RedisStore:
+    """``redis://``, ``rediss://`` (TLS), ``redis+cluster://`` or ``rediss+cluster://`` -> a store.
+
+    Query options of ours: ``prefix`` (key prefix, default ``aaren:``), ``timeout_s`` (bound on every
+    call, default 2), ``tombstone_ttl_s`` (how long an expired session is remembered as evicted,
+    default 7 days). Every other option goes to redis-py (e.g. ``ssl_ca_certs``, ``socket_timeout``).
+    """
+    parsed = urlparse(url)
+    cluster = parsed.scheme.endswith("+cluster")
+    scheme = parsed.scheme.removesuffix("+cluster")
+    ours: dict[str, str] = {}
+    theirs = []
+    for key, value in parse_qsl(parsed.query, keep_blank_values=True):
+        if key in OUR_OPTIONS:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    try:
+        timeout_s = float(ours.get("timeout_s", DEFAULT_TIMEOUT_S))
+        tombstone_ttl_s = float(ours.get("tombstone_ttl_s", DEFAULT_TOMBSTONE_TTL_S))
+    except ValueError as exc:
+        raise ValueError(f"store URL {url!r}: timeout_s and tombstone_ttl_s must be numbers ({exc})") from None
+    if not timeout_s > 0 or not tombstone_ttl_s >= 0:
+        raise ValueError(f"store URL {url!r}: timeout_s must be > 0 and tombstone_ttl_s >= 0")
+    plain_url = urlunparse(parsed._replace(scheme=scheme, query=urlencode(theirs)))
+    options: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        # One quick retry replaces a pooled connection that died with a restarted Redis; no long
+        # backoff, so an outage turns into UNAVAILABLE answers quickly instead of stalled batches.
+        "retry": Retry(ExponentialBackoff(cap=0.05, base=0.01), retries=1),
+        "health_check_interval": 10,
+    }
+    client: Redis | RedisCluster
+    if cluster:
+        options.pop("health_check_interval")
+        client = RedisCluster.from_url(plain_url, **options)
+    else:
+        client = Redis.from_url(plain_url, **options)
+    return RedisStore(
+        client,
+        layout,
+        idle_ttl_s=idle_ttl_s,
+        prefix=ours.get("prefix", DEFAULT_PREFIX),
+        tombstone_ttl_s=tombstone_ttl_s,
+        timeout_s=timeout_s,
+    )
