@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import math
 import queue
+import re
+import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -186,3 +191,55 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+# ---------------------------------------------------------------- server processes
+
+
+class ServerProcess:
+    """``aaren serve`` in its own process (so a test can SIGKILL it), on free ports."""
+
+    def __init__(self, log_path: Path, **settings: Any) -> None:
+        defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "drain_grace_s": 1.0}
+        flags = []
+        for name, value in {**defaults, **settings}.items():
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from client.cli import app; app()", "serve", *flags],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode()  # "aaren: listening on port N, metrics on port M"
+        ports = re.findall(r"port (\d+)", line)
+        if len(ports) != 2:
+            self.kill()
+            raise RuntimeError(f"server did not start: {line!r}\n{log_path.read_text(errors='replace')[-3000:]}")
+        self.grpc_port, self.metrics_port = map(int, ports)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no goodbye."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log.close()
