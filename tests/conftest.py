@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from redis_process import RedisProcess
+from redis_process import RedisCluster, RedisProcess
 
 from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import save_checkpoint
@@ -121,3 +121,11 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProc
 def redis_url(redis_server: RedisProcess, request: pytest.FixtureRequest) -> str:
     """A store URL on the shared test Redis with a key prefix of this test's own."""
     return f"{redis_server.url}?prefix=t{abs(hash(request.node.nodeid)):x}-{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real three-primary Redis Cluster for the whole run (started on first use)."""
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield cluster
+    cluster.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -14,35 +15,69 @@ import redis
 REDIS_BINARY = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(below: int = 65536) -> int:
+    """A port nothing listens on now (``below``: Redis Cluster wants data ports under 55536)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 0 if below > 65535 else random.randrange(20_000, below)))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free port")
 
 
 class RedisProcess:
     """``start()`` / ``kill()`` / ``start()`` again on the same port and directory (AOF survives)."""
 
     def __init__(
-        self, directory: Path, *, aof: bool = False, port: int | None = None, extra: tuple[str, ...] = ()
+        self,
+        directory: Path,
+        *,
+        aof: bool = False,
+        port: int | None = None,
+        extra: tuple[str, ...] = (),
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
+        """``tls``: (certificate, key, CA certificate) files; the server then speaks TLS only."""
         if not Path(REDIS_BINARY).exists():
             pytest.fail("redis-server is not installed (the CI script installs the Debian package redis-server)")
         self.directory = directory
         self.port = port or free_port()
         self.aof = aof
         self.extra = extra
+        self.tls = tls
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
+        if self.tls:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls[2]}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisProcess:
         self.directory.mkdir(parents=True, exist_ok=True)
+        if self.tls:
+            cert, key, ca = self.tls
+            ports = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(cert),
+                "--tls-key-file",
+                str(key),
+                "--tls-ca-cert-file",
+                str(ca),
+                "--tls-auth-clients",
+                "no",
+            ]
+        else:
+            ports = ["--port", str(self.port)]
         args = [
             REDIS_BINARY,
-            "--port", str(self.port),
+            *ports,
             "--bind", "127.0.0.1",
             "--dir", str(self.directory),
             "--save", "",
@@ -54,7 +89,7 @@ class RedisProcess:
         ]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        client = self.client()
         try:
             while True:
                 try:
@@ -84,4 +119,55 @@ class RedisProcess:
                 self.process.wait(10)
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port)
+        if self.tls:
+            return redis.Redis(port=self.port, ssl=True, ssl_ca_certs=str(self.tls[2]), socket_connect_timeout=0.5)
+        return redis.Redis(port=self.port, socket_connect_timeout=0.5)
+
+
+class RedisCluster:
+    """A three-primary Redis Cluster (no replicas) of real processes, for the store's cluster mode."""
+
+    def __init__(self, directory: Path, n: int = 3) -> None:
+        self.nodes = [
+            RedisProcess(
+                directory / f"node{i}",
+                port=free_port(below=55536),
+                extra=(
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ),
+            )
+            for i in range(n)
+        ]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            states = [node.client().execute_command("CLUSTER INFO").get("cluster_state") for node in self.nodes]
+            if all(state == "ok" for state in states):
+                return self
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Redis Cluster did not become ok: {states}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -1,23 +1,24 @@
-"""Redis session store: one hash per session, compare-and-set writes in Lua, one round trip per batch.
+"""Redis session store: one string per session, compare-and-set writes in Lua, one round trip per batch.
 
 Keys (``{...}`` is a Redis Cluster hash tag, so both keys of a session live in one slot)::
 
-    <prefix>{<session_id>}     hash: seq, time, created, updated, model, state (raw row bytes)
-    <prefix>{<session_id>}:t   tombstone "1" (or "2" once an eviction was reported), outlives the hash
+    <prefix>{<session_id>}     the session: a record (below)
+    <prefix>{<session_id>}:t   tombstone "1" (or "2" once an eviction was reported), outlives the record
 
-The session hash expires ``idle_ttl_s`` after its last write (Redis expires it; ``sweep`` has
-nothing to do). The tombstone lives ``tombstone_ttl_s`` longer, so a late event for a session that
-expired is told it was evicted rather than that it never existed; the first reader of an expired
-session reports the eviction (``on_evict("ttl")``) once for the whole cluster of replicas.
+Record: ``seq`` as 20 ASCII digits (so Lua can compare it with GETRANGE), then little-endian
+float64 ``last_time, created_at, updated_at``, one byte of model-version length, the model version,
+then the state row: the tensors' raw bytes, fields in layout order. One string rather than a hash:
+a hash with a 584-byte field leaves Redis's compact encoding and costs about 1.4 KB per session.
+
+The record expires ``idle_ttl_s`` after its last write (Redis expires it; ``sweep`` has nothing to
+do). The tombstone lives ``tombstone_ttl_s`` longer, so a late event for a session that expired is
+told it was evicted rather than that it never existed; the first reader of an expired session
+reports the eviction (``on_evict("ttl")``) once for all replicas together.
 
 A write is a Lua script per session, all of a batch's scripts in one pipeline: the script writes
 only if the stored seq equals the seq the step started from (0: no session), so two replicas
-stepping the same session can never both win. A write that already happened (same seq and the
-same state bytes, e.g. a retry after a lost reply) answers as written, so retries never report a
-false conflict.
-
-State rows are stored as the tensors' raw bytes (little-endian, fields in layout order). The
-model version stored beside them names the layout; a length check guards against anything else.
+stepping the same session can never both win. A write that already happened (the same record,
+e.g. a retry after a lost reply) answers as written, so a retry never reports a false conflict.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
@@ -48,40 +50,40 @@ TOMBSTONES = 100_000
 DEFAULT_PREFIX = "aaren:"
 DEFAULT_TOMBSTONE_TTL_S = 7 * 24 * 3600.0
 DEFAULT_TIMEOUT_S = 2.0
-META_FIELDS = ("seq", "time", "created", "updated", "model")
+SEQ_DIGITS = 20
+_TIMES = struct.Struct("<ddd")
 
-# KEYS: session, tombstone. ARGV: expected seq, new seq, state, time, created, updated, model,
-# session expiry (unix ms), tombstone expiry (unix ms). Returns 1 if written (or already written).
+# KEYS: session, tombstone. ARGV: expected seq (20 digits), record, record expiry (unix ms),
+# tombstone expiry (unix ms). Returns 1 if written (or already written by an identical call), else 0.
 SAVE_LUA = """
-local cur = redis.call('HGET', KEYS[1], 'seq')
-if (cur or '0') ~= ARGV[1] then
-  if cur == ARGV[2] and redis.call('HGET', KEYS[1], 'state') == ARGV[3] then return 1 end
+local cur = redis.call('GETRANGE', KEYS[1], 0, 19)
+if cur == '' then cur = '00000000000000000000' end
+if cur ~= ARGV[1] then
+  if cur == string.sub(ARGV[2], 1, 20) and redis.call('GET', KEYS[1]) == ARGV[2] then return 1 end
   return 0
 end
-redis.call('HSET', KEYS[1], 'seq', ARGV[2], 'state', ARGV[3], 'time', ARGV[4], 'created', ARGV[5],
-           'updated', ARGV[6], 'model', ARGV[7])
-redis.call('PEXPIREAT', KEYS[1], ARGV[8])
-redis.call('SET', KEYS[2], '1', 'PXAT', ARGV[9])
+redis.call('SET', KEYS[1], ARGV[2], 'PXAT', ARGV[3])
+redis.call('SET', KEYS[2], '1', 'PXAT', ARGV[4])
 return 1
 """
 
-# KEYS: session, tombstone. Returns the 6 fields, or {tombstone} for an expired session (marking it
-# reported), or {} for none.
+# KEYS: session, tombstone. Returns {1, record}, or {0, tombstone} for an expired session (marking
+# it reported), or {} for none.
 LOAD_LUA = """
-local v = redis.call('HMGET', KEYS[1], 'seq', 'time', 'created', 'updated', 'model', 'state')
-if v[1] then return v end
+local v = redis.call('GET', KEYS[1])
+if v then return {1, v} end
 local t = redis.call('GET', KEYS[2])
 if t == '1' then redis.call('SET', KEYS[2], '2', 'KEEPTTL') end
-if t then return {t} end
+if t then return {0, t} end
 return {}
 """
 
-# KEYS: session, tombstone. Deletes both (an ended session is not an evicted one); returns the meta.
+# KEYS: session, tombstone. Deletes both (an ended session is not an evicted one); returns the
+# record or nil.
 DELETE_LUA = """
-local v = redis.call('HMGET', KEYS[1], 'seq', 'time', 'created', 'updated', 'model')
+local v = redis.call('GET', KEYS[1])
 redis.call('DEL', KEYS[1], KEYS[2])
-if v[1] then return v end
-return {}
+return v
 """
 
 _UNAVAILABLE = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError, TimeoutError)
@@ -156,9 +158,37 @@ class RedisStore(SessionStore):
             offset += nbytes
         return out
 
-    def _meta(self, fields: Sequence[bytes]) -> SessionMeta:
-        seq, last_time, created, updated, model = fields[:5]
-        return SessionMeta(int(seq), float(last_time), float(created), float(updated), model.decode())
+    @staticmethod
+    def _record(meta: SessionMeta, state: bytes) -> bytes:
+        model = meta.model_version.encode()
+        if len(model) > 255:
+            raise ValueError(f"model version {meta.model_version!r} is longer than 255 bytes")
+        return b"".join(
+            [
+                f"{meta.last_seq:0{SEQ_DIGITS}d}".encode(),
+                _TIMES.pack(meta.last_time, meta.created_at, meta.updated_at),
+                bytes([len(model)]),
+                model,
+                state,
+            ]
+        )
+
+    def _parse(self, record: bytes) -> tuple[SessionMeta, bytes | None]:
+        """A record -> its meta and state bytes; state None when they do not fit this layout (the
+        meta's model version then says so, and the runtime refuses or resets the session)."""
+        head = SEQ_DIGITS + _TIMES.size
+        try:
+            last_time, created, updated = _TIMES.unpack_from(record, SEQ_DIGITS)
+            n = record[head]
+            model = record[head + 1 : head + 1 + n].decode(errors="replace")
+            meta = SessionMeta(int(record[:SEQ_DIGITS]), last_time, created, updated, model)
+        except (struct.error, IndexError, ValueError):
+            return SessionMeta(-1, 0.0, 0.0, 0.0, f"(unreadable record of {len(record)} bytes)"), None
+        state = record[head + 1 + n :]
+        if len(state) != self._row_nbytes:
+            meta.model_version = f"{model} (unreadable here: {len(state)} state bytes, expected {self._row_nbytes})"
+            return meta, None
+        return meta, state
 
     # -- calls to Redis --------------------------------------------------------------------------
 
@@ -205,18 +235,13 @@ class RedisStore(SessionStore):
         metas: list[SessionMeta | None] = []
         blobs = []
         for sid, answer in zip(session_ids, answers, strict=True):
-            if len(answer) == 6:
-                blob = answer[5]
-                if len(blob) != self._row_nbytes:
-                    raise StoreUnavailableError(
-                        f"redis holds {len(blob)} state bytes for session {sid!r}; expected {self._row_nbytes} "
-                        "(written by an incompatible server?)"
-                    )
-                metas.append(self._meta(answer))
-                blobs.append(blob)
+            if answer and answer[0] == 1:
+                meta, state = self._parse(answer[1])
+                metas.append(meta)
+                blobs.append(self._fresh if state is None else state)
                 continue
             if answer:
-                self._tombstone(sid, first_report=answer[0] == b"1")
+                self._tombstone(sid, first_report=answer[1] == b"1")
             metas.append(None)
             blobs.append(self._fresh)
         return LoadedBatch(metas=metas, tensors=self._decode(blobs))
@@ -233,17 +258,7 @@ class RedisStore(SessionStore):
         for sid, blob, meta, expected in zip(session_ids, blobs, metas, expected_seqs, strict=True):
             expires_ms = math.ceil((meta.updated_at + self.idle_ttl_s) * 1000)
             tomb_ms = expires_ms + math.ceil(self.tombstone_ttl_s * 1000)
-            args = (
-                str(expected),
-                str(meta.last_seq),
-                blob,
-                repr(meta.last_time),
-                repr(meta.created_at),
-                repr(meta.updated_at),
-                meta.model_version,
-                str(expires_ms),
-                str(tomb_ms),
-            )
+            args = (f"{expected:0{SEQ_DIGITS}d}", self._record(meta, blob), str(expires_ms), str(tomb_ms))
             calls.append((self._keys(sid), args))
         answers = await self._guard("save", self._run_scripts(self._save, calls))
         written = [int(a) == 1 for a in answers]
@@ -260,7 +275,7 @@ class RedisStore(SessionStore):
     async def delete(self, session_id: str) -> SessionMeta | None:
         (answer,) = await self._guard("delete", self._run_scripts(self._delete, [(self._keys(session_id), ())]))
         self._evicted.pop(session_id, None)
-        return self._meta(answer) if answer else None
+        return self._parse(answer)[0] if answer else None
 
     def was_evicted(self, session_id: str) -> bool:
         return session_id in self._evicted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import pytest
 import torch
@@ -31,9 +32,14 @@ def run_on(store, coro):
     return asyncio.run(go())
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-cluster"])
 def store_factory(request):
-    url = "memory://" if request.param == "memory" else request.getfixturevalue("redis_url")
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+    else:
+        url = f"{request.getfixturevalue('redis_cluster').url}?prefix=c{uuid.uuid4().hex[:8]}:"
 
     def make(capacity: int = 100, idle_ttl_s: float = 3600.0):
         return open_store(url, LAYOUT, capacity=capacity, idle_ttl_s=idle_ttl_s)

@@ -1,0 +1,150 @@
+"""What only the Redis backend has: TLS, unreadable records, outages as errors, key layout, URL options."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+from certificates import CertificateAuthority
+from redis_process import RedisProcess, free_port
+
+from server.stores import SessionMeta, StateLayout, StoreUnavailableError, open_store
+
+LAYOUT = StateLayout({"m": torch.full((2, 3), float("-inf")), "n": torch.zeros((), dtype=torch.long)})
+
+
+def meta(seq: int, version: str = "v1") -> SessionMeta:
+    now = time.time()
+    return SessionMeta(last_seq=seq, last_time=float(seq), created_at=now, updated_at=now, model_version=version)
+
+
+def rows(fill: float) -> dict[str, torch.Tensor]:
+    out = LAYOUT.empty(1)
+    out["m"].fill_(fill)
+    out["n"].fill_(int(fill))
+    return out
+
+
+def with_store(url: str, body, **options):
+    """Open a store on ``url``, run ``await body(store)`` and close it, all on one event loop."""
+
+    async def go():
+        store = open_store(url, LAYOUT, capacity=10, idle_ttl_s=options.get("idle_ttl_s", 3600.0))
+        try:
+            return await body(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def test_tls_round_trip_and_plaintext_refused(tmp_path):
+    ca = CertificateAuthority(tmp_path)
+    cert, key = ca.issue("redis")
+    server = RedisProcess(tmp_path / "redis", tls=(cert, key, ca.path)).start()
+    try:
+
+        async def round_trip(store):
+            assert await store.healthy()
+            assert await store.save(["a"], rows(2.0), [meta(1)], [0]) == [True]
+            return await store.get("a")
+
+        got = with_store(server.url, round_trip)
+        assert got is not None and got[0].last_seq == 1 and (got[1]["m"] == 2.0).all()
+
+        async def plaintext(store):
+            assert not await store.healthy()
+            with pytest.raises(StoreUnavailableError, match="redis load failed"):
+                await store.load(["a"])
+
+        with_store(f"redis://127.0.0.1:{server.port}/0?timeout_s=0.5", plaintext)
+
+        other = CertificateAuthority(tmp_path, name="other")  # a CA that did not sign the server's certificate
+
+        async def wrong_ca(store):
+            with pytest.raises(StoreUnavailableError, match="certificate verify failed"):
+                await store.load(["a"])
+
+        with_store(f"rediss://127.0.0.1:{server.port}/0?ssl_ca_certs={other.path}&timeout_s=0.5", wrong_ca)
+    finally:
+        server.stop()
+
+
+def test_nothing_listening_is_unavailable_not_a_hang(tmp_path):
+    url = f"redis://127.0.0.1:{free_port()}/0?timeout_s=0.5"
+
+    async def body(store):
+        started = time.monotonic()
+        for call in (store.load(["a"]), store.save(["a"], rows(1.0), [meta(1)], [0]), store.delete("a")):
+            with pytest.raises(StoreUnavailableError, match="ConnectionError"):
+                await call
+        assert not await store.healthy()
+        return time.monotonic() - started
+
+    assert with_store(url, body) < 30  # bounded by the timeouts, whatever the machine's speed
+
+
+def test_record_layout_one_string_and_a_tombstone_per_session(redis_server, redis_url):
+    prefix = redis_url.split("prefix=")[1]
+
+    async def body(store):
+        await store.save(["s{1}"], rows(3.0), [meta(4)], [0])
+
+    with_store(redis_url, body)
+    client = redis_server.client()
+    key = f"{prefix}{{s{{1}}}}".encode()
+    assert client.type(key) == b"string" and client.type(key + b":t") == b"string"
+    record = client.get(key)
+    assert record[:20] == b"%020d" % 4, "seq leads the record as 20 digits"
+    assert 0 < client.pttl(key) <= 3600_000 < client.pttl(key + b":t")
+    assert len(record) == 20 + 24 + 1 + len(b"v1") + LAYOUT.row_nbytes
+
+
+def test_unreadable_record_is_reported_as_a_foreign_state_not_a_crash(redis_server, redis_url):
+    prefix = redis_url.split("prefix=")[1]
+    client = redis_server.client()
+    client.set(f"{prefix}{{short}}", b"garbage")
+    client.set(f"{prefix}{{wrong-size}}", b"%020d" % 3 + b"\0" * 24 + b"\x02v1" + b"\0" * 5)
+
+    async def body(store):
+        return await store.load(["short", "wrong-size", "fine"])
+
+    loaded = with_store(redis_url, body)
+    short, wrong, fine = loaded.metas
+    assert short is not None and "unreadable record" in short.model_version
+    assert wrong is not None and wrong.last_seq == 3 and "5 state bytes, expected" in wrong.model_version
+    assert fine is None
+    assert torch.isneginf(loaded.tensors["m"]).all(), "unreadable rows load as fresh rows"
+
+
+def test_a_retried_write_that_already_landed_is_not_a_conflict(redis_url):
+    async def body(store):
+        first = await store.save(["a"], rows(1.0), [meta(1)], [0])
+        m = meta(1)
+        again = [await store.save(["b"], rows(1.0), [m], [0]) for _ in range(2)]
+        different = await store.save(["b"], rows(9.0), [m], [0])
+        return first, again, different
+
+    first, again, different = with_store(redis_url, body)
+    assert first == [True] and again == [[True], [True]] and different == [False]
+
+
+def test_script_cache_flushed_by_redis_is_reloaded(redis_server, redis_url):
+    async def body(store):
+        await store.save(["a"], rows(1.0), [meta(1)], [0])
+        redis_server.client().script_flush()
+        return await store.save(["a"], rows(2.0), [meta(2)], [1]), await store.get("a")
+
+    written, (m, r) = with_store(redis_url, body)
+    assert written == [True] and m.last_seq == 2 and (r["m"] == 2.0).all()
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [("timeout_s=0", "timeout_s must be > 0"), ("timeout_s=x", "must be numbers"), ("tombstone_ttl_s=-1", ">= 0")],
+)
+def test_bad_url_options_are_refused(query, message):
+    with pytest.raises(ValueError, match=message):
+        open_store(f"redis://127.0.0.1:1/0?{query}", LAYOUT, capacity=1, idle_ttl_s=1)
