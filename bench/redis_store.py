@@ -102,6 +102,7 @@ def memory_table(client: redis.Redis, baseline: int, state_bytes: int, prefix: s
         (tombstones if key.endswith(b":t") else sessions).append(key)
     used = int(client.info("memory")["used_memory"]) - baseline
     sample = sessions[:200]
+    record_len = [client.strlen(k) for k in sample]
     hash_usage = [client.memory_usage(k, samples=0) or 0 for k in sample]
     tomb_usage = [client.memory_usage(k + b":t", samples=0) or 0 for k in sample]
     n = max(len(sessions), 1)
@@ -110,7 +111,9 @@ def memory_table(client: redis.Redis, baseline: int, state_bytes: int, prefix: s
         "| what | bytes per session | vs state bytes |",
         "|---|---:|---:|",
         f"| model state (tensors) | {state_bytes:,} | 1.00x |",
-        f"| MEMORY USAGE of the session hash (mean of {len(sample)}) | {mean(hash_usage):,.0f} "
+        f"| record length (STRLEN): 53-byte header + state row (model state + the last output features) "
+        f"| {mean(record_len):,.0f} | {mean(record_len) / state_bytes:.2f}x |",
+        f"| MEMORY USAGE of the record key (mean of {len(sample)}) | {mean(hash_usage):,.0f} "
         f"| {mean(hash_usage) / state_bytes:.2f}x |",
         f"| MEMORY USAGE of its tombstone key | {mean(tomb_usage):,.0f} | {mean(tomb_usage) / state_bytes:.2f}x |",
         f"| INFO used_memory growth / sessions ({len(sessions):,} sessions) | {used / n:,.0f} "

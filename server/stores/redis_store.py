@@ -51,31 +51,53 @@ DEFAULT_PREFIX = "aaren:"
 DEFAULT_TOMBSTONE_TTL_S = 7 * 24 * 3600.0
 DEFAULT_TIMEOUT_S = 2.0
 SEQ_DIGITS = 20
+#: Sessions per script call on a single Redis: large enough for one call per batch, small enough
+#: that one call never blocks Redis for long (about 1 ms).
+SESSIONS_PER_CALL = 512
 _TIMES = struct.Struct("<ddd")
 
-# KEYS: session, tombstone. ARGV: expected seq (20 digits), record, record expiry (unix ms),
-# tombstone expiry (unix ms). Returns 1 if written (or already written by an identical call), else 0.
+# Both scripts take any number of sessions: KEYS = session 1, tombstone 1, session 2, ... One call
+# covers a whole batch on a single Redis; on a Cluster each session is its own call (its keys
+# share a slot, another session's may not), all of them still in one pipeline.
+
+# ARGV per session: expected seq (20 digits), record, record expiry (unix ms), tombstone expiry
+# (unix ms). Returns per session 1 if written (or already written by an identical call), else 0.
 SAVE_LUA = """
-local cur = redis.call('GETRANGE', KEYS[1], 0, 19)
-if cur == '' then cur = '00000000000000000000' end
-if cur ~= ARGV[1] then
-  if cur == string.sub(ARGV[2], 1, 20) and redis.call('GET', KEYS[1]) == ARGV[2] then return 1 end
-  return 0
+local out = {}
+for i = 1, #KEYS / 2 do
+  local key, tomb = KEYS[2 * i - 1], KEYS[2 * i]
+  local expected, record = ARGV[4 * i - 3], ARGV[4 * i - 2]
+  local cur = redis.call('GETRANGE', key, 0, 19)
+  if cur == '' then cur = '00000000000000000000' end
+  if cur == expected then
+    redis.call('SET', key, record, 'PXAT', ARGV[4 * i - 1])
+    redis.call('SET', tomb, '1', 'PXAT', ARGV[4 * i])
+    out[i] = 1
+  elseif cur == string.sub(record, 1, 20) and redis.call('GET', key) == record then
+    out[i] = 1
+  else
+    out[i] = 0
+  end
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PXAT', ARGV[3])
-redis.call('SET', KEYS[2], '1', 'PXAT', ARGV[4])
-return 1
+return out
 """
 
-# KEYS: session, tombstone. Returns {1, record}, or {0, tombstone} for an expired session (marking
-# it reported), or {} for none.
+# Returns per session {1, record}, or {0, tombstone} for an expired session (marking it reported),
+# or {} for none.
 LOAD_LUA = """
-local v = redis.call('GET', KEYS[1])
-if v then return {1, v} end
-local t = redis.call('GET', KEYS[2])
-if t == '1' then redis.call('SET', KEYS[2], '2', 'KEEPTTL') end
-if t then return {0, t} end
-return {}
+local out = {}
+for i = 1, #KEYS / 2 do
+  local key, tomb = KEYS[2 * i - 1], KEYS[2 * i]
+  local v = redis.call('GET', key)
+  if v then
+    out[i] = {1, v}
+  else
+    local t = redis.call('GET', tomb)
+    if t == '1' then redis.call('SET', tomb, '2', 'KEEPTTL') end
+    if t then out[i] = {0, t} else out[i] = {} end
+  end
+end
+return out
 """
 
 # KEYS: session, tombstone. Deletes both (an ended session is not an evicted one); returns the
@@ -116,6 +138,7 @@ class RedisStore(SessionStore):
     ) -> None:
         super().__init__(layout)
         self.client = client
+        self.cluster = isinstance(client, RedisCluster)
         self.idle_ttl_s = idle_ttl_s
         self.prefix = prefix
         self.tombstone_ttl_s = tombstone_ttl_s
@@ -227,11 +250,28 @@ class RedisStore(SessionStore):
             todo = missing
         return results
 
+    async def _run_per_session(
+        self, script: _Script, keys: Sequence[Sequence[bytes]], args: Sequence[Sequence[Any]]
+    ) -> list[Any]:
+        """Run a many-session script (SAVE_LUA, LOAD_LUA) for every session, in one round trip:
+        chunks of up to ``SESSIONS_PER_CALL`` sessions per call on a single Redis, one call per
+        session on a Cluster. Returns the script's answer for each session."""
+        step = 1 if self.cluster else SESSIONS_PER_CALL
+        calls = []
+        for lo in range(0, len(keys), step):
+            calls.append(
+                (
+                    [k for pair in keys[lo : lo + step] for k in pair],
+                    [a for group in args[lo : lo + step] for a in group],
+                )
+            )
+        return [answer for call in await self._run_scripts(script, calls) for answer in call]
+
     # -- the interface ---------------------------------------------------------------------------
 
     async def load(self, session_ids: Sequence[str]) -> LoadedBatch:
-        calls = [(self._keys(sid), ()) for sid in session_ids]
-        answers = await self._guard("load", self._run_scripts(self._load, calls))
+        keys = [self._keys(sid) for sid in session_ids]
+        answers = await self._guard("load", self._run_per_session(self._load, keys, [()] * len(keys)))
         metas: list[SessionMeta | None] = []
         blobs = []
         for sid, answer in zip(session_ids, answers, strict=True):
@@ -254,13 +294,15 @@ class RedisStore(SessionStore):
         expected_seqs: Sequence[int],
     ) -> list[bool]:
         blobs = self._encode(tensors)
-        calls = []
+        keys, args = [], []
+        tomb_extra_ms = math.ceil(self.tombstone_ttl_s * 1000)
         for sid, blob, meta, expected in zip(session_ids, blobs, metas, expected_seqs, strict=True):
             expires_ms = math.ceil((meta.updated_at + self.idle_ttl_s) * 1000)
-            tomb_ms = expires_ms + math.ceil(self.tombstone_ttl_s * 1000)
-            args = (f"{expected:0{SEQ_DIGITS}d}", self._record(meta, blob), str(expires_ms), str(tomb_ms))
-            calls.append((self._keys(sid), args))
-        answers = await self._guard("save", self._run_scripts(self._save, calls))
+            keys.append(self._keys(sid))
+            args.append(
+                (f"{expected:0{SEQ_DIGITS}d}", self._record(meta, blob), expires_ms, expires_ms + tomb_extra_ms)
+            )
+        answers = await self._guard("save", self._run_per_session(self._save, keys, args))
         written = [int(a) == 1 for a in answers]
         for sid, ok in zip(session_ids, written, strict=True):
             if ok:
