@@ -111,7 +111,7 @@ def memory_table(client: redis.Redis, baseline: int, state_bytes: int, prefix: s
         "| what | bytes per session | vs state bytes |",
         "|---|---:|---:|",
         f"| model state (tensors) | {state_bytes:,} | 1.00x |",
-        f"| record length (STRLEN): 53-byte header + state row (model state + the last output features) "
+        "| record length (STRLEN): header (seq, times, model version) + state row (model state + last features) "
         f"| {mean(record_len):,.0f} | {mean(record_len) / state_bytes:.2f}x |",
         f"| MEMORY USAGE of the record key (mean of {len(sample)}) | {mean(hash_usage):,.0f} "
         f"| {mean(hash_usage) / state_bytes:.2f}x |",
