@@ -222,9 +222,10 @@ class RedisStore(SessionStore):
                 return await call
         except StoreUnavailableError:
             raise
+        except (TimeoutError, redis_errors.TimeoutError) as exc:
+            raise StoreUnavailableError(f"redis {operation} timed out: no answer within {self.timeout_s:g} s") from exc
         except _UNAVAILABLE as exc:
-            detail = str(exc) or "timed out"
-            raise StoreUnavailableError(f"redis {operation} failed: {type(exc).__name__}: {detail}") from exc
+            raise StoreUnavailableError(f"redis {operation} failed: {type(exc).__name__}: {exc}") from exc
 
     async def _run_scripts(self, script: _Script, calls: Sequence[tuple[Sequence[bytes], Sequence[Any]]]) -> list[Any]:
         """Run ``script`` once per ``(keys, args)`` in one pipelined round trip; load it if Redis lost it."""
