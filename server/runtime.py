@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_RUN_EVENTS = 4096
+SLOW_COUNT_PERIOD_S = 30.0
 EMPTY_SESSION_ID = "session_id is empty; expected 1 or more bytes"
 
 
@@ -646,10 +647,15 @@ class Runtime:
     async def _sweep_loop(self) -> None:
         """Evict idle sessions now and then; refresh the session gauges of stores that count slowly."""
         period = min(max(self.settings.idle_ttl_s / 4, 0.05), 5.0)
+        counted = -math.inf
         while True:
             await asyncio.sleep(period)
             try:
-                if await self.store.sweep(time.time()) or not self.store.cheap_count:
+                swept = await self.store.sweep(time.time())
+                # A slow count (Redis: a SCAN of every key) runs at most every SLOW_COUNT_PERIOD_S.
+                slow_due = not self.store.cheap_count and time.monotonic() - counted >= SLOW_COUNT_PERIOD_S
+                if swept or slow_due:
+                    counted = time.monotonic()
                     await self._update_session_gauges()
             except StoreUnavailableError:
                 self.metrics.store_errors.labels("sweep").inc()

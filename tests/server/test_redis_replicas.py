@@ -312,3 +312,15 @@ def test_slow_redis_times_out_as_unavailable_then_recovers(start_server, redis_s
         assert_forecast(stream.send([ev("slow", 2, 2.0)]).results[0], "slow", 2)
         stream.close()
     assert metric(scrape(srv.metrics_url), "aaren_store_errors_total", operation="load") >= 1
+
+
+def test_active_sessions_gauge_counts_the_sessions_in_redis(start_server, redis_url):
+    srv = start_server(store_url=redis_url, idle_ttl_s=4.0)  # the gauge refreshes every TTL/4 at most
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        stream.send([ev("g1", 1, 1.0), ev("g2", 1, 1.0), ev("g3", 1, 1.0)])
+        stream.close()
+    wait_until(lambda: metric(scrape(srv.metrics_url), "aaren_active_sessions") == 3, "3 active sessions")
+    samples = scrape(srv.metrics_url)
+    per_session = metric(samples, "aaren_state_bytes_per_session")
+    assert metric(samples, "aaren_state_bytes_total") == 3 * per_session > 0
