@@ -223,5 +223,32 @@ def model(target: Target = DEFAULT_TARGET, as_json: AsJson = False) -> None:
     raise typer.Exit(model_command(target, as_json=as_json))
 
 
+@app.command()
+def token(
+    tenant: Annotated[str, typer.Argument(help="the tenant the token belongs to ([a-z0-9][a-z0-9_.-]*)")],
+) -> None:
+    """Make a bearer token: prints the token (give it to the client) and the line for the server's
+    auth_tokens_file (only the token's SHA-256 digest is stored there)."""
+    from server.auth import TENANT_PATTERN, hash_token, new_token
+
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise typer.BadParameter(f"{tenant!r}: expected {TENANT_PATTERN.pattern}", param_hint="TENANT")
+    value = new_token()
+    typer.echo(f"token:      {value}")
+    typer.echo(f"token file: {tenant} {hash_token(value)}")
+
+
+@app.command()
+def health(
+    target: Target = DEFAULT_TARGET,
+    service: Annotated[str, typer.Option(help="service name to check ('' = the whole server)")] = "",
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the answer", min=0.1)] = 3.0,
+) -> None:
+    """Ask the server's gRPC health service; exit 0 when SERVING, 1 otherwise (for container health checks)."""
+    from client.commands import health_command
+
+    raise typer.Exit(health_command(target, service, timeout))
+
+
 if __name__ == "__main__":
     app()

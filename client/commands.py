@@ -30,7 +30,14 @@ from client.client import (
 from client.events_file import EventsFileError, ModelSchema, load_source
 from client.replay import ForecastWriter, ReplayError, ReplayStats, replay, schedule
 
-__all__ = ["end_command", "forecast_command", "model_command", "replay_command", "session_command"]
+__all__ = [
+    "end_command",
+    "forecast_command",
+    "health_command",
+    "model_command",
+    "replay_command",
+    "session_command",
+]
 
 CONNECT_TIMEOUT_S = 10.0
 
@@ -417,3 +424,22 @@ def replay_command(
             as_json=as_json,
         )
     )
+
+
+def health_command(target: str, service: str = "", timeout: float = 3.0) -> int:
+    """The gRPC health status of ``service`` at ``target``: prints it; 0 when SERVING, else 1."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    console = _console()
+    with grpc.insecure_channel(target) as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            _print_error(_console(stderr=True), f"{target}: {exc.code().name}: {exc.details()}")
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    console.print(f"{target} {service or '(server)'}: {status}")
+    return 0 if answer.status == health_pb2.HealthCheckResponse.SERVING else 1

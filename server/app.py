@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import logging
 import signal
 import threading
@@ -18,7 +19,9 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from aaren.v1 import aaren_pb2, aaren_pb2_grpc
+from server.auth import AuthError, TokenAuthInterceptor, TokenTable
 from server.engine import load_engine, resolve_device
+from server.errors import ConfigError
 from server.metrics import Metrics
 from server.runtime import Runtime
 from server.servicer import ForecastServicer
@@ -59,12 +62,17 @@ class AarenServer:
 
     async def start(self) -> None:
         s = self.settings
-        options = [
-            ("grpc.max_receive_message_length", s.max_message_bytes),
-            ("grpc.max_send_message_length", max(s.max_message_bytes, 64 * 1024 * 1024)),
-            ("grpc.so_reuseport", 0),
-        ]
-        self._server = grpc.aio.server(options=options)
+        credentials = server_credentials(s)  # refuses a plaintext non-loopback address before anything starts
+        interceptors = []
+        if s.auth_tokens_file is not None:
+            try:
+                table = TokenTable.load(s.auth_tokens_file)
+            except (AuthError, OSError) as exc:
+                raise ConfigError(f"auth_tokens_file: {exc}") from None
+            refused = self.metrics.auth_refusals
+            interceptors.append(TokenAuthInterceptor(table, on_refused=lambda reason: refused.labels(reason).inc()))
+            log.info("authentication on: %d tokens of %d tenants", len(table.digests), len(table.tenants))
+        self._server = grpc.aio.server(options=grpc_options(s), interceptors=interceptors)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -74,7 +82,10 @@ class AarenServer:
         )
         self.servicer = ForecastServicer(s, self.metrics)
         aaren_pb2_grpc.add_ForecastServiceServicer_to_server(self.servicer, self._server)
-        self.grpc_port = self._server.add_insecure_port(s.address)
+        if credentials is None:
+            self.grpc_port = self._server.add_insecure_port(s.address)
+        else:
+            self.grpc_port = self._server.add_secure_port(s.address, credentials)
         if self.grpc_port == 0:
             raise OSError(f"could not bind the gRPC address {s.address!r}")
         await self._server.start()  # health answers NOT_SERVING while the model loads
@@ -167,6 +178,75 @@ class AarenServer:
         await self._stopped.wait()
 
 
+def grpc_options(s: ServerSettings) -> list[tuple[str, int]]:
+    """Channel arguments of the server: message sizes, streams per connection, keepalive.
+
+    The keepalive policy accepts pings from clients every ``min_client_ping_interval_s`` (also
+    between calls), so clients whose keepalive is at least that long never get GOAWAY
+    ``too_many_pings``; the grpc default client sends no keepalive pings at all.
+    """
+    ms = lambda seconds: int(seconds * 1000)  # noqa: E731
+    options = [
+        ("grpc.max_receive_message_length", s.max_message_bytes),
+        ("grpc.max_send_message_length", max(s.max_message_bytes, 64 * 1024 * 1024)),
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", s.max_streams_per_connection),
+        ("grpc.keepalive_time_ms", ms(s.keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", ms(s.keepalive_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms(s.min_client_ping_interval_s)),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", ms(s.min_client_ping_interval_s)),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+    if s.max_connection_age_s > 0:
+        options += [
+            ("grpc.max_connection_age_ms", ms(s.max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", ms(s.max_connection_age_grace_s)),
+        ]
+    return options
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def server_credentials(s: ServerSettings) -> grpc.ServerCredentials | None:
+    """TLS (and, with a client CA, mutual TLS) credentials from files; None for plaintext, which is
+    allowed on a loopback address or when ``plaintext`` is set, and said loudly."""
+    if s.tls_cert_file is None and s.tls_key_file is None:
+        if s.tls_client_ca_file is not None:
+            raise ConfigError("tls_client_ca_file needs tls_cert_file and tls_key_file (mutual TLS is TLS first)")
+        if not s.plaintext and not _is_loopback(s.address):
+            raise ConfigError(
+                f"refusing to serve plaintext gRPC on {s.address}: set tls_cert_file and tls_key_file, or "
+                "plaintext=true when a proxy or mesh terminates TLS in front of this server"
+            )
+        log.warning(
+            "PLAINTEXT gRPC on %s: events, session ids%s travel unencrypted",
+            s.address,
+            " and bearer tokens" if s.auth_tokens_file else "",
+        )
+        return None
+    if s.tls_cert_file is None or s.tls_key_file is None:
+        raise ConfigError("TLS needs both tls_cert_file and tls_key_file")
+    for path in (s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file):
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"TLS file {path} does not exist")
+    client_ca = Path(s.tls_client_ca_file).read_bytes() if s.tls_client_ca_file else None
+    log.info("TLS on %s%s", s.address, " with client certificates required (mutual TLS)" if client_ca else "")
+    return grpc.ssl_server_credentials(
+        [(Path(s.tls_key_file).read_bytes(), Path(s.tls_cert_file).read_bytes())],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
 async def _serve(settings: ServerSettings) -> None:
     server = AarenServer(settings)
     loop = asyncio.get_running_loop()
@@ -179,7 +259,10 @@ async def _serve(settings: ServerSettings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    await server.start()
+    try:
+        await server.start()
+    except ConfigError as exc:
+        raise SystemExit(f"aaren serve: {exc}") from None
     print(f"aaren: listening on port {server.grpc_port}, metrics on port {server.metrics_port}", flush=True)
     await server.wait_for_termination()
     log.info("stopped")

@@ -10,7 +10,12 @@ from __future__ import annotations
 import dataclasses
 from enum import IntEnum
 
-__all__ = ["Code", "ErrorInfo", "ServiceError"]
+__all__ = ["Code", "ConfigError", "ErrorInfo", "ServiceError"]
+
+
+class ConfigError(ValueError):
+    """The settings cannot work (a missing TLS file, plaintext on a public address...): the server
+    does not start, and the message says what to set."""
 
 
 class Code(IntEnum):
@@ -18,6 +23,7 @@ class Code(IntEnum):
 
     INVALID_ARGUMENT = 3
     NOT_FOUND = 5
+    PERMISSION_DENIED = 7
     RESOURCE_EXHAUSTED = 8
     FAILED_PRECONDITION = 9
     ABORTED = 10
@@ -32,14 +38,16 @@ class ErrorInfo:
     code: Code
     reason: str
     message: str
+    #: For RESOURCE_EXHAUSTED: seconds after which a retry may pass (0: no hint).
+    retry_after_s: float = 0.0
 
 
 class ServiceError(Exception):
     """An error of a unary call or a whole request."""
 
-    def __init__(self, code: Code, reason: str, message: str) -> None:
+    def __init__(self, code: Code, reason: str, message: str, *, retry_after_s: float = 0.0) -> None:
         super().__init__(message)
-        self.info = ErrorInfo(code, reason, message)
+        self.info = ErrorInfo(code, reason, message, retry_after_s)
 
     @property
     def code(self) -> Code:

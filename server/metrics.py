@@ -84,6 +84,19 @@ class Metrics:
             "Sessions whose stored state came from another model version and was reset (on_model_mismatch=reset).",
             registry=r,
         )
+        self.auth_refusals = Counter(
+            "aaren_auth_refusals_total",
+            "Calls refused before reaching the service: token_missing or token_invalid.",
+            ["reason"],
+            registry=r,
+        )
+        self.limit_refusals = Counter(
+            "aaren_limit_refusals_total",
+            "Streams, requests and events refused by a limit, by limit (events also count in "
+            "aaren_events_rejected_total).",
+            ["limit"],
+            registry=r,
+        )
         for outcome in ("applied", "duplicate", "rejected"):
             self.events.labels(outcome)
         for phase in ("queue", "model", "store", "total"):

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -25,6 +25,7 @@ import torch
 
 from server.engine import Engine, ForecastColumns, ForecastNumbers, RunInput
 from server.errors import Code, ErrorInfo, ServiceError
+from server.limits import TokenBucket
 from server.metrics import Metrics
 from server.settings import ServerSettings
 from server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
@@ -36,6 +37,7 @@ T = TypeVar("T")
 
 MAX_RUN_EVENTS = 4096
 SLOW_COUNT_PERIOD_S = 30.0
+TENANT_COUNT_TTL_S = 5.0
 EMPTY_SESSION_ID = "session_id is empty; expected 1 or more bytes"
 
 
@@ -177,6 +179,12 @@ class Runtime:
         self._sweeper: asyncio.Task[None] | None = None
         self._n_pending = 0
         self.draining = False
+        #: Sessions ids are "<tenant>/<session_id>" when authentication (hence tenants) is on.
+        self._tenancy = settings.auth_tokens_file is not None
+        self._tenant_pending: Counter[str] = Counter()
+        self._tenant_pending_limit = max(1, settings.max_pending_events // 2)
+        self._buckets: dict[str, TokenBucket] = {}
+        self._tenant_counts: dict[str, tuple[float, int]] = {}
         store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
         metrics.state_bytes_per_session.set(engine.description.state_bytes_per_session)
         # Label children resolved once: a labels() lookup per event costs more than the increment.
@@ -267,12 +275,16 @@ class Runtime:
         *,
         top_k: int = 0,
         last_only: bool = False,
+        tenant: str = "",
     ) -> None:
         """Accept ``events`` (many sessions, any order between sessions); ``on_done(outcomes)`` is
         called once with one outcome per event, in the events' order, after their state is stored.
 
         ``last_only``: forecast only the last applied event of each session in ``events`` (ack the
-        others). Raises ``ServiceError`` (nothing accepted) for a request over the size limit.
+        others). ``tenant``: whose sessions these are (session ids are scoped per tenant). Raises
+        ``ServiceError`` (nothing accepted) for a request over a limit: its size, the server's or
+        the tenant's pending events, or the tenant's event rate; ``retry_after_s`` then says when
+        a retry may pass.
         """
         if len(events) > self.settings.max_events_per_request:
             self._count_rejection(ErrorInfo(Code.RESOURCE_EXHAUSTED, "too_many_events", ""), n=len(events))
@@ -285,6 +297,7 @@ class Runtime:
         if not events:
             on_done([])
             return
+        self._admit(len(events), tenant)
         received = time.perf_counter()
         total_latency = self._latency["total"]
 
@@ -307,20 +320,58 @@ class Runtime:
                 self._count_rejection(error)
                 request.set(i, error)
                 continue
-            run = runs.get(event.session_id)
+            key = f"{tenant}/{event.session_id}" if tenant else event.session_id
+            run = runs.get(key)
             if run is None:
-                runs[event.session_id] = run = _Run(request, [], [], now)
+                runs[key] = run = _Run(request, [], [], now)
             run.indices.append(i)
             run.events.append(event)
         for sid, run in runs.items():
             self._pending.setdefault(sid, deque()).append(run)
             self._ready[sid] = None
             self._n_pending += len(run.events)
+            if tenant:
+                self._tenant_pending[tenant] += len(run.events)
         if runs:
             self.metrics.pending_events.set(self._n_pending)
             self._wakeup.set()
 
-    async def submit(self, events: Sequence[Event], *, top_k: int = 0, last_only: bool = False) -> list[Outcome]:
+    def _admit(self, n: int, tenant: str) -> None:
+        """Refuse (``ServiceError`` RESOURCE_EXHAUSTED) a request of ``n`` events that would pass a
+        bound: pending events of the server or of the tenant, or the tenant's event rate."""
+        s = self.settings
+        limit, message, retry = None, "", 0.0
+        if self._n_pending + n > s.max_pending_events:
+            limit, retry = "server_busy", 0.1
+            message = f"the server has {self._n_pending} events pending (at most {s.max_pending_events})"
+        elif tenant and self._tenant_pending[tenant] + n > self._tenant_pending_limit:
+            limit, retry = "tenant_pending_limit", 0.1
+            message = (
+                f"tenant {tenant!r} has {self._tenant_pending[tenant]} events pending "
+                f"(at most {self._tenant_pending_limit})"
+            )
+        elif s.tenant_events_per_s > 0:
+            wait = self._buckets.setdefault(tenant, TokenBucket(s.tenant_events_per_s, s.tenant_burst_events)).take(n)
+            if wait > 0:
+                limit, retry = "tenant_rate_limited", wait
+                message = (
+                    f"tenant {tenant or '(default)'!r} is over its event rate ({s.tenant_events_per_s:g} events/s, "
+                    f"bursts of {s.tenant_burst_events})"
+                )
+        if limit is None:
+            return
+        self.metrics.limit_refusals.labels(limit).inc()
+        self._count_rejection(ErrorInfo(Code.RESOURCE_EXHAUSTED, limit, ""), n=n)
+        raise ServiceError(
+            Code.RESOURCE_EXHAUSTED,
+            limit,
+            f"{message}; nothing of this request was accepted: retry in {retry:.3f} s",
+            retry_after_s=retry,
+        )
+
+    async def submit(
+        self, events: Sequence[Event], *, top_k: int = 0, last_only: bool = False, tenant: str = ""
+    ) -> list[Outcome]:
         """``enqueue`` and wait for the outcomes."""
         future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
 
@@ -328,7 +379,7 @@ class Runtime:
             if not future.done():
                 future.set_result(outcomes)
 
-        self.enqueue(events, done, top_k=top_k, last_only=last_only)
+        self.enqueue(events, done, top_k=top_k, last_only=last_only, tenant=tenant)
         return await future
 
     def _count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
@@ -364,7 +415,13 @@ class Runtime:
                                 run.request.set(i, err)
             finally:
                 for sid, runs in units:
-                    self._n_pending -= sum(len(r.events) for r in runs)
+                    n = sum(len(r.events) for r in runs)
+                    self._n_pending -= n
+                    if self._tenancy:
+                        tenant = sid.partition("/")[0]
+                        self._tenant_pending[tenant] -= n
+                        if not self._tenant_pending[tenant]:
+                            del self._tenant_pending[tenant]
                     if self._pending.get(sid):
                         self._ready[sid] = None
                         self._wakeup.set()
@@ -401,8 +458,9 @@ class Runtime:
 
         # Seq, time and model checks against the stored state, event by event.
         plans: list[_Plan] = []
+        full = await self._full_tenants(ids, loaded.metas)
         for u, (sid, runs) in enumerate(units):
-            plan = self._plan_session(sid, runs, loaded.metas[u], u)
+            plan = self._plan_session(sid, runs, loaded.metas[u], u, bool(full) and sid.partition("/")[0] in full)
             if plan.applied:
                 plans.append(plan)
             else:
@@ -470,8 +528,8 @@ class Runtime:
                 err = ErrorInfo(
                     Code.ABORTED,
                     "state_conflict",
-                    f"session {plan.sid!r} changed while its events were applied (ended, evicted or written "
-                    "elsewhere); nothing was applied: resend from your last acknowledged seq",
+                    f"session {self._shown(plan.sid)!r} changed while its events were applied (ended, evicted or "
+                    "written elsewhere); nothing was applied: resend from your last acknowledged seq",
                 )
                 self._settle(plan, err, None, 0)
                 continue
@@ -534,8 +592,9 @@ class Runtime:
                 err = ErrorInfo(
                     Code.INVALID_ARGUMENT,
                     "numeric_overflow",
-                    f"the events of session {plan.sid!r} overflow the model's float32 arithmetic (a time gap "
-                    "or a value too large, e.g. above 3.4e38); expected ordinary magnitudes. Nothing was applied",
+                    f"the events of session {self._shown(plan.sid)!r} overflow the model's float32 arithmetic (a "
+                    "time gap or a value too large, e.g. above 3.4e38); expected ordinary magnitudes. Nothing was "
+                    "applied",
                 )
                 self._settle(plan, err, None, 0)
         index = torch.tensor([i for i, ok in enumerate(keep) if ok], dtype=torch.long, device=finite.device)
@@ -560,7 +619,7 @@ class Runtime:
                 if failed is not None:
                     outcome = failed
                 elif pos in wants:
-                    outcome = Forecast(plan.sid, event.seq, event.time, columns, row, run.request.top_k)  # type: ignore[arg-type]
+                    outcome = Forecast(event.session_id, event.seq, event.time, columns, row, run.request.top_k)  # type: ignore[arg-type]
                     row += 1
                 else:
                     outcome = Ack(event.seq, duplicate=False)
@@ -581,18 +640,21 @@ class Runtime:
         if duplicates:
             self._duplicates.inc(duplicates)
 
-    def _plan_session(self, sid: str, runs: list[_Run], meta: SessionMeta | None, unit: int) -> _Plan:
+    def _plan_session(
+        self, sid: str, runs: list[_Run], meta: SessionMeta | None, unit: int, tenant_full: bool = False
+    ) -> _Plan:
         """Classify the session's queued events, in order, against its stored state.
 
         The applied events' seqs are consecutive. A repeat of an event applied in this same batch
         is answered only after the batch is stored, like the original.
         """
         plan = _Plan(sid, meta, unit, [], [], [])
+        shown = self._shown(sid)
         if meta is not None and meta.model_version != self.engine.version:
             err = ErrorInfo(
                 Code.FAILED_PRECONDITION,
                 "model_mismatch",
-                f"session {sid!r} was built by model {meta.model_version!r}; this server runs "
+                f"session {shown!r} was built by model {meta.model_version!r}; this server runs "
                 f"{self.engine.version!r}: end the session to start it again (or run the server with "
                 "on_model_mismatch=reset)",
             )
@@ -612,22 +674,29 @@ class Runtime:
                     verdict = ErrorInfo(
                         Code.NOT_FOUND,
                         "session_evicted" if evicted else "session_not_found",
-                        f"session {sid!r} has no state ("
+                        f"session {shown!r} has no state ("
                         + ("evicted after being idle or for capacity" if evicted else "never started, or ended")
                         + f"), so seq {event.seq} cannot apply; start it again with seq 1",
+                    )
+                elif last_seq == 0 and tenant_full:
+                    verdict = ErrorInfo(
+                        Code.RESOURCE_EXHAUSTED,
+                        "tenant_session_limit",
+                        f"session {shown!r} cannot start: your tenant holds {self.settings.max_sessions_per_tenant} "
+                        "sessions, the most it may; end sessions you no longer need",
                     )
                 elif event.seq > last_seq + 1:
                     verdict = ErrorInfo(
                         Code.FAILED_PRECONDITION,
                         "seq_gap",
-                        f"seq {event.seq} of session {sid!r} skips ahead: expected seq {last_seq + 1} "
+                        f"seq {event.seq} of session {shown!r} skips ahead: expected seq {last_seq + 1} "
                         f"(last applied seq is {last_seq})",
                     )
                 elif event.time < last_time:
                     verdict = ErrorInfo(
                         Code.FAILED_PRECONDITION,
                         "time_before_last",
-                        f"time {event.time} of session {sid!r} seq {event.seq} is earlier than its previous "
+                        f"time {event.time} of session {shown!r} seq {event.seq} is earlier than its previous "
                         f"event's time {last_time}; expected a time >= {last_time}",
                     )
                 else:
@@ -636,6 +705,36 @@ class Runtime:
                     last_seq, last_time = event.seq, event.time
                 plan.verdicts.append((run, i, event, verdict))
         return plan
+
+    def _shown(self, sid: str) -> str:
+        """The session id as its client knows it (without the tenant)."""
+        return sid.partition("/")[2] if self._tenancy else sid
+
+    def _scoped(self, session_id: str, tenant: str) -> str:
+        return f"{tenant}/{session_id}" if tenant else session_id
+
+    async def _full_tenants(self, ids: list[str], metas: list[SessionMeta | None]) -> set[str]:
+        """Tenants that may not start another session (counts cached for TENANT_COUNT_TTL_S)."""
+        if not self._tenancy:
+            return set()
+        starting = {sid.partition("/")[0] for sid, meta in zip(ids, metas, strict=True) if meta is None}
+        full = set()
+        now = time.monotonic()
+        for tenant in starting:
+            cached = self._tenant_counts.get(tenant)
+            if (
+                cached is None
+                or now - cached[0] > TENANT_COUNT_TTL_S
+                or cached[1] >= self.settings.max_sessions_per_tenant
+            ):
+                try:
+                    cached = (now, await self.store.count_group(tenant))
+                except StoreUnavailableError:
+                    continue  # the load just worked; the save will tell if the store is gone
+                self._tenant_counts[tenant] = cached
+            if cached[1] >= self.settings.max_sessions_per_tenant:
+                full.add(tenant)
+        return full
 
     def _fail_all(self, units: list[tuple[str, list[_Run]]], error: ErrorInfo) -> None:
         for _, runs in units:
@@ -660,16 +759,19 @@ class Runtime:
             except StoreUnavailableError:
                 self.metrics.store_errors.labels("sweep").inc()
 
-    async def _get(self, session_id: str) -> tuple[SessionMeta, dict[str, torch.Tensor]]:
+    async def _get(self, session_id: str, tenant: str) -> tuple[SessionMeta, dict[str, torch.Tensor]]:
+        """The session's stored state. Another tenant's session of the same id is a different key: it
+        is never read, and its existence never shows (NOT_FOUND as for none)."""
         error = self._check_session_id(session_id)
         if error is not None:
             raise ServiceError(error.code, error.reason, error.message)
+        key = self._scoped(session_id, tenant)
         try:
-            found = await self._timed("get", self.store.get(session_id))
+            found = await self._timed("get", self.store.get(key))
         except StoreUnavailableError as exc:
             raise ServiceError(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}") from exc
         if found is None:
-            evicted = self.store.was_evicted(session_id)
+            evicted = self.store.was_evicted(key)
             raise ServiceError(
                 Code.NOT_FOUND,
                 "session_evicted" if evicted else "session_not_found",
@@ -695,6 +797,7 @@ class Runtime:
         seed: int | None = None,
         top_k: int = 0,
         include_paths: bool = False,
+        tenant: str = "",
     ) -> SampledFuture:
         """The session's exact next-event forecast; for ``horizon > 1`` also ``num_samples`` sampled
         futures of ``horizon`` events (0: the default count), summarized per step."""
@@ -711,7 +814,7 @@ class Runtime:
                 "num_samples_too_large",
                 f"num_samples {num_samples} is too large; expected at most {s.max_num_samples}",
             )
-        meta, rows = await self._get(session_id)
+        meta, rows = await self._get(session_id, tenant)
         k = top_k or s.default_top_k
         columns = await self._in_worker(self.engine.forecast_columns, rows["features"], k)
         forecast = Forecast(session_id, meta.last_seq, meta.last_time, columns, 0, k)
@@ -733,8 +836,8 @@ class Runtime:
             return SampledFuture(forecast, steps, [], [], [])
         return SampledFuture(forecast, steps, times.tolist(), marks, values)
 
-    async def get_session(self, session_id: str, include_state: bool = False) -> SessionView:
-        meta, rows = await self._get(session_id)
+    async def get_session(self, session_id: str, include_state: bool = False, tenant: str = "") -> SessionView:
+        meta, rows = await self._get(session_id, tenant)
         state = self.engine.state_of(rows)
         data = state.to_bytes(model_version=self.engine.version) if include_state else None
         return SessionView(
@@ -745,12 +848,12 @@ class Runtime:
             meta.updated_at + self.settings.idle_ttl_s,
         )
 
-    async def end_session(self, session_id: str) -> SessionMeta | None:
+    async def end_session(self, session_id: str, tenant: str = "") -> SessionMeta | None:
         error = self._check_session_id(session_id)
         if error is not None:
             raise ServiceError(error.code, error.reason, error.message)
         try:
-            meta = await self._timed("delete", self.store.delete(session_id))
+            meta = await self._timed("delete", self.store.delete(self._scoped(session_id, tenant)))
         except StoreUnavailableError as exc:
             raise ServiceError(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}") from exc
         if meta is not None:

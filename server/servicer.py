@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 
 import grpc
@@ -15,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
+from server.auth import current_tenant
 from server.errors import ErrorInfo, ServiceError
 from server.metrics import Metrics
 from server.runtime import Ack, Forecast, Outcome, Runtime, SampledFuture
@@ -25,6 +27,8 @@ __all__ = ["ForecastServicer"]
 log = logging.getLogger(__name__)
 
 REASON_METADATA_KEY = "aaren-error-reason"
+RETRY_METADATA_KEY = "aaren-retry-after-ms"
+MAX_PAUSE_S = 1.0
 _CLOSE = object()
 
 
@@ -86,6 +90,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self._levels: tuple[float, ...] = ()
         self._streams: set[asyncio.Queue[object]] = set()
         self._stream_latency = metrics.request_latency.labels("Stream")
+        self._tenant_streams: Counter[str] = Counter()
 
     def attach(self, runtime: Runtime) -> None:
         d = runtime.engine.description
@@ -103,7 +108,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         return self._runtime  # type: ignore[return-value]
 
     def _error(self, info: ErrorInfo) -> pb.EventError:
-        return pb.EventError(code=int(info.code), reason=info.reason, message=info.message)
+        error = pb.EventError(code=int(info.code), reason=info.reason, message=info.message)
+        if info.retry_after_s:
+            error.retry_after_ms = math.ceil(info.retry_after_s * 1000)
+        return error
 
     def _quantiles(self, values: list[float]) -> list[pb.Quantile]:
         return [pb.Quantile(q=q, value=v) for q, v in zip(self._levels, values, strict=True)]
@@ -151,8 +159,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 result.error.CopyFrom(self._error(outcome))  # type: ignore[arg-type]
         return response
 
-    def _submit(self, runtime: Runtime, stream: _StreamState, request: pb.StreamRequest) -> None:
-        """Hand a request to the runtime; its response joins the stream's queue when it is answered."""
+    def _submit(self, runtime: Runtime, stream: _StreamState, request: pb.StreamRequest, tenant: str) -> float:
+        """Hand a request to the runtime; its response joins the stream's queue when it is answered.
+        Returns the seconds to wait before reading the stream again (a refusal's retry hint)."""
         started = time.perf_counter()
         slot = stream.started()
 
@@ -166,13 +175,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 done,
                 top_k=request.top_k,
                 last_only=request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION,
+                tenant=tenant,
             )
         except ServiceError as exc:
             stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(exc.info)))
+            return exc.info.retry_after_s
         except Exception:  # a bug must cost this request, not the stream
             log.exception("request %r failed", request.request_id)
             error = pb.EventError(code=pb.ERROR_CODE_INTERNAL, reason="internal", message="internal error; resend")
             stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=error))
+        return 0.0
 
     async def Stream(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
@@ -187,14 +199,29 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 "the server is shutting down; connect to another replica",
                 trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
             )
+        tenant = current_tenant.get()
+        if self._tenant_streams[tenant] >= self.settings.max_streams_per_tenant:
+            self.metrics.limit_refusals.labels("tenant_stream_limit").inc()
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"your tenant has {self._tenant_streams[tenant]} streams open, the most it may "
+                f"({self.settings.max_streams_per_tenant}); send more sessions per stream, or retry in 1 s",
+                trailing_metadata=((REASON_METADATA_KEY, "tenant_stream_limit"), (RETRY_METADATA_KEY, "1000")),
+            )
         stream = _StreamState(self.settings.max_inflight_requests_per_stream)
         self._streams.add(stream.out)
+        self._tenant_streams[tenant] += 1
         self.metrics.open_streams.inc()
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    self._submit(runtime, stream, request)
+                    pause = self._submit(runtime, stream, request, tenant)
+                    if pause:
+                        # A refused request (a rate or pending limit): stop reading this stream until
+                        # a retry may pass, so a flood costs the server one answer per pause, not a
+                        # CPU-bound loop of refusals that would slow everybody else down.
+                        await asyncio.sleep(min(pause, MAX_PAUSE_S))
                     if not stream.room.is_set():
                         await stream.room.wait()
                 await stream.idle.wait()
@@ -233,6 +260,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             self._streams.discard(stream.out)
+            self._tenant_streams[tenant] -= 1
+            if not self._tenant_streams[tenant]:
+                del self._tenant_streams[tenant]
             self.metrics.open_streams.dec()
 
     def close_streams(self) -> None:
@@ -245,11 +275,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         try:
             return await call
         except ServiceError as exc:
-            await context.abort(
-                _STATUS[int(exc.code)],
-                exc.info.message,
-                trailing_metadata=((REASON_METADATA_KEY, exc.reason),),
-            )
+            metadata: tuple[tuple[str, str], ...] = ((REASON_METADATA_KEY, exc.reason),)
+            if exc.info.retry_after_s:
+                metadata += ((RETRY_METADATA_KEY, str(math.ceil(exc.info.retry_after_s * 1000))),)
+            await context.abort(_STATUS[int(exc.code)], exc.info.message, trailing_metadata=metadata)
         finally:
             self.metrics.request_latency.labels(method).observe(time.perf_counter() - started)
 
@@ -265,6 +294,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 seed=request.seed if request.HasField("seed") else None,
                 top_k=request.top_k,
                 include_paths=request.include_paths,
+                tenant=current_tenant.get(),
             ),
         )
         return pb.ForecastResponse(
@@ -292,7 +322,11 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     async def GetSession(self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext) -> pb.SessionInfo:  # noqa: N802
         runtime = await self._ready(context)
-        view = await self._unary("GetSession", context, runtime.get_session(request.session_id, request.include_state))
+        view = await self._unary(
+            "GetSession",
+            context,
+            runtime.get_session(request.session_id, request.include_state, current_tenant.get()),
+        )
         m = view.meta
         return pb.SessionInfo(
             session_id=view.session_id,
@@ -311,7 +345,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndSessionResponse:
         runtime = await self._ready(context)
-        meta = await self._unary("EndSession", context, runtime.end_session(request.session_id))
+        meta = await self._unary("EndSession", context, runtime.end_session(request.session_id, current_tenant.get()))
         return pb.EndSessionResponse(existed=meta is not None, last_seq=meta.last_seq if meta else 0)
 
     async def DescribeModel(  # noqa: N802

@@ -76,6 +76,53 @@ class ServerSettings(BaseSettings):
     default_num_samples: PositiveInt = Field(100, description="sampled paths when a Forecast call names none")
     default_top_k: PositiveInt = Field(3, description="most likely marks in a forecast when a request names none")
     quantiles: tuple[float, ...] = Field((0.1, 0.5, 0.9), description="gap quantile levels in every forecast")
+    tls_cert_file: Path | None = Field(None, description="PEM certificate chain of the gRPC port (TLS)")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_client_ca_file: Path | None = Field(
+        None, description="PEM CA bundle: clients must present a certificate it signed (mutual TLS)"
+    )
+    plaintext: bool = Field(
+        False,
+        description="serve gRPC without TLS on a non-loopback address (e.g. behind a TLS-terminating mesh); "
+        "without TLS files, only a loopback address may be plaintext",
+    )
+    auth_tokens_file: Path | None = Field(
+        None,
+        description="bearer tokens, one '<tenant> sha256:<hex>' per line (`aaren token TENANT` makes one); "
+        "sessions are then scoped per tenant. Unset: no authentication, one tenant",
+    )
+    max_streams_per_connection: PositiveInt = Field(
+        100, description="concurrent streams on one connection (HTTP/2 flow control: the client waits)"
+    )
+    max_streams_per_tenant: PositiveInt = Field(
+        1000, description="concurrent Stream calls of one tenant (past it: RESOURCE_EXHAUSTED)"
+    )
+    max_sessions_per_tenant: PositiveInt = Field(
+        1_000_000, description="sessions one tenant may hold (new sessions past it: RESOURCE_EXHAUSTED)"
+    )
+    tenant_events_per_s: float = Field(
+        0.0, ge=0, description="events/s one tenant may send, token bucket (0: unlimited)"
+    )
+    tenant_burst_events: PositiveInt = Field(
+        50_000, description="token bucket size of tenant_events_per_s: the largest burst"
+    )
+    max_pending_events: PositiveInt = Field(
+        200_000, description="events accepted and not yet answered, all streams together (past it: RESOURCE_EXHAUSTED)"
+    )
+    keepalive_time_s: float = Field(
+        60.0, gt=0, description="server pings an idle connection this often to find dead peers"
+    )
+    keepalive_timeout_s: float = Field(20.0, gt=0, description="a ping unanswered this long closes the connection")
+    min_client_ping_interval_s: float = Field(
+        10.0, gt=0, description="clients may ping this often (also without calls) before the server sends GOAWAY"
+    )
+    max_connection_age_s: float = Field(
+        0.0,
+        ge=0,
+        description="close connections after this age (GOAWAY, then max_connection_age_grace_s), so that clients "
+        "re-resolve and spread over new replicas; 0: never",
+    )
+    max_connection_age_grace_s: float = Field(30.0, ge=0, description="how long a closing connection may finish")
     metrics_address: str = Field("127.0.0.1", description="Prometheus /metrics bind host")
     metrics_port: int = Field(9464, ge=-1, description="Prometheus /metrics port; 0 picks a free one, -1 disables")
     drain_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, how long in-flight work may finish")

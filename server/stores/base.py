@@ -108,6 +108,10 @@ class SessionStore(abc.ABC):
         """Number of sessions held."""
 
     @abc.abstractmethod
+    async def count_group(self, group: str) -> int:
+        """Sessions whose id starts with ``group + "/"`` (the runtime puts the tenant there)."""
+
+    @abc.abstractmethod
     async def sweep(self, now: float | None = None) -> int:
         """Evict sessions idle past the TTL; returns how many."""
 

@@ -10,7 +10,7 @@ the least recently written session is evicted. Sessions idle past ``idle_ttl_s``
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -37,6 +37,7 @@ class MemoryStore(SessionStore):
         self._metas: OrderedDict[str, SessionMeta] = OrderedDict()
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._writing: set[str] = set()
+        self._groups: Counter[str] = Counter()
 
     @property
     def pool_rows(self) -> int:
@@ -80,6 +81,7 @@ class MemoryStore(SessionStore):
             slot = self._allocate()
             self._slots[sid] = slot
             self._metas[sid] = metas[i]
+            self._groups[_group(sid)] += 1
             self._evicted.pop(sid, None)
             written[i] = True
             rows.append(i)
@@ -127,6 +129,11 @@ class MemoryStore(SessionStore):
 
     def _remove(self, session_id: str) -> SessionMeta | None:
         meta = self._metas.pop(session_id, None)
+        if meta is not None:
+            group = _group(session_id)
+            self._groups[group] -= 1
+            if not self._groups[group]:
+                del self._groups[group]
         slot = self._slots.pop(session_id, None)
         if slot is not None:
             for k, pool in self._pool.items():
@@ -155,6 +162,9 @@ class MemoryStore(SessionStore):
     async def count(self) -> int:
         return len(self._metas)
 
+    async def count_group(self, group: str) -> int:
+        return self._groups.get(group, 0)
+
     async def sweep(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
         expired = []
@@ -165,3 +175,8 @@ class MemoryStore(SessionStore):
         for sid in expired:
             self._evict(sid, "ttl")
         return len(expired)
+
+
+def _group(session_id: str) -> str:
+    head, slash, _ = session_id.partition("/")
+    return head if slash else ""

@@ -333,9 +333,14 @@ class RedisStore(SessionStore):
 
     async def count(self) -> int:
         """Sessions under this store's prefix (a SCAN: call it now and then, not per batch)."""
+        return await self._count(_glob_escape(self.prefix) + "{*}")
 
+    async def count_group(self, group: str) -> int:
+        """Sessions of ``group`` (a SCAN of the store's keys: the runtime caches it)."""
+        return await self._count(_glob_escape(self.prefix) + "{" + _glob_escape(group) + "/*}")
+
+    async def _count(self, pattern: str) -> int:
         async def scan() -> int:
-            pattern = _glob_escape(self.prefix) + "{*}"
             n = 0
             async for _ in self.client.scan_iter(match=pattern, count=1000):
                 n += 1

@@ -115,14 +115,16 @@ class Ack(_message.Message):
     def __init__(self, last_seq: _Optional[int] = ...) -> None: ...
 
 class EventError(_message.Message):
-    __slots__ = ("code", "reason", "message")
+    __slots__ = ("code", "reason", "message", "retry_after_ms")
     CODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     code: ErrorCode
     reason: str
     message: str
-    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    retry_after_ms: int
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class ModelRef(_message.Message):
     __slots__ = ("name", "version")
