@@ -458,9 +458,9 @@ class Runtime:
 
         # Seq, time and model checks against the stored state, event by event.
         plans: list[_Plan] = []
-        full = await self._full_tenants(ids, loaded.metas)
+        allowance = await self._session_allowance(ids, loaded.metas)
         for u, (sid, runs) in enumerate(units):
-            plan = self._plan_session(sid, runs, loaded.metas[u], u, bool(full) and sid.partition("/")[0] in full)
+            plan = self._plan_session(sid, runs, loaded.metas[u], u, allowance)
             if plan.applied:
                 plans.append(plan)
             else:
@@ -535,6 +535,7 @@ class Runtime:
                 continue
             if plan.meta is None:
                 self.metrics.sessions_started.inc()
+                self._count_tenant_session(plan.sid, +1)
             self._settle(plan, None, columns, start)
         if self.store.cheap_count:
             await self._update_session_gauges()
@@ -641,7 +642,7 @@ class Runtime:
             self._duplicates.inc(duplicates)
 
     def _plan_session(
-        self, sid: str, runs: list[_Run], meta: SessionMeta | None, unit: int, tenant_full: bool = False
+        self, sid: str, runs: list[_Run], meta: SessionMeta | None, unit: int, allowance: dict[str, int] | None = None
     ) -> _Plan:
         """Classify the session's queued events, in order, against its stored state.
 
@@ -678,7 +679,7 @@ class Runtime:
                         + ("evicted after being idle or for capacity" if evicted else "never started, or ended")
                         + f"), so seq {event.seq} cannot apply; start it again with seq 1",
                     )
-                elif last_seq == 0 and tenant_full:
+                elif last_seq == 0 and allowance and allowance[sid.partition("/")[0]] <= 0:
                     verdict = ErrorInfo(
                         Code.RESOURCE_EXHAUSTED,
                         "tenant_session_limit",
@@ -701,6 +702,8 @@ class Runtime:
                     )
                 else:
                     verdict = _APPLY
+                    if last_seq == 0 and allowance:
+                        allowance[sid.partition("/")[0]] -= 1  # this session starts: one less may
                     plan.applied.append((run, i, event))
                     last_seq, last_time = event.seq, event.time
                 plan.verdicts.append((run, i, event, verdict))
@@ -713,15 +716,16 @@ class Runtime:
     def _scoped(self, session_id: str, tenant: str) -> str:
         return f"{tenant}/{session_id}" if tenant else session_id
 
-    async def _full_tenants(self, ids: list[str], metas: list[SessionMeta | None]) -> set[str]:
-        """Tenants that may not start another session (counts cached for TENANT_COUNT_TTL_S)."""
+    async def _session_allowance(self, ids: list[str], metas: list[SessionMeta | None]) -> dict[str, int] | None:
+        """How many sessions each tenant starting one in this batch may still start (its limit minus
+        its sessions; counts of a slow store cached for TENANT_COUNT_TTL_S). None: no tenants."""
         if not self._tenancy:
-            return set()
+            return None
         starting = {sid.partition("/")[0] for sid, meta in zip(ids, metas, strict=True) if meta is None}
-        full = set()
+        allowance: dict[str, int] = {}
         now = time.monotonic()
         for tenant in starting:
-            cached = self._tenant_counts.get(tenant)
+            cached = None if self.store.cheap_count else self._tenant_counts.get(tenant)
             if (
                 cached is None
                 or now - cached[0] > TENANT_COUNT_TTL_S
@@ -730,11 +734,18 @@ class Runtime:
                 try:
                     cached = (now, await self.store.count_group(tenant))
                 except StoreUnavailableError:
-                    continue  # the load just worked; the save will tell if the store is gone
+                    cached = (now, 0)  # the load just worked; the save will tell if the store is gone
                 self._tenant_counts[tenant] = cached
-            if cached[1] >= self.settings.max_sessions_per_tenant:
-                full.add(tenant)
-        return full
+            allowance[tenant] = self.settings.max_sessions_per_tenant - cached[1]
+        return allowance
+
+    def _count_tenant_session(self, sid: str, change: int) -> None:
+        """Keep a cached tenant count current with the sessions this server starts and ends."""
+        if self._tenancy:
+            tenant = sid.partition("/")[0]
+            cached = self._tenant_counts.get(tenant)
+            if cached is not None:
+                self._tenant_counts[tenant] = (cached[0], max(0, cached[1] + change))
 
     def _fail_all(self, units: list[tuple[str, list[_Run]]], error: ErrorInfo) -> None:
         for _, runs in units:
@@ -858,6 +869,7 @@ class Runtime:
             raise ServiceError(Code.UNAVAILABLE, "store_unavailable", f"session store unavailable: {exc}") from exc
         if meta is not None:
             self.metrics.sessions_ended.inc()
+            self._count_tenant_session(self._scoped(session_id, tenant), -1)
             if self.store.cheap_count:
                 await self._update_session_gauges()
         return meta

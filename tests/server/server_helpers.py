@@ -43,9 +43,14 @@ def stub_for(channel: grpc.Channel) -> aaren_pb2_grpc.ForecastServiceStub:
 class OpenStream:
     """One Stream call fed from a queue: ``send`` one request and wait for its response."""
 
-    def __init__(self, stub: aaren_pb2_grpc.ForecastServiceStub, timeout: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        stub: aaren_pb2_grpc.ForecastServiceStub,
+        timeout: float = CALL_TIMEOUT_S,
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
         self._requests: queue.Queue[object] = queue.Queue()
-        self.call = stub.Stream(iter(self._requests.get, _END), timeout=timeout)
+        self.call = stub.Stream(iter(self._requests.get, _END), timeout=timeout, metadata=tuple(metadata))
         self._n = 0
 
     def put(self, events: Iterable[pb.Event], **fields: Any) -> str:
