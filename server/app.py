@@ -19,9 +19,10 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from aaren.v1 import aaren_pb2, aaren_pb2_grpc
-from server.auth import AuthError, TokenAuthInterceptor, TokenTable
+from server.auth import AuthError, TokenTable
 from server.engine import load_engine, resolve_device
 from server.errors import ConfigError
+from server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
 from server.metrics import Metrics
 from server.runtime import Runtime
 from server.servicer import ForecastServicer
@@ -63,7 +64,7 @@ class AarenServer:
     async def start(self) -> None:
         s = self.settings
         credentials = server_credentials(s)  # refuses a plaintext non-loopback address before anything starts
-        interceptors = []
+        interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequestInterceptor()]
         if s.auth_tokens_file is not None:
             try:
                 table = TokenTable.load(s.auth_tokens_file)

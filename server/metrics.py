@@ -103,6 +103,10 @@ class Metrics:
             self.event_latency.labels(phase)
         for cause in ("ttl", "capacity"):
             self.sessions_evicted.labels(cause)
+        for reason in ("token_missing", "token_invalid"):
+            self.auth_refusals.labels(reason)
+        for limit in ("server_busy", "tenant_pending_limit", "tenant_rate_limited", "tenant_stream_limit"):
+            self.limit_refusals.labels(limit)
         for operation in ("load", "save", "get", "delete"):
             self.store_latency.labels(operation)
             self.store_errors.labels(operation)
