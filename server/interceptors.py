@@ -63,7 +63,11 @@ def _refusal(handler: grpc.RpcMethodHandler, reason: str) -> grpc.RpcMethodHandl
             grpc.StatusCode.UNAUTHENTICATED, message, trailing_metadata=((REASON_METADATA_KEY, reason),)
         )
 
-    return _same_kind(handler, abort, abort)
+    async def abort_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await abort(request, context)
+        yield  # never reached: makes this an async generator, as grpc expects of a streaming handler
+
+    return _same_kind(handler, abort, abort_stream)
 
 
 def _with_tenant(handler: grpc.RpcMethodHandler, tenant: str) -> grpc.RpcMethodHandler:
