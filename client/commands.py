@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import grpc
 from rich import box
 from rich.console import Console
 from rich.markup import escape
@@ -71,8 +73,22 @@ def _print_error(console: Console, text: str, prefix: str = "error:") -> None:
     console.print(f"[red]{prefix}[/red] {escape(text)}", soft_wrap=True)
 
 
+def connection_settings() -> tuple[grpc.ChannelCredentials | None, list[tuple[str, str]]]:
+    """TLS credentials and call metadata from the environment: ``AAREN_CA_FILE`` (the server's CA:
+    TLS on), ``AAREN_CLIENT_CERT_FILE`` and ``AAREN_CLIENT_KEY_FILE`` (mutual TLS), ``AAREN_TOKEN``
+    (bearer token). Environment rather than flags, so tokens stay out of shell history and ``ps``."""
+    ca, cert, key = (os.environ.get(f"AAREN_{name}") for name in ("CA_FILE", "CLIENT_CERT_FILE", "CLIENT_KEY_FILE"))
+    credentials = None
+    if ca or cert:
+        read = lambda path: Path(path).read_bytes() if path else None  # noqa: E731
+        credentials = grpc.ssl_channel_credentials(read(ca), private_key=read(key), certificate_chain=read(cert))
+    token = os.environ.get("AAREN_TOKEN")
+    return credentials, [("authorization", f"Bearer {token}")] if token else []
+
+
 async def _connect(target: str) -> AarenClient:
-    client = AarenClient(target)
+    credentials, metadata = connection_settings()
+    client = AarenClient(target, credentials=credentials, metadata=metadata)
     try:
         await client.wait_ready(CONNECT_TIMEOUT_S)
     except BaseException:
@@ -428,11 +444,12 @@ def replay_command(
 
 def health_command(target: str, service: str = "", timeout: float = 3.0) -> int:
     """The gRPC health status of ``service`` at ``target``: prints it; 0 when SERVING, else 1."""
-    import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     console = _console()
-    with grpc.insecure_channel(target) as channel:
+    credentials, _ = connection_settings()
+    channel = grpc.insecure_channel(target) if credentials is None else grpc.secure_channel(target, credentials)
+    with channel:
         try:
             answer = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=timeout
