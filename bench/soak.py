@@ -205,11 +205,10 @@ def main() -> None:
         good = args.streams - bad
         jobs = []
         for i in range(args.procs):
-            token = list(tokens.values())[i % 2]
             jobs.append(
                 (
                     address,
-                    token,
+                    tokens,
                     good // args.procs + (i < good % args.procs),
                     bad // args.procs + (i < bad % args.procs),
                     seconds,
