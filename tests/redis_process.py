@@ -151,7 +151,9 @@ class RedisCluster:
     def start(self) -> RedisCluster:
         for node in self.nodes:
             node.start()
-        cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            pytest.fail("redis-cli is not installed (the CI script installs the Debian package redis-tools)")
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
             [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
