@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
@@ -167,6 +168,24 @@ def assert_forecasts_close(a: pb.Forecast, b: pb.Forecast, atol: float = 1e-5) -
     na, nb = forecast_numbers(a), forecast_numbers(b)
     assert len(na) == len(nb)
     assert all(abs(x - y) <= atol * max(1.0, abs(y)) for x, y in zip(na, nb, strict=True)), (na, nb)
+
+
+# ---------------------------------------------------------------- holding the model
+
+
+def hold_model_steps(srv) -> tuple[threading.Event, threading.Event]:
+    """Make the server's model step wait for ``release``; ``entered`` is set when a step is waiting."""
+    engine = srv.server.runtime.engine
+    apply = engine.apply
+    entered, release = threading.Event(), threading.Event()
+
+    def held_apply(*args, **kwargs):
+        entered.set()
+        release.wait(CALL_TIMEOUT_S)
+        return apply(*args, **kwargs)
+
+    engine.apply = held_apply  # instance attribute: the runtime looks it up on every batch
+    return entered, release
 
 
 # ---------------------------------------------------------------- metrics

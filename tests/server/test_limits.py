@@ -3,7 +3,6 @@ and hits only the tenant that crossed it."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
@@ -14,6 +13,7 @@ from server_helpers import (
     assert_event_error,
     assert_forecast,
     ev,
+    hold_model_steps,
     metric,
     reason_of,
     scrape,
@@ -117,16 +117,7 @@ def test_sessions_per_tenant_are_limited(start_server, tokens, store, request):
 
 def test_server_pending_bound_pushes_back_while_the_model_is_busy(start_server):
     srv = start_server(max_pending_events=4, model_thread=True)
-    engine = srv.server.runtime.engine
-    entered, release = threading.Event(), threading.Event()
-    apply = engine.apply
-
-    def held(*args, **kwargs):
-        entered.set()
-        release.wait(CALL_TIMEOUT_S)
-        return apply(*args, **kwargs)
-
-    engine.apply = held
+    entered, release = hold_model_steps(srv)
     try:
         with grpc.insecure_channel(srv.address) as channel:
             stream = OpenStream(stub_for(channel))

@@ -24,6 +24,7 @@ from server_helpers import (
     assert_states_close,
     ev,
     get_session,
+    hold_model_steps,
     metric,
     outcome,
     scrape,
@@ -133,24 +134,6 @@ def test_kill_9_mid_stream_then_resume_on_the_other_replica(replicas, start_serv
     assert_states_close(session, expected_session)
 
 
-class HeldSteps:
-    """Holds the model step of an in-process server until released (the server runs steps on its
-    worker thread, ``model_thread=True``)."""
-
-    def __init__(self, srv) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        engine = srv.server.runtime.engine
-        apply = engine.apply
-
-        def held(*args, **kwargs):
-            self.entered.set()
-            self.release.wait(CALL_TIMEOUT_S)
-            return apply(*args, **kwargs)
-
-        engine.apply = held
-
-
 def test_concurrent_writers_one_wins_each_seq_and_conflicts_are_counted(start_server, redis_url):
     a = start_server(store_url=redis_url, model_thread=True)
     b = start_server(store_url=redis_url, model_thread=True)
@@ -161,11 +144,11 @@ def test_concurrent_writers_one_wins_each_seq_and_conflicts_are_counted(start_se
         stream_a, stream_b = OpenStream(stub_for(ca)), OpenStream(stub_for(cb))
 
         # A reads the session (none yet) and is held in its step; B writes seq 1; A's write must lose.
-        held = HeldSteps(a)
+        entered, release = hold_model_steps(a)
         pending = stream_a.put([via_a[0]])
-        assert held.entered.wait(CALL_TIMEOUT_S)
+        assert entered.wait(CALL_TIMEOUT_S)
         assert_forecast(stream_b.send([via_b[0]]).results[0], "race", 1)
-        held.release.set()
+        release.set()
         lost = stream_a.next().results[0]
         assert_event_error(lost, pb.ERROR_CODE_ABORTED, "state_conflict", ["resend from your last"])
         assert pending

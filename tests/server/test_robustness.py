@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import grpc
 from server_helpers import (
     CALL_TIMEOUT_S,
@@ -12,6 +10,7 @@ from server_helpers import (
     assert_forecasts,
     ev,
     get_session,
+    hold_model_steps,
     metric,
     scrape,
     stub_for,
@@ -26,15 +25,7 @@ def test_a_sessions_results_arrive_in_order_across_requests(start_server):
     one session per batch, A's batch (both of its events) finishes R2 before R1's other sessions
     are done; R2's answer must still come after R1's."""
     srv = start_server(max_batch_size=1, model_thread=True)
-    engine = srv.server.runtime.engine
-    apply, gate, entered = engine.apply, threading.Event(), threading.Event()
-
-    def held_apply(*args, **kwargs):
-        entered.set()
-        gate.wait(CALL_TIMEOUT_S)
-        return apply(*args, **kwargs)
-
-    engine.apply = held_apply  # instance attribute: the runtime looks it up on every batch
+    entered, gate = hold_model_steps(srv)
     with grpc.insecure_channel(srv.address) as channel:
         stream = OpenStream(stub_for(channel))
         busy = stream.put([ev("busy", 1, 1.0)])

@@ -14,6 +14,7 @@ from server_helpers import (
     assert_event_error,
     assert_forecasts,
     ev,
+    hold_model_steps,
     stub_for,
     wait_until,
 )
@@ -24,21 +25,6 @@ from aaren.v1 import aaren_pb2 as pb
 def health_status(channel: grpc.Channel, service: str = "") -> int:
     stub = health_pb2_grpc.HealthStub(channel)
     return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=CALL_TIMEOUT_S).status
-
-
-def hold_model_steps(srv) -> tuple[threading.Event, threading.Event]:
-    """Make the server's model step wait for ``release``; ``entered`` is set when a step is waiting."""
-    engine = srv.server.runtime.engine
-    apply = engine.apply
-    entered, release = threading.Event(), threading.Event()
-
-    def held_apply(*args, **kwargs):
-        entered.set()
-        release.wait(CALL_TIMEOUT_S)
-        return apply(*args, **kwargs)
-
-    engine.apply = held_apply  # instance attribute: the runtime looks it up on every batch
-    return entered, release
 
 
 def test_graceful_shutdown_answers_in_flight_events_then_closes_streams(start_server):
