@@ -2,7 +2,8 @@
 well-behaved tenant on the same server keeps its p99 latency within 2x of its unloaded value.
 
 The server and the flooder run in processes of their own (no GIL shared with the measuring client).
-Generous on purpose: exact figures belong to bench/soak.py.
+The flooder pipelines its writes (it never waits for an answer), so only the server's limits and
+flow control hold it back. Generous on purpose: exact figures belong to bench/soak.py.
 """
 
 from __future__ import annotations
@@ -69,4 +70,8 @@ def test_flooding_tenant_is_refused_and_others_keep_their_latency(tmp_path, tiny
     assert seen.get("tenant_rate_limited", 0) > 0, seen
     assert seen.get("accepted", 0) > 0, seen
     assert seen.get("extra_stream:RESOURCE_EXHAUSTED:tenant_stream_limit", 0) == 6, seen
-    assert loaded <= 2 * max(unloaded, 0.005), f"p99 {loaded * 1e3:.2f} ms under the flood vs {unloaded * 1e3:.2f} ms"
+    # The floor absorbs scheduling noise of three busy processes on two cores (seen: 9 -> 20 ms in a
+    # CI run of an earlier, gentler flooder). Without the limits this flood puts the p99 at 50-60 ms
+    # against 3 ms unloaded (measured), so the bound still tells a fair server from an unfair one.
+    bound = 2 * max(unloaded, 0.015)
+    assert loaded <= bound, f"p99 {loaded * 1e3:.2f} ms under the flood vs {unloaded * 1e3:.2f} ms unloaded"
