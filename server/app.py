@@ -109,6 +109,8 @@ class AarenServer:
         # cyclic collector's scans, which otherwise walk them on every full collection.
         gc.collect()
         gc.freeze()
+        if s.gc_threshold:
+            gc.set_threshold(s.gc_threshold, *gc.get_threshold()[1:])
         await self._set_serving(await store.healthy())
         self._store_watch = asyncio.create_task(self._watch_store(), name="aaren-store-health")
         d = engine.description
