@@ -112,8 +112,9 @@ class EventEmbedding(nn.Module):
         params = (self.time.weight, self.time.bias)
         if self.value is not None:
             params += (self.value.weight, self.value.bias, heads.value_mean, heads.value_std)
-        cacheable = not torch.is_grad_enabled()
-        key = tuple((p.data_ptr(), p._version) for p in params)
+        # Under torch.compile the fusion is traced into the graph instead (data pointers cannot be).
+        cacheable = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        key = tuple((p.data_ptr(), p._version) for p in params) if cacheable else ()
         if cacheable and self._fused is not None and self._fused[0] == key:
             return self._fused[1], self._fused[2]
         weight, bias = self.time.weight, self.time.bias

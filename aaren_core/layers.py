@@ -76,8 +76,9 @@ class AarenAttention(nn.Module):
         """
         params = (self.query, self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias)
         params += (self.v_proj.weight, self.v_proj.bias)
-        cacheable = not torch.is_grad_enabled()
-        key = tuple((p.data_ptr(), p._version) for p in params)
+        # Under torch.compile the fusion is traced into the graph instead (data pointers cannot be).
+        cacheable = not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+        key = tuple((p.data_ptr(), p._version) for p in params) if cacheable else ()
         if cacheable and self._fused is not None and self._fused[0] == key:
             return self._fused[1], self._fused[2]
         h, dh = self.n_heads, self.head_dim

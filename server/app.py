@@ -95,7 +95,7 @@ class AarenServer:
             torch.set_num_threads(s.torch_threads)
         device = resolve_device(s.device)
         checkpoint = self._checkpoint()
-        engine = await asyncio.to_thread(load_engine, checkpoint, device, s.quantiles)
+        engine = await asyncio.to_thread(load_engine, checkpoint, device, s.quantiles, compile_model=s.compile_model)
         store = open_store(
             s.store_url, StateLayout(engine.layout_rows()), capacity=s.session_capacity, idle_ttl_s=s.idle_ttl_s
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FEATURES = "features"
+COMPILE_WARMUP_TOP_K = 3
 
 
 def resolve_device(name: str) -> torch.device:
@@ -114,6 +116,7 @@ class Engine:
         metadata: dict[str, Any],
         device: torch.device,
         quantiles: Sequence[float],
+        compile_model: bool = False,
     ) -> None:
         if model.backbone.state_type.growing:
             raise ValueError(
@@ -152,6 +155,43 @@ class Engine:
             time_unit=str(schema.get("time_unit", "")),
             device=str(device),
         )
+        self._step = self._step_tensors
+        self._forecast = self._forecast_tensors
+        if compile_model:
+            self._compile()
+
+    def _compile(self) -> None:
+        """Swap the batched step and the forecast for ``torch.compile``d versions (inductor; the batch
+        dimension dynamic) and build their graphs now, for batches of 1 (specialized) and 2+, so that
+        no request pays for compiling."""
+        started = time.perf_counter()
+        self._step = torch.compile(self._step_tensors, dynamic=True)
+        self._forecast = torch.compile(self._forecast_tensors, dynamic=True)
+        rows = self.layout_rows()
+        try:
+            for batch in (1, 2, 3):
+                self.apply(
+                    {k: t.expand(batch, *t.shape).clone() for k, t in rows.items()},
+                    [RunInput([1.0], [0], [[0.0] * self.description.value_width], [0])] * batch,
+                    COMPILE_WARMUP_TOP_K,
+                )
+        except Exception as exc:  # e.g. no C++ compiler in a slim image: serve, only slower
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            log.warning("torch.compile failed (%s: %s); serving the model uncompiled", type(exc).__name__, reason)
+            self._step, self._forecast = self._step_tensors, self._forecast_tensors
+            return
+        log.info("compiled the model's step and forecast in %.1f s", time.perf_counter() - started)
+
+    def _step_tensors(self, dt: Tensor, marks: Tensor, values: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
+        """``model.step`` on plain tensors: ``(y [B, d_model], *new state tensors)``."""
+        old = self._state_type(**dict(zip(self._state_fields, state, strict=True)))
+        y, new = self.model.step(dt, marks, values, old)
+        return (y, *new.tensors().values())
+
+    def _forecast_tensors(self, features: Tensor, top_k: int) -> tuple[Tensor, ...]:
+        """``model.forecast`` on plain tensors: gap mean, gap quantiles, top marks and probabilities, values."""
+        f = self.model.forecast(features, self.quantiles, top_k)
+        return f.time_mean, f.time_quantiles, f.top_marks, f.top_probs, torch.stack([f.value_mean, f.value_std], dim=-1)
 
     def layout_rows(self) -> dict[str, Tensor]:
         """The fresh row of every per-session tensor (state fields and features), on the device."""
@@ -183,7 +223,8 @@ class Engine:
             state = self.state_of({k: t.index_select(0, idx) for k, t in rows.items()})
             dt, marks, values = self._inputs([runs[i] for i in members], length)
             if length == 1:
-                y, state = self.model.step(dt[:, 0], marks[:, 0], values[:, 0], state)  # y [R, d]
+                y, *stepped = self._step(dt[:, 0], marks[:, 0], values[:, 0], *state.tensors().values())  # y [R, d]
+                state = self._state_type(**dict(zip(self._state_fields, stepped, strict=True)))
                 last = y
             else:
                 y, state = self.model.prefill(dt, marks, values, state)  # y [R, L, d]
@@ -223,13 +264,13 @@ class Engine:
     @torch.inference_mode()
     def forecast_columns(self, features: Tensor, top_k: int) -> ForecastColumns:
         """Forecasts from ``features [F, d_model]`` as Python lists (one ``tolist`` per field)."""
-        f = self.model.forecast(features, self.quantiles, top_k)
+        time_mean, time_quantiles, top_marks, top_probs, values = self._forecast(features, top_k)
         return ForecastColumns(
-            time_mean=f.time_mean.tolist(),
-            time_quantiles=f.time_quantiles.tolist(),
-            top_marks=f.top_marks.tolist(),
-            top_probs=f.top_probs.tolist(),
-            values=torch.stack([f.value_mean, f.value_std], dim=-1).tolist(),
+            time_mean=time_mean.tolist(),
+            time_quantiles=time_quantiles.tolist(),
+            top_marks=top_marks.tolist(),
+            top_probs=top_probs.tolist(),
+            values=values.tolist(),
         )
 
     @torch.inference_mode()
@@ -248,7 +289,14 @@ class Engine:
         return gaps.tolist(), marks.tolist(), values.tolist()
 
 
-def load_engine(checkpoint: str | None, device: torch.device, quantiles: Sequence[float], *, seed: int = 0) -> Engine:
+def load_engine(
+    checkpoint: str | None,
+    device: torch.device,
+    quantiles: Sequence[float],
+    *,
+    seed: int = 0,
+    compile_model: bool = False,
+) -> Engine:
     """The engine for ``checkpoint``, or for a random tiny Aaren model when it is None."""
     if checkpoint is None:
         torch.manual_seed(seed)
@@ -262,11 +310,18 @@ def load_engine(checkpoint: str | None, device: torch.device, quantiles: Sequenc
             metadata={"schema": {"time_unit": "minutes"}},
             device=device,
             quantiles=quantiles,
+            compile_model=compile_model,
         )
     ckpt = load_checkpoint(checkpoint, map_location=device)
     if not isinstance(ckpt.model, EventModel):
         raise ValueError(f"{checkpoint} holds a {ckpt.kind!r} model; the service needs an event_model checkpoint")
     name = str(ckpt.metadata.get("name", f"aaren-{ckpt.config['backbone']['kind']}"))
     return Engine(
-        ckpt.model, version=ckpt.model_version, name=name, metadata=ckpt.metadata, device=device, quantiles=quantiles
+        ckpt.model,
+        version=ckpt.model_version,
+        name=name,
+        metadata=ckpt.metadata,
+        device=device,
+        quantiles=quantiles,
+        compile_model=compile_model,
     )

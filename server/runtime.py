@@ -193,6 +193,10 @@ class Runtime:
         self._rejected = metrics.events.labels("rejected")
         self._by_reason: dict[str, object] = {}
         self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
+        self._num_marks = engine.description.num_marks
+        self._value_width = engine.description.value_width
+        # Ids of at most this many characters fit the byte limit whatever they hold (UTF-8: <= 4 bytes each).
+        self._fast_id_chars = settings.max_session_id_bytes // 4
 
     async def start(self) -> None:
         self._batcher = asyncio.create_task(self._batch_loop(), name="aaren-batcher")
@@ -230,6 +234,20 @@ class Runtime:
 
     def validate(self, event: Event) -> ErrorInfo | None:
         """The checks that need no session state."""
+        # Fast path for a valid event (each field read once; a sum is finite only if every term is).
+        values = event.values
+        if (
+            0 < len(event.session_id) <= self._fast_id_chars
+            and event.seq >= 1
+            and 0 <= event.mark < self._num_marks
+            and len(values) == self._value_width
+            and math.isfinite(event.time + sum(values))
+        ):
+            return None
+        return self._explain(event)
+
+    def _explain(self, event: Event) -> ErrorInfo | None:
+        """What is wrong with ``event`` (None when nothing is, e.g. finite numbers whose sum overflows)."""
         d = self.engine.description
         sid = event.session_id
         error = self._check_session_id(sid)

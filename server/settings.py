@@ -65,6 +65,11 @@ class ServerSettings(BaseSettings):
         description="torch intra-op threads (0: torch's default). Batched steps are small ops that gain "
         "little from threads, and spinning OpenMP workers steal the core gRPC needs",
     )
+    compile_model: bool = Field(
+        False,
+        description="torch.compile the batched step and the forecast (inductor; needs a C++ compiler on CPU) "
+        "while the server loads, tens of seconds: fewer, fused kernels, about 2x faster small batches",
+    )
     gc_threshold: int = Field(
         20_000,
         ge=0,

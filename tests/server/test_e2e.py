@@ -58,9 +58,14 @@ def offline_forecasts(model, seq, n):
         return model.forecast(y, quantiles=(0.1, 0.5, 0.9), top_k=3)
 
 
-def test_streamed_forecasts_equal_offline_model(start_server, flights_events, flights_checkpoint):
+@pytest.mark.parametrize("compile_model", [False, True], ids=["eager", "compiled"])
+def test_streamed_forecasts_equal_offline_model(start_server, flights_events, flights_checkpoint, compile_model):
+    """Also with the step and forecast ``torch.compile``d (opt-in): its fused kernels reorder float32
+    sums, which moves forecasts by up to about 1e-5 relative over 50 events (measured 1.05e-5 at
+    worst), so that variant is held to 5e-5."""
+    bound = 5e-5 if compile_model else 1e-5
     sequences, _ = flights_events
-    srv = start_server(checkpoint=flights_checkpoint)
+    srv = start_server(checkpoint=flights_checkpoint, compile_model=compile_model)
     stub = aaren_pb2_grpc.ForecastServiceStub(grpc.insecure_channel(srv.address))
 
     events = []
@@ -108,13 +113,13 @@ def test_streamed_forecasts_equal_offline_model(start_server, flights_events, fl
             for a, b in pairs:
                 err = abs(a - float(b)) / max(1.0, abs(float(b)))
                 worst = max(worst, err)
-                assert err < 1e-5, (seq.session_id, k, a, float(b))
+                assert err < bound, (seq.session_id, k, a, float(b))
             top = [m.mark for m in f.marks]
             probs = want.top_probs[k].tolist()
             # Top marks agree, up to the order of exact ties.
             if len(set(probs)) == len(probs):
                 assert top == want.top_marks[k].tolist()
-    assert worst < 1e-5
+    assert worst < bound
 
 
 def test_seq_rules_hold_end_to_end(start_server, flights_events, flights_checkpoint):
