@@ -193,6 +193,7 @@ class Runtime:
         self._rejected = metrics.events.labels("rejected")
         self._by_reason: dict[str, object] = {}
         self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
+        self._io_pause = settings.io_pause_ms / 1000
         self._num_marks = engine.description.num_marks
         self._value_width = engine.description.value_width
         # Ids of at most this many characters fit the byte limit whatever they hold (UTF-8: <= 4 bytes each).
@@ -412,7 +413,9 @@ class Runtime:
             await self._wakeup.wait()
             wait = self.settings.max_batch_wait_ms / 1000
             # Always yield once: stream readers then queue what has arrived while the last batch ran.
-            await asyncio.sleep(wait if len(self._ready) < self.settings.max_batch_size else 0)
+            # A full batch is next: still pause briefly, so that grpc.aio's poller thread gets the GIL and
+            # delivers reads and writes; with a bare yield, saturated streams are served unevenly.
+            await asyncio.sleep(wait if len(self._ready) < self.settings.max_batch_size else self._io_pause)
             sessions = []
             while self._ready and len(sessions) < self.settings.max_batch_size:
                 sid, _ = self._ready.popitem(last=False)
