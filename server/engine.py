@@ -219,9 +219,11 @@ class Engine:
         feature_sources: list[tuple[Tensor, list[int]]] = []  # (features [R*L, d], flat row per forecast)
         order: list[tuple[int, int]] = []  # (run, position) of each forecast, in the order gathered
         for length, members in by_length.items():
-            idx = torch.tensor(members, device=self.device)
-            state = self.state_of({k: t.index_select(0, idx) for k, t in rows.items()})
-            dt, marks, values = self._inputs([runs[i] for i in members], length)
+            whole = len(members) == len(runs)  # one group: every row, in order; no gather or scatter
+            idx = None if whole else torch.tensor(members, device=self.device)
+            group = runs if whole else [runs[i] for i in members]
+            state = self.state_of(rows if idx is None else {k: t.index_select(0, idx) for k, t in rows.items()})
+            dt, marks, values = self._inputs(group, length)
             if length == 1:
                 y, *stepped = self._step(dt[:, 0], marks[:, 0], values[:, 0], *state.tensors().values())  # y [R, d]
                 state = self._state_type(**dict(zip(self._state_fields, stepped, strict=True)))
@@ -230,9 +232,13 @@ class Engine:
                 y, state = self.model.prefill(dt, marks, values, state)  # y [R, L, d]
                 last = y[:, -1]
                 y = y.reshape(-1, y.shape[-1])
-            for k, t in state.tensors().items():
-                rows[k].index_copy_(0, idx, t)
-            rows[FEATURES].index_copy_(0, idx, last)
+            if idx is None:
+                rows.update(state.tensors())
+                rows[FEATURES] = last
+            else:
+                for k, t in state.tensors().items():
+                    rows[k].index_copy_(0, idx, t)
+                rows[FEATURES].index_copy_(0, idx, last)
             flat = []
             for r, i in enumerate(members):
                 for pos in runs[i].forecast_at:
@@ -242,11 +248,17 @@ class Engine:
                 feature_sources.append((y, flat))
         if not order:
             return rows, None, [0] * len(runs)
-        wanted = torch.cat([y.index_select(0, torch.tensor(flat, device=self.device)) for y, flat in feature_sources])
-        # Gathered by length group; put them back in run order so each run's forecasts are contiguous.
-        permutation = sorted(range(len(order)), key=order.__getitem__)
-        if permutation != list(range(len(order))):
-            wanted = wanted.index_select(0, torch.tensor(permutation, device=self.device))
+        if len(feature_sources) == 1 and len(feature_sources[0][1]) == feature_sources[0][0].shape[0]:
+            wanted = feature_sources[0][0]  # every row, in run order (e.g. a batch of single events)
+        else:
+            wanted = torch.cat(
+                [y.index_select(0, torch.tensor(flat, device=self.device)) for y, flat in feature_sources]
+            )
+        if len(feature_sources) > 1:
+            # Gathered by length group; put them back in run order so each run's forecasts are contiguous.
+            permutation = sorted(range(len(order)), key=order.__getitem__)
+            if permutation != list(range(len(order))):
+                wanted = wanted.index_select(0, torch.tensor(permutation, device=self.device))
         starts, at = [], 0
         for run in runs:
             starts.append(at)
@@ -256,6 +268,11 @@ class Engine:
     def _inputs(self, runs: Sequence[RunInput], length: int) -> tuple[Tensor, Tensor, Tensor]:
         """Runs of ``length`` events -> ``dt [R, L]``, ``marks [R, L]``, ``values [R, L, V]`` on the device."""
         v = self.model.config.value_width
+        if length == 1:  # flat lists convert several times faster than nested ones
+            dt = torch.tensor([run.dt[0] for run in runs], dtype=torch.float32, device=self.device)
+            marks = torch.tensor([run.marks[0] for run in runs], dtype=torch.long, device=self.device)
+            values = torch.tensor([x for run in runs for x in run.values[0]], dtype=torch.float32, device=self.device)
+            return dt.unsqueeze(1), marks.unsqueeze(1), values.view(len(runs), 1, v)
         dt = torch.tensor([run.dt for run in runs], dtype=torch.float32, device=self.device)
         marks = torch.tensor([run.marks for run in runs], dtype=torch.long, device=self.device)
         values = torch.tensor([run.values for run in runs], dtype=torch.float32, device=self.device)

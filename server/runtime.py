@@ -435,19 +435,23 @@ class Runtime:
                                 self._count_rejection(err)
                                 run.request.set(i, err)
             finally:
+                pending, ready, tenant_pending = self._pending, self._ready, self._tenant_pending
+                more = False
                 for sid, runs in units:
-                    n = sum(len(r.events) for r in runs)
+                    n = len(runs[0].events) if len(runs) == 1 else sum(len(r.events) for r in runs)
                     self._n_pending -= n
                     if self._tenancy:
                         tenant = sid.partition("/")[0]
-                        self._tenant_pending[tenant] -= n
-                        if not self._tenant_pending[tenant]:
-                            del self._tenant_pending[tenant]
-                    if self._pending.get(sid):
-                        self._ready[sid] = None
-                        self._wakeup.set()
+                        tenant_pending[tenant] -= n
+                        if not tenant_pending[tenant]:
+                            del tenant_pending[tenant]
+                    if pending[sid]:
+                        ready[sid] = None
+                        more = True
                     else:
-                        self._pending.pop(sid, None)
+                        del pending[sid]
+                if more:
+                    self._wakeup.set()
                 self.metrics.pending_events.set(self._n_pending)
 
     def _take(self, sid: str) -> list[_Run]:
@@ -494,6 +498,13 @@ class Runtime:
         for plan in plans:
             applied = plan.applied
             last_time = plan.meta.last_time if plan.meta is not None else applied[0][2].time
+            if len(applied) == 1:  # the common case, spelled out: one event, the last of its run
+                run, _, event = applied[0]
+                plan.forecast_at = [0]
+                inputs.append(RunInput([event.time - last_time], [event.mark], [list(event.values)], plan.forecast_at))
+                if run.request.top_k > top_k:
+                    top_k = run.request.top_k
+                continue
             last_of_run = {id(run): pos for pos, (run, _, _) in enumerate(applied)}
             dts, forecast_at = [], []
             for pos, (run, _, event) in enumerate(applied):
@@ -543,6 +554,7 @@ class Runtime:
         self._latency["model"].observe(store_started - model_started)
         self._latency["store"].observe(done - store_started)
 
+        started_sessions = single_forecasts = 0
         for plan, ok, start in zip(plans, written, starts, strict=True):
             if not ok:
                 self.metrics.state_conflicts.inc()
@@ -555,9 +567,18 @@ class Runtime:
                 self._settle(plan, err, None, 0)
                 continue
             if plan.meta is None:
-                self.metrics.sessions_started.inc()
+                started_sessions += 1
                 self._count_tenant_session(plan.sid, +1)
-            self._settle(plan, None, columns, start)
+            if len(plan.verdicts) == 1:  # the common case, spelled out: one event, applied, forecast
+                run, i, event, _ = plan.verdicts[0]
+                run.request.set(i, Forecast(event.session_id, event.seq, event.time, columns, start, run.request.top_k))  # type: ignore[arg-type]
+                single_forecasts += 1
+            else:
+                self._settle(plan, None, columns, start)
+        if started_sessions:
+            self.metrics.sessions_started.inc(started_sessions)
+        if single_forecasts:
+            self._applied.inc(single_forecasts)
         if self.store.cheap_count:
             await self._update_session_gauges()
 
@@ -671,8 +692,8 @@ class Runtime:
         is answered only after the batch is stored, like the original.
         """
         plan = _Plan(sid, meta, unit, [], [], [])
-        shown = self._shown(sid)
         if meta is not None and meta.model_version != self.engine.version:
+            shown = self._shown(sid)
             err = ErrorInfo(
                 Code.FAILED_PRECONDITION,
                 "model_mismatch",
@@ -693,6 +714,7 @@ class Runtime:
                     verdict = _DUPLICATE_OF_BATCH
                 elif last_seq == 0 and event.seq > 1:
                     evicted = self.store.was_evicted(sid)
+                    shown = self._shown(sid)
                     verdict = ErrorInfo(
                         Code.NOT_FOUND,
                         "session_evicted" if evicted else "session_not_found",
@@ -704,22 +726,23 @@ class Runtime:
                     verdict = ErrorInfo(
                         Code.RESOURCE_EXHAUSTED,
                         "tenant_session_limit",
-                        f"session {shown!r} cannot start: your tenant holds {self.settings.max_sessions_per_tenant} "
-                        "sessions, the most it may; end sessions you no longer need",
+                        f"session {self._shown(sid)!r} cannot start: your tenant holds "
+                        f"{self.settings.max_sessions_per_tenant} sessions, the most it may; end sessions you no "
+                        "longer need",
                     )
                 elif event.seq > last_seq + 1:
                     verdict = ErrorInfo(
                         Code.FAILED_PRECONDITION,
                         "seq_gap",
-                        f"seq {event.seq} of session {shown!r} skips ahead: expected seq {last_seq + 1} "
+                        f"seq {event.seq} of session {self._shown(sid)!r} skips ahead: expected seq {last_seq + 1} "
                         f"(last applied seq is {last_seq})",
                     )
                 elif event.time < last_time:
                     verdict = ErrorInfo(
                         Code.FAILED_PRECONDITION,
                         "time_before_last",
-                        f"time {event.time} of session {shown!r} seq {event.seq} is earlier than its previous "
-                        f"event's time {last_time}; expected a time >= {last_time}",
+                        f"time {event.time} of session {self._shown(sid)!r} seq {event.seq} is earlier than its "
+                        f"previous event's time {last_time}; expected a time >= {last_time}",
                     )
                 else:
                     verdict = _APPLY
