@@ -72,6 +72,9 @@ class EchoServicer(pb_grpc.ForecastServiceServicer):
     ) -> AsyncIterator[pb.StreamResponse]:
         template = self.template
         async for request in request_iterator:
+            if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
+                yield self._columns(request)
+                continue
             response = pb.StreamResponse(request_id=request.request_id)
             results = response.results
             last_only = request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION
@@ -88,6 +91,49 @@ class EchoServicer(pb_grpc.ForecastServiceServicer):
                 forecast.last_time = event.time
                 forecast.next_time.expected_time = event.time + template.next_time.mean
             yield response
+
+    def _columns(self, request: pb.StreamRequest) -> pb.StreamResponse:
+        """The same answer with the forecasts as columns (RESPONSE_LAYOUT_COLUMNS), built as the
+        service builds it: Python lists, one packed ``extend`` per column."""
+        t = self.template
+        response = pb.StreamResponse(request_id=request.request_id)
+        last_only = request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION
+        last = {event.session_id: i for i, event in enumerate(request.events)} if last_only else {}
+        index, sids, seqs, times, expected = [], [], [], [], []
+        quantiles = [q.value for q in t.next_time.quantiles]
+        marks, probs = [m.mark for m in t.marks], [m.probability for m in t.marks]
+        means, stds = [v.mean for v in t.values], [v.std for v in t.values]
+        col_q, col_m, col_p, col_vm, col_vs = [], [], [], [], []
+        for i, event in enumerate(request.events):
+            if last_only and last[event.session_id] != i:
+                response.results.add(session_id=event.session_id, seq=event.seq).ack.last_seq = event.seq
+                continue
+            index.append(i)
+            sids.append(event.session_id)
+            seqs.append(event.seq)
+            times.append(event.time)
+            expected.append(event.time + t.next_time.mean)
+            col_q += quantiles
+            col_m += marks
+            col_p += probs
+            col_vm += means
+            col_vs += stds
+        block = response.forecast_columns
+        block.event_index.extend(index)
+        block.session_id.extend(sids)
+        block.seq.extend(seqs)
+        block.last_time.extend(times)
+        block.mean_gap.extend([t.next_time.mean] * len(index))
+        block.expected_time.extend(expected)
+        block.quantile_levels.extend(q.q for q in t.next_time.quantiles)
+        block.gap_quantiles.extend(col_q)
+        block.top_k = len(marks)
+        block.marks.extend(col_m)
+        block.mark_probabilities.extend(col_p)
+        block.value_means.extend(col_vm)
+        block.value_stds.extend(col_vs)
+        block.model.CopyFrom(t.model)
+        return response
 
 
 async def serve(args: argparse.Namespace) -> None:

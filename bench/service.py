@@ -129,6 +129,7 @@ class Job:
     num_marks: int
     value_width: int
     last_only: bool = False  # runs ask for a forecast of the last event only (history ingestion)
+    columns: bool = False  # forecasts as packed columns (RESPONSE_LAYOUT_COLUMNS)
 
 
 @dataclasses.dataclass
@@ -182,6 +183,8 @@ async def _one_stream(
     request = pb.StreamRequest()
     if kind.run and job.last_only:
         request.forecast_mode = pb.FORECAST_MODE_LAST_PER_SESSION
+    if job.columns:
+        request.layout = pb.RESPONSE_LAYOUT_COLUMNS
     for k, sid in enumerate(sids):
         request.events.add(
             session_id=sid,
@@ -221,11 +224,21 @@ async def _one_stream(
                 first_error = first_error or "stream ended early"
                 break
             bad = 0
-            if response.request_id != rid or response.HasField("request_error") or len(response.results) != n:
+            last_only = request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION
+            if job.columns:
+                forecasts = len(response.forecast_columns.event_index)
+                if (
+                    response.request_id != rid
+                    or response.HasField("request_error")
+                    or forecasts + len(response.results) != n
+                    or forecasts != (1 if last_only else n)
+                ):
+                    bad = n
+                    first_error = first_error or f"bad response: {str(response)[:300]!r}"
+            elif response.request_id != rid or response.HasField("request_error") or len(response.results) != n:
                 bad = n
                 first_error = first_error or f"bad response: {str(response)[:300]!r}"
             else:
-                last_only = request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION
                 for k, r in enumerate(response.results):
                     # In last-only mode every event but the message's last is answered with an ack.
                     want = "forecast" if not last_only or k == n - 1 else "ack"
@@ -577,6 +590,7 @@ def run_cell(
             num_marks=model.num_marks,
             value_width=model.value_width,
             last_only=args.last_only,
+            columns=args.columns,
         )
         for p in range(procs)
     ]
@@ -958,6 +972,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="runs use FORECAST_MODE_LAST_PER_SESSION (a forecast for the last event, acks for the rest), "
         "as a client ingesting histories would; the echo answers alike",
+    )
+    p.add_argument(
+        "--columns",
+        action="store_true",
+        help="ask for RESPONSE_LAYOUT_COLUMNS (forecasts as packed columns); the echo answers alike",
     )
     p.add_argument("--rounds", type=int, default=1, help="repeat the grid; report the median round per cell")
     p.add_argument("--procs", type=int, default=0, help="load-generator processes (0: 1 up to 16 streams, else 2)")

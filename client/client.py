@@ -45,6 +45,7 @@ __all__ = [
     "StepSummaryOut",
     "StreamClosedError",
     "StreamResult",
+    "forecasts_from_columns",
     "to_jsonable",
 ]
 
@@ -174,6 +175,32 @@ class EventErrorOut:
 Outcome = ForecastOut | AckOut | EventErrorOut
 
 
+def forecasts_from_columns(block: pb.ForecastColumns) -> list[ForecastOut]:
+    """The forecasts of a ``RESPONSE_LAYOUT_COLUMNS`` response, as ``ForecastOut`` rows."""
+    q, k = len(block.quantile_levels), block.top_k
+    n = len(block.event_index)
+    v = len(block.value_means) // n if n else 0
+    levels = list(block.quantile_levels)
+    quantiles, marks, probs = list(block.gap_quantiles), list(block.marks), list(block.mark_probabilities)
+    means, stds = list(block.value_means), list(block.value_stds)
+    name, version = block.model.name, block.model.version
+    return [
+        ForecastOut(
+            block.session_id[i],
+            block.seq[i],
+            block.last_time[i],
+            block.mean_gap[i],
+            block.expected_time[i],
+            dict(zip(levels, quantiles[i * q : (i + 1) * q], strict=True)),
+            list(zip(marks[i * k : (i + 1) * k], probs[i * k : (i + 1) * k], strict=True)),
+            list(zip(means[i * v : (i + 1) * v], stds[i * v : (i + 1) * v], strict=True)),
+            name,
+            version,
+        )
+        for i in range(n)
+    ]
+
+
 def _outcome(r: pb.EventResult) -> Outcome:
     kind = r.WhichOneof("outcome")
     if kind == "forecast":
@@ -205,7 +232,16 @@ class StreamResult:
     @property
     def results(self) -> list[Outcome]:
         if self._results is None:
-            self._results = [_outcome(r) for r in self.raw.results]
+            others = [_outcome(r) for r in self.raw.results]
+            if self.raw.HasField("forecast_columns"):  # columns: put the forecasts back in event order
+                block = self.raw.forecast_columns
+                merged: list[Outcome | None] = [None] * (len(block.event_index) + len(others))
+                for i, forecast in zip(block.event_index, forecasts_from_columns(block), strict=True):
+                    merged[i] = forecast
+                rest = iter(others)
+                self._results = [next(rest) if r is None else r for r in merged]
+            else:
+                self._results = others
         return self._results
 
     @property
@@ -399,19 +435,28 @@ class EventStream:
         return self._error
 
     async def send(
-        self, events: Sequence[EventIn], *, request_id: str | None = None, last_only: bool = False, top_k: int = 0
+        self,
+        events: Sequence[EventIn],
+        *,
+        request_id: str | None = None,
+        last_only: bool = False,
+        top_k: int = 0,
+        columns: bool = False,
     ) -> str:
         """Send one request holding ``events`` (any sessions, in order); returns its request_id.
 
         ``last_only``: only each session's last applied event in the request gets a forecast (the
         others an ``AckOut``), for ingesting a history in one message. ``top_k``: marks listed per
-        forecast (0: server default). Raises ``AarenError`` if the stream has failed.
+        forecast (0: server default). ``columns``: the server sends the forecasts as packed columns
+        (``StreamResult.raw.forecast_columns``; ``results`` reads the same either way), cheaper for
+        many events per request. Raises ``AarenError`` if the stream has failed.
         """
         request = pb.StreamRequest(
             request_id=str(next(self._ids)) if request_id is None else request_id,
             events=[e.to_proto() for e in events],
             forecast_mode=_LAST_PER_SESSION if last_only else _EVERY_EVENT,
             top_k=top_k,
+            layout=pb.RESPONSE_LAYOUT_COLUMNS if columns else pb.RESPONSE_LAYOUT_ROWS,
         )
         await self.send_request(request)
         return request.request_id
@@ -437,14 +482,20 @@ class EventStream:
             raise self._error or StreamClosedError() from None
 
     async def apply(
-        self, events: Sequence[EventIn], *, request_id: str | None = None, last_only: bool = False, top_k: int = 0
+        self,
+        events: Sequence[EventIn],
+        *,
+        request_id: str | None = None,
+        last_only: bool = False,
+        top_k: int = 0,
+        columns: bool = False,
     ) -> StreamResult:
         """Send one request and wait for its result (other requests' results stay queued for ``recv``)."""
         rid = str(next(self._ids)) if request_id is None else request_id
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[rid] = waiter
         try:
-            await self.send(events, request_id=rid, last_only=last_only, top_k=top_k)
+            await self.send(events, request_id=rid, last_only=last_only, top_k=top_k, columns=columns)
             return await waiter
         finally:
             self._waiters.pop(rid, None)

@@ -413,16 +413,22 @@ class Runtime:
             await self._wakeup.wait()
             wait = self.settings.max_batch_wait_ms / 1000
             # Always yield once: stream readers then queue what has arrived while the last batch ran.
-            # A full batch is next: still pause briefly, so that grpc.aio's poller thread gets the GIL and
-            # delivers reads and writes; with a bare yield, saturated streams are served unevenly.
-            await asyncio.sleep(wait if len(self._ready) < self.settings.max_batch_size else self._io_pause)
-            sessions = []
-            while self._ready and len(sessions) < self.settings.max_batch_size:
+            # Busy (a full batch of events waits): still pause briefly, so that grpc.aio's poller thread
+            # gets the GIL and delivers reads and writes; with a bare yield, back-to-back batches serve
+            # saturated streams unevenly.
+            busy = self._n_pending >= self.settings.max_batch_size
+            await asyncio.sleep(self._io_pause if busy else wait)
+            units: list[tuple[str, list[_Run]]] = []
+            counts: list[int] = []
+            n_events, max_sessions, max_events = 0, self.settings.max_batch_size, self.settings.max_batch_events
+            while self._ready and len(units) < max_sessions and n_events < max_events:
                 sid, _ = self._ready.popitem(last=False)
-                sessions.append(sid)
+                runs, n = self._take(sid)
+                units.append((sid, runs))
+                counts.append(n)
+                n_events += n
             if not self._ready:
                 self._wakeup.clear()
-            units = [(sid, self._take(sid)) for sid in sessions]
             try:
                 await self._run_batch(units)
             except Exception:  # a bug must not stop the service: fail this batch's unanswered events only
@@ -437,8 +443,7 @@ class Runtime:
             finally:
                 pending, ready, tenant_pending = self._pending, self._ready, self._tenant_pending
                 more = False
-                for sid, runs in units:
-                    n = len(runs[0].events) if len(runs) == 1 else sum(len(r.events) for r in runs)
+                for (sid, _), n in zip(units, counts, strict=True):
                     self._n_pending -= n
                     if self._tenancy:
                         tenant = sid.partition("/")[0]
@@ -454,15 +459,16 @@ class Runtime:
                     self._wakeup.set()
                 self.metrics.pending_events.set(self._n_pending)
 
-    def _take(self, sid: str) -> list[_Run]:
-        """The session's queued runs, oldest first, up to ``MAX_RUN_EVENTS`` events (at least one run)."""
+    def _take(self, sid: str) -> tuple[list[_Run], int]:
+        """The session's queued runs, oldest first, up to ``MAX_RUN_EVENTS`` events (at least one
+        run), and how many events they hold."""
         queue = self._pending[sid]
         runs = [queue.popleft()]
         total = len(runs[0].events)
         while queue and total + len(queue[0].events) <= MAX_RUN_EVENTS:
             total += len(queue[0].events)
             runs.append(queue.popleft())
-        return runs
+        return runs, total
 
     async def _run_batch(self, units: list[tuple[str, list[_Run]]]) -> None:
         started = time.perf_counter()

@@ -30,6 +30,8 @@ REASON_METADATA_KEY = "aaren-error-reason"
 RETRY_METADATA_KEY = "aaren-retry-after-ms"
 MAX_PAUSE_S = 1.0
 _CLOSE = object()
+_LAYOUTS = frozenset(pb.ResponseLayout.values())
+_FORECAST_MODES = frozenset(pb.ForecastMode.values())
 
 
 _STATUS = {status.value[0]: status for status in grpc.StatusCode}
@@ -151,6 +153,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         out.model.CopyFrom(self._model_ref)
 
     def _response(self, request: pb.StreamRequest, outcomes: list[Outcome]) -> pb.StreamResponse:
+        if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
+            return self._columns_response(request, outcomes)
         response = pb.StreamResponse(request_id=request.request_id)
         results = response.results
         for event, outcome in zip(request.events, outcomes, strict=True):
@@ -166,11 +170,87 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 result.error.CopyFrom(self._error(outcome))  # type: ignore[arg-type]
         return response
 
+    def _columns_response(self, request: pb.StreamRequest, outcomes: list[Outcome]) -> pb.StreamResponse:
+        """RESPONSE_LAYOUT_COLUMNS: forecasts gathered into Python lists, then one packed-field
+        ``extend`` per column; the events without a forecast as ``results``."""
+        response = pb.StreamResponse(request_id=request.request_id)
+        index: list[int] = []
+        sids: list[str] = []
+        seqs: list[int] = []
+        last_times: list[float] = []
+        means: list[float] = []
+        expected: list[float] = []
+        quantiles: list[float] = []
+        marks: list[int] = []
+        probs: list[float] = []
+        value_means: list[float] = []
+        value_stds: list[float] = []
+        top_k = 0
+        results = response.results
+        for i, (event, outcome) in enumerate(zip(request.events, outcomes, strict=True)):
+            kind = type(outcome)
+            if kind is Forecast:
+                c, r, k = outcome.columns, outcome.row, outcome.top_k  # type: ignore[union-attr]
+                mean = c.time_mean[r]
+                index.append(i)
+                sids.append(outcome.session_id)  # type: ignore[union-attr]
+                seqs.append(outcome.seq)  # type: ignore[union-attr]
+                last_times.append(outcome.last_time)  # type: ignore[union-attr]
+                means.append(mean)
+                expected.append(outcome.last_time + mean)  # type: ignore[union-attr]
+                quantiles += c.time_quantiles[r]
+                top = c.top_marks[r][:k]
+                top_k = len(top)
+                marks += top
+                probs += c.top_probs[r][:k]
+                for m, sd in c.values[r]:
+                    value_means.append(m)
+                    value_stds.append(sd)
+                continue
+            result = results.add(session_id=event.session_id, seq=event.seq)
+            if kind is Ack:
+                result.duplicate = outcome.duplicate  # type: ignore[union-attr]
+                result.ack.SetInParent()
+                result.ack.last_seq = outcome.last_seq  # type: ignore[union-attr]
+            else:
+                result.error.CopyFrom(self._error(outcome))  # type: ignore[arg-type]
+        if index:
+            block = response.forecast_columns
+            block.event_index.extend(index)
+            block.session_id.extend(sids)
+            block.seq.extend(seqs)
+            block.last_time.extend(last_times)
+            block.mean_gap.extend(means)
+            block.expected_time.extend(expected)
+            block.quantile_levels.extend(self._levels)
+            block.gap_quantiles.extend(quantiles)
+            block.top_k = top_k
+            block.marks.extend(marks)
+            block.mark_probabilities.extend(probs)
+            block.value_means.extend(value_means)
+            block.value_stds.extend(value_stds)
+            block.model.CopyFrom(self._model_ref)
+        return response
+
     def _submit(self, runtime: Runtime, stream: _StreamState, request: pb.StreamRequest, tenant: str) -> float:
         """Hand a request to the runtime; its response joins the stream's queue when it is answered.
         Returns the seconds to wait before reading the stream again (a refusal's retry hint)."""
         started = time.perf_counter()
         slot = stream.started()
+        if request.layout not in _LAYOUTS or request.forecast_mode not in _FORECAST_MODES:
+            name, value, known = (
+                ("layout", request.layout, _LAYOUTS)
+                if request.layout not in _LAYOUTS
+                else ("forecast_mode", request.forecast_mode, _FORECAST_MODES)
+            )
+            error = pb.EventError(
+                code=pb.ERROR_CODE_INVALID_ARGUMENT,
+                reason=f"{name}_unknown",
+                message=f"{name} {value} is not one this server knows; expected one of {sorted(known)}. "
+                "Nothing of this request was applied",
+            )
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=error))
+            return 0.0
 
         def done(outcomes: list[Outcome]) -> None:
             stream.finished(slot, self._response(request, outcomes))

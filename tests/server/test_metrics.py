@@ -89,3 +89,21 @@ def test_too_many_events_counted_as_rejected(start_server):
     assert metric(s, "aaren_events_rejected_total", reason="too_many_events") == 3
     assert metric(s, "aaren_events_total", outcome="rejected") == 3
     assert metric(s, "aaren_events_total", outcome="applied") == 0
+
+
+def test_batches_stop_taking_sessions_at_max_batch_events(start_server):
+    """A request of 6 sessions with 3 events each and a cap of 4 events: every batch takes sessions
+    until it holds 4 or more events (a session's events stay together), so 3 batches of 2 sessions."""
+    srv = start_server(max_batch_events=4)
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        events = [ev(f"cap-{s}", k, float(k)) for s in range(6) for k in (1, 2, 3)]
+        results = stream.send(events).results
+        stream.close()
+    assert [r.WhichOneof("outcome") for r in results] == ["forecast"] * 18
+    samples = scrape(srv.metrics_url)
+    assert metric(samples, "aaren_batch_events_count") == 3
+    assert metric(samples, "aaren_batch_events_sum") == 18
+    assert metric(samples, "aaren_batch_size_sum") == 6
+    assert metric(samples, "aaren_batch_events_bucket", le="4.0") == 0  # none below the cap
+    assert metric(samples, "aaren_batch_events_bucket", le="8.0") == 3

@@ -16,6 +16,11 @@ class ForecastMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FORECAST_MODE_EVERY_EVENT: _ClassVar[ForecastMode]
     FORECAST_MODE_LAST_PER_SESSION: _ClassVar[ForecastMode]
 
+class ResponseLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESPONSE_LAYOUT_ROWS: _ClassVar[ResponseLayout]
+    RESPONSE_LAYOUT_COLUMNS: _ClassVar[ResponseLayout]
+
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
@@ -38,6 +43,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 FORECAST_MODE_UNSPECIFIED: ForecastMode
 FORECAST_MODE_EVERY_EVENT: ForecastMode
 FORECAST_MODE_LAST_PER_SESSION: ForecastMode
+RESPONSE_LAYOUT_ROWS: ResponseLayout
+RESPONSE_LAYOUT_COLUMNS: ResponseLayout
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_CANCELLED: ErrorCode
 ERROR_CODE_UNKNOWN: ErrorCode
@@ -71,26 +78,62 @@ class Event(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[float] = ..., mark: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
-    __slots__ = ("request_id", "events", "forecast_mode", "top_k")
+    __slots__ = ("request_id", "events", "forecast_mode", "top_k", "layout")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     FORECAST_MODE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     events: _containers.RepeatedCompositeFieldContainer[Event]
     forecast_mode: ForecastMode
     top_k: int
-    def __init__(self, request_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., forecast_mode: _Optional[_Union[ForecastMode, str]] = ..., top_k: _Optional[int] = ...) -> None: ...
+    layout: ResponseLayout
+    def __init__(self, request_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., forecast_mode: _Optional[_Union[ForecastMode, str]] = ..., top_k: _Optional[int] = ..., layout: _Optional[_Union[ResponseLayout, str]] = ...) -> None: ...
+
+class ForecastColumns(_message.Message):
+    __slots__ = ("event_index", "session_id", "seq", "last_time", "mean_gap", "expected_time", "quantile_levels", "gap_quantiles", "top_k", "marks", "mark_probabilities", "value_means", "value_stds", "model")
+    EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIME_FIELD_NUMBER: _ClassVar[int]
+    MEAN_GAP_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_TIME_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    GAP_QUANTILES_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MARKS_FIELD_NUMBER: _ClassVar[int]
+    MARK_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_MEANS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_STDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    event_index: _containers.RepeatedScalarFieldContainer[int]
+    session_id: _containers.RepeatedScalarFieldContainer[str]
+    seq: _containers.RepeatedScalarFieldContainer[int]
+    last_time: _containers.RepeatedScalarFieldContainer[float]
+    mean_gap: _containers.RepeatedScalarFieldContainer[float]
+    expected_time: _containers.RepeatedScalarFieldContainer[float]
+    quantile_levels: _containers.RepeatedScalarFieldContainer[float]
+    gap_quantiles: _containers.RepeatedScalarFieldContainer[float]
+    top_k: int
+    marks: _containers.RepeatedScalarFieldContainer[int]
+    mark_probabilities: _containers.RepeatedScalarFieldContainer[float]
+    value_means: _containers.RepeatedScalarFieldContainer[float]
+    value_stds: _containers.RepeatedScalarFieldContainer[float]
+    model: ModelRef
+    def __init__(self, event_index: _Optional[_Iterable[int]] = ..., session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., last_time: _Optional[_Iterable[float]] = ..., mean_gap: _Optional[_Iterable[float]] = ..., expected_time: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., gap_quantiles: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., marks: _Optional[_Iterable[int]] = ..., mark_probabilities: _Optional[_Iterable[float]] = ..., value_means: _Optional[_Iterable[float]] = ..., value_stds: _Optional[_Iterable[float]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
-    __slots__ = ("request_id", "results", "request_error")
+    __slots__ = ("request_id", "results", "request_error", "forecast_columns")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     results: _containers.RepeatedCompositeFieldContainer[EventResult]
     request_error: EventError
-    def __init__(self, request_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ..., request_error: _Optional[_Union[EventError, _Mapping]] = ...) -> None: ...
+    forecast_columns: ForecastColumns
+    def __init__(self, request_id: _Optional[str] = ..., results: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ..., request_error: _Optional[_Union[EventError, _Mapping]] = ..., forecast_columns: _Optional[_Union[ForecastColumns, _Mapping]] = ...) -> None: ...
 
 class EventResult(_message.Message):
     __slots__ = ("session_id", "seq", "duplicate", "forecast", "ack", "error")
