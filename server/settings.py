@@ -87,8 +87,8 @@ class ServerSettings(BaseSettings):
         20_000,
         ge=0,
         description="allocations between collections of Python's youngest GC generation (0: Python's "
-        "default, 700). Requests make no reference cycles, so a rare collection loses nothing, while the "
-        "default spends a third of the server's CPU under load collecting",
+        "default, 700). Requests make no reference cycles, so a rare collection loses nothing; the default "
+        "collections cut the runtime's own throughput from 39k to 24k events/s (in-process, 64 x 64 sessions)",
     )
     max_inflight_requests_per_stream: PositiveInt = Field(
         256, description="requests one stream may have unanswered before the server stops reading it"
