@@ -9,6 +9,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -158,17 +159,22 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         response = pb.StreamResponse(request_id=request.request_id)
         results = response.results
         for event, outcome in zip(request.events, outcomes, strict=True):
-            result = results.add(session_id=event.session_id, seq=event.seq)
-            kind = type(outcome)
-            if kind is Forecast:
-                self._fill_forecast(result.forecast, outcome)  # type: ignore[arg-type]
-            elif kind is Ack:
-                result.duplicate = outcome.duplicate  # type: ignore[union-attr]
-                result.ack.SetInParent()
-                result.ack.last_seq = outcome.last_seq  # type: ignore[union-attr]
+            if type(outcome) is Forecast:
+                result = results.add(session_id=event.session_id, seq=event.seq)
+                self._fill_forecast(result.forecast, outcome)
             else:
-                result.error.CopyFrom(self._error(outcome))  # type: ignore[arg-type]
+                self._add_result(results, event, outcome)  # type: ignore[arg-type]
         return response
+
+    def _add_result(self, results: Any, event: pb.Event, outcome: Ack | ErrorInfo) -> None:
+        """Append the row of an event answered without a forecast: an ack (maybe a duplicate) or an error."""
+        result = results.add(session_id=event.session_id, seq=event.seq)
+        if type(outcome) is Ack:
+            result.duplicate = outcome.duplicate
+            result.ack.SetInParent()
+            result.ack.last_seq = outcome.last_seq
+        else:
+            result.error.CopyFrom(self._error(outcome))  # type: ignore[arg-type]
 
     def _columns_response(self, request: pb.StreamRequest, outcomes: list[Outcome]) -> pb.StreamResponse:
         """RESPONSE_LAYOUT_COLUMNS: forecasts gathered into Python lists, then one packed-field
@@ -207,13 +213,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                     value_means.append(m)
                     value_stds.append(sd)
                 continue
-            result = results.add(session_id=event.session_id, seq=event.seq)
-            if kind is Ack:
-                result.duplicate = outcome.duplicate  # type: ignore[union-attr]
-                result.ack.SetInParent()
-                result.ack.last_seq = outcome.last_seq  # type: ignore[union-attr]
-            else:
-                result.error.CopyFrom(self._error(outcome))  # type: ignore[arg-type]
+            self._add_result(results, event, outcome)  # type: ignore[arg-type]
         if index:
             block = response.forecast_columns
             block.event_index.extend(index)
