@@ -239,7 +239,14 @@ class StreamResult:
                 for i, forecast in zip(block.event_index, forecasts_from_columns(block), strict=True):
                     merged[i] = forecast
                 rest = iter(others)
-                self._results = [next(rest) if r is None else r for r in merged]
+                results = [next(rest, None) if r is None else r for r in merged]
+                if any(r is None for r in results) or next(rest, None) is not None:
+                    raise ValueError(
+                        f"malformed columns response {self.request_id!r}: {len(block.event_index)} forecasts "
+                        f"(event_index {list(block.event_index)}) and {len(others)} other results do not fill "
+                        "the request's events"
+                    )
+                self._results = results  # type: ignore[assignment]
             else:
                 self._results = others
         return self._results

@@ -163,24 +163,46 @@ class Engine:
     def _compile(self) -> None:
         """Swap the batched step and the forecast for ``torch.compile``d versions (inductor; the batch
         dimension dynamic) and build their graphs now, for batches of 1 (specialized) and 2+, so that
-        no request pays for compiling."""
+        no request pays for compiling. The compiled forecast always ranks every mark (``top_k`` is
+        cut afterwards), so no request's ``top_k`` recompiles it. Where compiling fails, now or on a
+        later call, the eager model serves from then on."""
         started = time.perf_counter()
-        self._step = torch.compile(self._step_tensors, dynamic=True)
-        self._forecast = torch.compile(self._forecast_tensors, dynamic=True)
+        step = torch.compile(self._step_tensors, dynamic=True)
+        forecast = torch.compile(self._forecast_tensors, dynamic=True)
+        every_mark = self.description.num_marks
+
+        def compiled_step(*args: Tensor) -> tuple[Tensor, ...]:
+            try:
+                return step(*args)
+            except Exception as exc:
+                self._uncompile(exc)
+                return self._step_tensors(*args)
+
+        def compiled_forecast(features: Tensor, top_k: int) -> tuple[Tensor, ...]:
+            try:
+                time_mean, quantiles, marks, probs, values = forecast(features, every_mark)
+            except Exception as exc:
+                self._uncompile(exc)
+                return self._forecast_tensors(features, top_k)
+            return time_mean, quantiles, marks[:, :top_k], probs[:, :top_k], values
+
+        self._step, self._forecast = compiled_step, compiled_forecast
         rows = self.layout_rows()
-        try:
-            for batch in (1, 2, 3):
-                self.apply(
-                    {k: t.expand(batch, *t.shape).clone() for k, t in rows.items()},
-                    [RunInput([1.0], [0], [[0.0] * self.description.value_width], [0])] * batch,
-                    COMPILE_WARMUP_TOP_K,
-                )
-        except Exception as exc:  # e.g. no C++ compiler in a slim image: serve, only slower
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            log.warning("torch.compile failed (%s: %s); serving the model uncompiled", type(exc).__name__, reason)
-            self._step, self._forecast = self._step_tensors, self._forecast_tensors
-            return
+        for batch in (1, 2, 3):
+            self.apply(
+                {k: torch.stack([t] * batch) for k, t in rows.items()},  # strides as a store's rows have
+                [RunInput([1.0], [0], [[0.0] * self.description.value_width], [0])] * batch,
+                COMPILE_WARMUP_TOP_K,
+            )
+            if self._step == self._step_tensors:
+                return  # compiling failed; _uncompile said why
         log.info("compiled the model's step and forecast in %.1f s", time.perf_counter() - started)
+
+    def _uncompile(self, exc: Exception) -> None:
+        """Serve the eager model from now on (e.g. no C++ compiler in a slim image: only slower)."""
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        log.warning("torch.compile failed (%s: %s); serving the model uncompiled", type(exc).__name__, reason)
+        self._step, self._forecast = self._step_tensors, self._forecast_tensors
 
     def _step_tensors(self, dt: Tensor, marks: Tensor, values: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
         """``model.step`` on plain tensors: ``(y [B, d_model], *new state tensors)``."""
@@ -206,7 +228,8 @@ class Engine:
     def apply(
         self, rows: dict[str, Tensor], runs: Sequence[RunInput], top_k: int
     ) -> tuple[dict[str, Tensor], ForecastColumns | None, list[int]]:
-        """Apply ``runs[i]`` to session row ``i`` of ``rows`` (``name -> [U, ...]``, updated in place).
+        """Apply ``runs[i]`` to session row ``i`` of ``rows`` (``name -> [U, ...]``; the dict is updated
+        with the new rows, as new tensors or in place).
 
         Sessions with one event are stepped together in one batched ``step``; runs of equal length
         ``L > 1`` are ingested together with one parallel scan (``prefill [R, L]``). Returns the rows,

@@ -401,6 +401,10 @@ class Runtime:
         self.enqueue(events, done, top_k=top_k, last_only=last_only, tenant=tenant)
         return await future
 
+    def count_refusal(self, error: ErrorInfo, n: int) -> None:
+        """Count ``n`` events refused before reaching the runtime (e.g. a request the servicer refuses whole)."""
+        self._count_rejection(error, n)
+
     def _count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
         self._rejected.inc(n)
         child = self._by_reason.get(error.reason)
@@ -416,7 +420,7 @@ class Runtime:
             # Busy (a full batch of events waits): still pause briefly, so that grpc.aio's poller thread
             # gets the GIL and delivers reads and writes; with a bare yield, back-to-back batches serve
             # saturated streams unevenly.
-            busy = self._n_pending >= self.settings.max_batch_size
+            busy = len(self._ready) >= self.settings.max_batch_size or self._n_pending >= self.settings.max_batch_events
             await asyncio.sleep(self._io_pause if busy else wait)
             units: list[tuple[str, list[_Run]]] = []
             counts: list[int] = []

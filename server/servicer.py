@@ -18,7 +18,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 from server.auth import current_tenant
-from server.errors import ErrorInfo, ServiceError
+from server.errors import Code, ErrorInfo, ServiceError
 from server.metrics import Metrics
 from server.runtime import Ack, Forecast, Outcome, Runtime, SampledFuture
 from server.settings import ServerSettings
@@ -243,13 +243,15 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 if request.layout not in _LAYOUTS
                 else ("forecast_mode", request.forecast_mode, _FORECAST_MODES)
             )
-            error = pb.EventError(
-                code=pb.ERROR_CODE_INVALID_ARGUMENT,
-                reason=f"{name}_unknown",
-                message=f"{name} {value} is not one this server knows; expected one of {sorted(known)}. "
+            info = ErrorInfo(
+                Code.INVALID_ARGUMENT,
+                f"{name}_unknown",
+                f"{name} {value} is not one this server knows; expected one of {sorted(known)}. "
                 "Nothing of this request was applied",
             )
-            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=error))
+            runtime.count_refusal(info, len(request.events))
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
+            self._stream_latency.observe(time.perf_counter() - started)
             return 0.0
 
         def done(outcomes: list[Outcome]) -> None:

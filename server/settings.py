@@ -51,7 +51,8 @@ class ServerSettings(BaseSettings):
     max_batch_events: PositiveInt = Field(
         2048,
         description="events past which a batch takes no more sessions (a session's queued events go together, "
-        "up to 1024): bounds a batch's time, so gRPC is served between batches",
+        "up to 4096, so a batch may pass it by that much): bounds a batch's time, so gRPC is served between "
+        "batches",
     )
     max_batch_wait_ms: float = Field(
         0.0,

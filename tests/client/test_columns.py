@@ -6,11 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-import grpc
 import pytest
 
-from aaren.v1 import aaren_pb2 as pb
-from aaren.v1 import aaren_pb2_grpc
 from client.client import AarenClient, AckOut, EventErrorOut, EventIn, ForecastOut
 
 
@@ -72,24 +69,6 @@ def test_columns_carry_the_same_outcomes_as_rows(start_server):
     assert len(block.gap_quantiles) == 40 * len(block.quantile_levels)
     assert block.top_k == 3 and len(block.marks) == 40 * 3 and len(block.value_means) == 40 * 2
     assert cols[2].raw.forecast_columns.top_k == 5  # top_k 9 of a 5-mark model
-
-
-def test_unknown_layout_or_forecast_mode_is_refused_whole(start_server):
-    srv = start_server()
-    with grpc.insecure_channel(srv.address) as channel:
-        stub = aaren_pb2_grpc.ForecastServiceStub(channel)
-        event = pb.Event(session_id="u", seq=1, time=1.0, values=[0.0, 0.0])
-        requests = [
-            pb.StreamRequest(request_id="1", events=[event], layout=7),
-            pb.StreamRequest(request_id="2", events=[event], forecast_mode=9),
-            pb.StreamRequest(request_id="3", events=[event], layout=pb.RESPONSE_LAYOUT_COLUMNS),
-        ]
-        first, second, third = stub.Stream(iter(requests))
-    assert first.request_error.code == pb.ERROR_CODE_INVALID_ARGUMENT
-    assert first.request_error.reason == "layout_unknown" and "expected one of [0, 1]" in first.request_error.message
-    assert second.request_error.reason == "forecast_mode_unknown"
-    # Nothing of the refused requests was applied: the session starts with the third.
-    assert list(third.forecast_columns.seq) == [1] and not third.results
 
 
 @pytest.mark.parametrize("columns", [False, True])

@@ -491,3 +491,25 @@ def test_ended_session_is_gone_and_restarts_with_seq_one(start_server):
         info = get_session(stub, "s")
         assert (info.last_seq, info.last_time) == (1, 1.0)
         stream.close()
+
+
+def test_unknown_layout_or_forecast_mode_is_refused_whole(start_server):
+    srv = start_server()
+    with grpc.insecure_channel(srv.address) as channel:
+        event = pb.Event(session_id="u", seq=1, time=1.0, values=[0.0, 0.0])
+        requests = [
+            pb.StreamRequest(request_id="1", events=[event, event], layout=7),
+            pb.StreamRequest(request_id="2", events=[event], forecast_mode=9),
+            pb.StreamRequest(request_id="3", events=[event], layout=pb.RESPONSE_LAYOUT_COLUMNS),
+        ]
+        first, second, third = stub_for(channel).Stream(iter(requests))
+    assert first.request_error.code == INVALID and not first.results
+    assert first.request_error.reason == "layout_unknown"
+    assert "layout 7 is not one this server knows; expected one of [0, 1]" in first.request_error.message
+    assert second.request_error.code == INVALID and second.request_error.reason == "forecast_mode_unknown"
+    # Nothing of the refused requests was applied: the session starts with the third.
+    assert list(third.forecast_columns.seq) == [1] and not third.results
+    samples = scrape(srv.metrics_url)
+    assert metric(samples, "aaren_events_rejected_total", reason="layout_unknown") == 2
+    assert metric(samples, "aaren_events_rejected_total", reason="forecast_mode_unknown") == 1
+    assert metric(samples, "aaren_events_total", outcome="rejected") == 3
