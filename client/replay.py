@@ -93,8 +93,11 @@ class ReplayStats:
             self.errors[result.request_error.reason] += n_events
             self.events_answered += n_events
             return
-        results = result.raw.results  # counted from the proto: no conversion needed
-        self.events_answered += len(results)
+        # Counted from the proto, no conversion: forecasts arrive as columns, the rest as rows.
+        forecasts = len(result.raw.forecast_columns.event_index)
+        self.forecasts += forecasts
+        results = result.raw.results
+        self.events_answered += forecasts + len(results)
         for r in results:
             kind = r.WhichOneof("outcome")
             if kind == "forecast":
@@ -232,7 +235,8 @@ async def replay(
             rid = str(next(ids))
             sizes[rid] = len(events_)
             stats.events_sent += len(events_)
-            await stream.send(events_, request_id=rid, top_k=top_k)
+            # Columns: the server builds (and we read) the forecasts several times faster than rows.
+            await stream.send(events_, request_id=rid, top_k=top_k, columns=True)
         await stream.done_writing()
 
     async def receive(stream: EventStream, slots: asyncio.Semaphore, sizes: dict[str, int]) -> None:

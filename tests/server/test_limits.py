@@ -126,6 +126,11 @@ def test_server_pending_bound_pushes_back_while_the_model_is_busy(start_server):
             queued = stream.put([ev("b", 1, 1.0), ev("c", 1, 1.0), ev("d", 1, 1.0)])
             wait_until(lambda: metric(scrape(srv.metrics_url), "aaren_pending_events") == 4, "4 events pending")
             over = stream.put([ev("e", 1, 1.0)])
+            # Released only once the server has read (and refused) it: else the held batch may finish first.
+            wait_until(
+                lambda: metric(scrape(srv.metrics_url), "aaren_limit_refusals_total", limit="server_busy") == 1,
+                "the fifth event refused",
+            )
             release.set()
             answers = {r.request_id: r for r in (stream.next(), stream.next(), stream.next())}
             assert answers[over].request_error.reason == "server_busy"

@@ -51,6 +51,13 @@ def test_graceful_shutdown_answers_in_flight_events_then_closes_streams(start_se
                 )
             # New events are refused while draining, with a clear error; the stream stays open.
             refused_id = stream.put([ev("a", 3, 3.0)])
+            # Released only once the server has read (and refused) it: else the drain may end first.
+            # (The registry itself: the metrics port closes as the drain starts.)
+            registry = srv.server.metrics.registry
+            wait_until(
+                lambda: registry.get_sample_value("aaren_events_rejected_total", {"reason": "shutting_down"}) == 1,
+                "the event sent while draining refused",
+            )
         finally:
             release.set()
 
