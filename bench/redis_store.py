@@ -164,12 +164,7 @@ def main() -> None:
                                 metrics_port=metrics_port,
                             )
                             cells.setdefault((target, kind.events, n), []).append(cell)
-                            print(
-                                f"{target:6s} {kind.label:26s} {n:3d} streams: {cell.events_per_s:10,.0f} ev/s  "
-                                f"p50 {cell.p50_ms:.2f} ms  p99 {cell.p99_ms:.2f} ms"
-                                + (f"  ERRORS {cell.errors}: {cell.first_error}" if cell.errors else ""),
-                                flush=True,
-                            )
+                            print(f"{target:6s} {kind.label:26s} {n:3d} streams: {svc.cell_summary(cell)}", flush=True)
                             time.sleep(0.3)
             memory = memory_table(client, baseline, model.state_bytes_per_session, "aaren:")
         finally:

@@ -170,6 +170,13 @@ class Cell:
         return self.messages / self.duration
 
 
+def cell_summary(cell: Cell) -> str:
+    """One line of progress: events/s, p50 and p99, and the first error if any."""
+    return f"{cell.events_per_s:10,.0f} ev/s  p50 {_fmt(cell.p50_ms)} ms  p99 {_fmt(cell.p99_ms)} ms" + (
+        f"  ERRORS {cell.errors}: {cell.first_error}" if cell.errors else ""
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Load generator (runs in worker processes)
 
@@ -1069,8 +1076,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 all_cells.append(cell)
                 print(
                     f"[{i + 1}/{len(plan)}] {target:7s} {kind.label:32s} {n:3d} streams ({cell.procs} procs): "
-                    f"{cell.events_per_s:10,.0f} ev/s  p50 {_fmt(cell.p50_ms)} ms  p99 {_fmt(cell.p99_ms)} ms"
-                    + (f"  ERRORS {cell.errors}: {cell.first_error}" if cell.errors else ""),
+                    + cell_summary(cell),
                     flush=True,
                 )
                 time.sleep(0.3)

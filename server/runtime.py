@@ -306,7 +306,7 @@ class Runtime:
         a retry may pass.
         """
         if len(events) > self.settings.max_events_per_request:
-            self._count_rejection(ErrorInfo(Code.RESOURCE_EXHAUSTED, "too_many_events", ""), n=len(events))
+            self.count_rejection(ErrorInfo(Code.RESOURCE_EXHAUSTED, "too_many_events", ""), n=len(events))
             raise ServiceError(
                 Code.RESOURCE_EXHAUSTED,
                 "too_many_events",
@@ -328,7 +328,7 @@ class Runtime:
         if self.draining:
             err = ErrorInfo(Code.UNAVAILABLE, "shutting_down", "the server is shutting down; reconnect and resend")
             for i in range(len(events)):
-                self._count_rejection(err)
+                self.count_rejection(err)
                 request.set(i, err)
             return
         now = received
@@ -336,7 +336,7 @@ class Runtime:
         for i, event in enumerate(events):
             error = self.validate(event)
             if error is not None:
-                self._count_rejection(error)
+                self.count_rejection(error)
                 request.set(i, error)
                 continue
             key = f"{tenant}/{event.session_id}" if tenant else event.session_id
@@ -380,7 +380,7 @@ class Runtime:
         if limit is None:
             return
         self.metrics.limit_refusals.labels(limit).inc()
-        self._count_rejection(ErrorInfo(Code.RESOURCE_EXHAUSTED, limit, ""), n=n)
+        self.count_rejection(ErrorInfo(Code.RESOURCE_EXHAUSTED, limit, ""), n=n)
         raise ServiceError(
             Code.RESOURCE_EXHAUSTED,
             limit,
@@ -401,11 +401,8 @@ class Runtime:
         self.enqueue(events, done, top_k=top_k, last_only=last_only, tenant=tenant)
         return await future
 
-    def count_refusal(self, error: ErrorInfo, n: int) -> None:
-        """Count ``n`` events refused before reaching the runtime (e.g. a request the servicer refuses whole)."""
-        self._count_rejection(error, n)
-
-    def _count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
+    def count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
+        """Count ``n`` rejected events by reason (also those the servicer refuses before the runtime)."""
         self._rejected.inc(n)
         child = self._by_reason.get(error.reason)
         if child is None:
@@ -442,7 +439,7 @@ class Runtime:
                     for run in runs:
                         for i in run.indices:
                             if run.request.outcomes[i] is None:
-                                self._count_rejection(err)
+                                self.count_rejection(err)
                                 run.request.set(i, err)
             finally:
                 pending, ready, tenant_pending = self._pending, self._ready, self._tenant_pending
@@ -564,7 +561,7 @@ class Runtime:
         self._latency["model"].observe(store_started - model_started)
         self._latency["store"].observe(done - store_started)
 
-        started_sessions = single_forecasts = 0
+        started_sessions = 0
         for plan, ok, start in zip(plans, written, starts, strict=True):
             if not ok:
                 self.metrics.state_conflicts.inc()
@@ -579,16 +576,9 @@ class Runtime:
             if plan.meta is None:
                 started_sessions += 1
                 self._count_tenant_session(plan.sid, +1)
-            if len(plan.verdicts) == 1:  # the common case, spelled out: one event, applied, forecast
-                run, i, event, _ = plan.verdicts[0]
-                run.request.set(i, Forecast(event.session_id, event.seq, event.time, columns, start, run.request.top_k))  # type: ignore[arg-type]
-                single_forecasts += 1
-            else:
-                self._settle(plan, None, columns, start)
+            self._settle(plan, None, columns, start)
         if started_sessions:
             self.metrics.sessions_started.inc(started_sessions)
-        if single_forecasts:
-            self._applied.inc(single_forecasts)
         if self.store.cheap_count:
             await self._update_session_gauges()
 
@@ -670,6 +660,11 @@ class Runtime:
         ``failed``: the store write failed, so applied events and duplicates of them get that error.
         The plan's forecasts are rows ``start, start + 1, ...`` of ``columns``.
         """
+        if failed is None and len(plan.verdicts) == 1 and plan.forecast_at:  # the common case: one forecast
+            run, i, event, _ = plan.verdicts[0]
+            run.request.set(i, Forecast(event.session_id, event.seq, event.time, columns, start, run.request.top_k))  # type: ignore[arg-type]
+            self._applied.inc()
+            return
         wants = set(plan.forecast_at)
         row = start
         last_applied = plan.applied[-1][2].seq if plan.applied else 0
@@ -690,7 +685,7 @@ class Runtime:
             else:
                 outcome = verdict  # type: ignore[assignment]
             if isinstance(outcome, ErrorInfo):
-                self._count_rejection(outcome)
+                self.count_rejection(outcome)
             elif verdict is _APPLY:
                 applied += 1
             else:
@@ -813,7 +808,7 @@ class Runtime:
         for _, runs in units:
             for run in runs:
                 for i in run.indices:
-                    self._count_rejection(error)
+                    self.count_rejection(error)
                     run.request.set(i, error)
 
     async def _sweep_loop(self) -> None:

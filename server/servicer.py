@@ -249,7 +249,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 f"{name} {value} is not one this server knows; expected one of {sorted(known)}. "
                 "Nothing of this request was applied",
             )
-            runtime.count_refusal(info, len(request.events))
+            runtime.count_rejection(info, len(request.events))
             stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
             self._stream_latency.observe(time.perf_counter() - started)
             return 0.0
