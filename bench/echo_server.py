@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from aaren.server.settings import ServerSettings
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
-from server.settings import ServerSettings
 
 __all__ = ["EchoServicer", "dummy_forecast", "server_options"]
 

@@ -1,10 +1,10 @@
 """Typed Python client of the aaren service, and the ``aaren`` command line.
 
-``AarenClient`` (``client.client``) is the async client; ``client.events_file`` reads event files and
-the built-in ``flights`` data; ``client.replay`` streams events through a server at scale.
+``AarenClient`` (``aaren.client.client``) is the async client; ``aaren.client.events_file`` reads event files
+and the built-in ``flights`` data; ``aaren.client.replay`` streams events through a server at scale.
 """
 
-from client.client import (
+from aaren.client.client import (
     AarenClient,
     AarenError,
     AckOut,

@@ -26,8 +26,8 @@ def main() -> None:
 )
 def serve(ctx: typer.Context) -> None:
     """Start the gRPC server. Every setting is a flag (see `aaren serve --help`) or an AAREN_* variable."""
-    from server.app import run
-    from server.settings import ServerSettings
+    from aaren.server.app import run
+    from aaren.server.settings import ServerSettings
 
     run(ServerSettings(_cli_parse_args=list(ctx.args)))  # type: ignore[call-arg]
 
@@ -142,7 +142,7 @@ def replay(
 
     Example: aaren replay flights --target 127.0.0.1:50051 --out forecasts.csv
     """
-    from client.commands import replay_command
+    from aaren.client.commands import replay_command
 
     if out is not None and out.suffix.lower() not in (".csv", ".jsonl", ".json"):
         raise typer.BadParameter(f"{out}: expected a .csv or .jsonl file", param_hint="--out")
@@ -181,7 +181,7 @@ def forecast(
     as_json: AsJson = False,
 ) -> None:
     """Forecast a session's next event(s) from its current state (changes nothing)."""
-    from client.commands import forecast_command
+    from aaren.client.commands import forecast_command
 
     raise typer.Exit(
         forecast_command(
@@ -198,7 +198,7 @@ def session(
     as_json: AsJson = False,
 ) -> None:
     """Describe a session: last seq and time, state size, model, timestamps."""
-    from client.commands import session_command
+    from aaren.client.commands import session_command
 
     raise typer.Exit(session_command(target, session_id, state_out=state_out, as_json=as_json))
 
@@ -210,7 +210,7 @@ def end(
     as_json: AsJson = False,
 ) -> None:
     """End a session and delete its state (ending an unknown session is not an error)."""
-    from client.commands import end_command
+    from aaren.client.commands import end_command
 
     raise typer.Exit(end_command(target, session_id, as_json=as_json))
 
@@ -218,7 +218,7 @@ def end(
 @app.command()
 def model(target: Target = DEFAULT_TARGET, as_json: AsJson = False) -> None:
     """Describe the served model and the server's limits."""
-    from client.commands import model_command
+    from aaren.client.commands import model_command
 
     raise typer.Exit(model_command(target, as_json=as_json))
 
@@ -229,7 +229,7 @@ def token(
 ) -> None:
     """Make a bearer token: prints the token (give it to the client) and the line for the server's
     auth_tokens_file (only the token's SHA-256 digest is stored there)."""
-    from server.auth import TENANT_PATTERN, hash_token, new_token
+    from aaren.server.auth import TENANT_PATTERN, hash_token, new_token
 
     if not TENANT_PATTERN.fullmatch(tenant):
         raise typer.BadParameter(f"{tenant!r}: expected {TENANT_PATTERN.pattern}", param_hint="TENANT")
@@ -245,7 +245,7 @@ def health(
     timeout: Annotated[float, typer.Option(help="seconds to wait for the answer", min=0.1)] = 3.0,
 ) -> None:
     """Ask the server's gRPC health service; exit 0 when SERVING, 1 otherwise (for container health checks)."""
-    from client.commands import health_command
+    from aaren.client.commands import health_command
 
     raise typer.Exit(health_command(target, service, timeout))
 

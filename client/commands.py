@@ -1,6 +1,6 @@
 """What the client commands of ``aaren`` do: call the server, render for people (rich) or as JSON.
 
-``client.cli`` parses the arguments and calls these; each returns the process exit code.
+``aaren.client.cli`` parses the arguments and calls these; each returns the process exit code.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from client.client import (
+from aaren.client.client import (
     AarenClient,
     AarenError,
     ForecastOut,
@@ -29,8 +29,8 @@ from client.client import (
     SessionOut,
     to_jsonable,
 )
-from client.events_file import EventsFileError, ModelSchema, load_source
-from client.replay import ForecastWriter, ReplayError, ReplayStats, replay, schedule
+from aaren.client.events_file import EventsFileError, ModelSchema, load_source
+from aaren.client.replay import ForecastWriter, ReplayError, ReplayStats, replay, schedule
 
 __all__ = [
     "end_command",

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from client.client import EventIn, ModelInfoOut
+from aaren.client.client import EventIn, ModelInfoOut
 
 __all__ = [
     "FLIGHTS_SPLITS",

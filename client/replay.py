@@ -1,6 +1,6 @@
 """Replay events through a server: many sessions over several streams, paced or as fast as possible.
 
-``replay`` sends ``EventIn``s (already numbered and ordered, e.g. from ``client.events_file``) over
+``replay`` sends ``EventIn``s (already numbered and ordered, e.g. from ``aaren.client.events_file``) over
 ``streams`` concurrent ``Stream`` calls. Each session is pinned to one stream by a hash of its id,
 so its events go out, and are applied, in order. Events are packed ``batch`` per message; at most
 ``window`` messages per stream wait for their answers. ``ForecastWriter`` writes every result as a
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from client.client import (
+from aaren.client.client import (
     AarenClient,
     AarenError,
     AckOut,

@@ -18,17 +18,17 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from aaren.server.auth import AuthError, TokenTable
+from aaren.server.engine import load_engine, resolve_device
+from aaren.server.errors import ConfigError
+from aaren.server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
+from aaren.server.metrics import Metrics
+from aaren.server.runtime import Runtime
+from aaren.server.servicer import ForecastServicer
+from aaren.server.settings import ServerSettings, bundled_checkpoint
+from aaren.server.stores import StateLayout, open_store
+from aaren.server.stores.factory import redact_url
 from aaren.v1 import aaren_pb2, aaren_pb2_grpc
-from server.auth import AuthError, TokenTable
-from server.engine import load_engine, resolve_device
-from server.errors import ConfigError
-from server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
-from server.metrics import Metrics
-from server.runtime import Runtime
-from server.servicer import ForecastServicer
-from server.settings import ServerSettings, bundled_checkpoint
-from server.stores import StateLayout, open_store
-from server.stores.factory import redact_url
 
 __all__ = ["AarenServer", "run"]
 

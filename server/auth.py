@@ -5,7 +5,7 @@ and ``#`` comments allowed). Only digests are kept, in the file and in memory; a
 is hashed and compared with every digest in constant time (``hmac.compare_digest``), so neither
 the file nor the timing tells a token. ``aaren token TENANT`` makes a token and its line.
 
-``server.interceptors.TokenAuthInterceptor`` checks ``authorization: Bearer <token>`` on every call
+``aaren.server.interceptors.TokenAuthInterceptor`` checks ``authorization: Bearer <token>`` on every call
 except the health service, answers UNAUTHENTICATED when it is missing or unknown, and hands the
 tenant to the servicer in ``current_tenant``. Tenant names are ``[a-z0-9][a-z0-9_.-]{0,62}``:
 never a ``/``, which separates the tenant from the session id in the store's keys.

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from server.auth import TokenTable, current_tenant
+from aaren.server.auth import TokenTable, current_tenant
 
 __all__ = ["MalformedRequestInterceptor", "TokenAuthInterceptor"]
 

@@ -23,12 +23,12 @@ from typing import TypeVar
 
 import torch
 
-from server.engine import Engine, ForecastColumns, ForecastNumbers, RunInput
-from server.errors import Code, ErrorInfo, ServiceError
-from server.limits import TokenBucket
-from server.metrics import Metrics
-from server.settings import ServerSettings
-from server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.engine import Engine, ForecastColumns, ForecastNumbers, RunInput
+from aaren.server.errors import Code, ErrorInfo, ServiceError
+from aaren.server.limits import TokenBucket
+from aaren.server.metrics import Metrics
+from aaren.server.settings import ServerSettings
+from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
 
 __all__ = ["Ack", "Event", "Forecast", "Outcome", "Runtime", "SampledFuture", "SessionView", "StepSummary"]
 

@@ -15,13 +15,13 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from aaren.server.auth import current_tenant
+from aaren.server.errors import Code, ErrorInfo, ServiceError
+from aaren.server.metrics import Metrics
+from aaren.server.runtime import Ack, Forecast, Outcome, Runtime, SampledFuture
+from aaren.server.settings import ServerSettings
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
-from server.auth import current_tenant
-from server.errors import Code, ErrorInfo, ServiceError
-from server.metrics import Metrics
-from server.runtime import Ack, Forecast, Outcome, Runtime, SampledFuture
-from server.settings import ServerSettings
 
 __all__ = ["ForecastServicer"]
 

@@ -56,8 +56,8 @@ class ServerThread:
     """A real ``AarenServer`` running on its own event loop in a background thread."""
 
     def __init__(self, **settings: Any) -> None:
-        from server.app import AarenServer
-        from server.settings import ServerSettings
+        from aaren.server.app import AarenServer
+        from aaren.server.settings import ServerSettings
 
         defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "torch_threads": 0}
         self.settings = ServerSettings(**{**defaults, **settings})  # torch_threads 0: leave the process as is

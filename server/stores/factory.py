@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlparse
 
-from server.stores.base import SessionStore, StateLayout
-from server.stores.memory import MemoryStore
+from aaren.server.stores.base import SessionStore, StateLayout
+from aaren.server.stores.memory import MemoryStore
 
 __all__ = ["REDIS_SCHEMES", "open_store", "redact_url"]
 
@@ -37,7 +37,7 @@ def open_store(url: str, layout: StateLayout, *, capacity: int, idle_ttl_s: floa
             capacity = int(raw)
         return MemoryStore(layout, capacity=capacity, idle_ttl_s=idle_ttl_s)
     if parsed.scheme in REDIS_SCHEMES:
-        from server.stores.redis_store import open_redis_store
+        from aaren.server.stores.redis_store import open_redis_store
 
         return open_redis_store(url, layout, idle_ttl_s=idle_ttl_s)
     raise ValueError(

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout
+from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout
 
 __all__ = ["MemoryStore"]
 

@@ -41,7 +41,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from torch import Tensor
 
-from server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout, StoreUnavailableError
+from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout, StoreUnavailableError
 
 __all__ = ["RedisStore", "open_redis_store"]
 

@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from client.cli import app
-from client.client import AarenClient
+from aaren.client.cli import app
+from aaren.client.client import AarenClient
 
 SESSIONS = ("alpha", "beta", "gamma", "delta")
 PER_SESSION = 12

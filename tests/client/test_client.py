@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from client.client import (
+from aaren.client.client import (
     AarenClient,
     AarenError,
     AckOut,

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from client.client import AarenClient, AckOut, EventErrorOut, EventIn, ForecastOut
+from aaren.client.client import AarenClient, AckOut, EventErrorOut, EventIn, ForecastOut
 
 
 def ev(sid: str, seq: int, time: float, mark: int = 0, values=(0.5, 1.0)) -> EventIn:

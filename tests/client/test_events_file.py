@@ -7,9 +7,9 @@ import gzip
 
 import pytest
 
-from client.client import EventIn
-from client.events_file import EventsFileError, ModelSchema, group_by_session, load_source, read_events
-from client.replay import schedule, stream_index
+from aaren.client.client import EventIn
+from aaren.client.events_file import EventsFileError, ModelSchema, group_by_session, load_source, read_events
+from aaren.client.replay import schedule, stream_index
 
 TINY = ModelSchema(time_unit="minutes", mark_names=("m0", "m1", "m2", "m3", "m4"), value_names=("a", "b"), num_marks=5)
 

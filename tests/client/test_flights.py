@@ -10,8 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from aaren_core.data import load_flights
-from client.events_file import (
+from aaren.client.events_file import (
     EventsFileError,
     ModelSchema,
     flights_path,
@@ -19,6 +18,7 @@ from client.events_file import (
     load_source,
     read_flights,
 )
+from aaren_core.data import load_flights
 
 
 @pytest.fixture(scope="module")

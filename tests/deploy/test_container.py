@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from server.settings import ServerSettings
+from aaren.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {f"AAREN_{name.upper()}" for name in ServerSettings.model_fields}

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes_validate import utils as kubernetes_validate
 
-from server.settings import ServerSettings
+from aaren.server.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

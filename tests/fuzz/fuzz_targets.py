@@ -24,18 +24,18 @@ import atheris
 import torch
 from google.protobuf.message import DecodeError
 
+import aaren.server.runtime
+import aaren.server.stores.redis_store
 import aaren_core.state
-import server.runtime
-import server.stores.redis_store
+from aaren.server.engine import load_engine
+from aaren.server.metrics import Metrics
+from aaren.server.runtime import Runtime
+from aaren.server.settings import ServerSettings
+from aaren.server.stores import SessionMeta, StateLayout
+from aaren.server.stores.memory import MemoryStore
+from aaren.server.stores.redis_store import RedisStore
 from aaren.v1 import aaren_pb2 as pb
 from aaren_core.state import StateFormatError, state_from_bytes
-from server.engine import load_engine
-from server.metrics import Metrics
-from server.runtime import Runtime
-from server.settings import ServerSettings
-from server.stores import SessionMeta, StateLayout
-from server.stores.memory import MemoryStore
-from server.stores.redis_store import RedisStore
 
 
 def _instrument(*modules: object) -> None:
@@ -50,7 +50,7 @@ def _instrument(*modules: object) -> None:
                     atheris.instrument_func(function)
 
 
-_instrument(aaren_core.state, server.runtime, server.stores.redis_store)
+_instrument(aaren_core.state, aaren.server.runtime, aaren.server.stores.redis_store)
 
 ENGINE = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
 LAYOUT = StateLayout(ENGINE.layout_rows())

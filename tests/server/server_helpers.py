@@ -231,7 +231,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from client.cli import app; app()", "serve", *flags],
+            [sys.executable, "-c", "from aaren.client.cli import app; app()", "serve", *flags],
             stdout=subprocess.PIPE,
             stderr=self._log,
         )

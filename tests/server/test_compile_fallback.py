@@ -8,12 +8,12 @@ import logging
 import torch
 import torch._inductor.config as inductor_config
 
-from server.engine import RunInput, load_engine
+from aaren.server.engine import RunInput, load_engine
 
 
 def test_compile_without_a_compiler_falls_back_to_the_eager_model(caplog):
     no_compiler = {"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False, "autotune_local_cache": False}
-    with inductor_config.patch(no_compiler), caplog.at_level(logging.WARNING, logger="server.engine"):
+    with inductor_config.patch(no_compiler), caplog.at_level(logging.WARNING, logger="aaren.server.engine"):
         torch._dynamo.reset()  # forget graphs compiled by earlier tests
         engine = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9), compile_model=True)
     torch._dynamo.reset()

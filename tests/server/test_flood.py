@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 from server_helpers import OpenStream, ServerProcess, assert_forecast, ev, stub_for
 
-from server.auth import hash_token, new_token
+from aaren.server.auth import hash_token, new_token
 
 FLOOD_CLIENT = Path(__file__).with_name("flood_client.py")
 

@@ -49,17 +49,17 @@ def test_reflection_lists_services_and_describes_stream(start_server):
 
 
 def test_not_serving_while_the_model_loads(start_server, monkeypatch):
-    import server.app
+    import aaren.server.app
 
     loading, release = threading.Event(), threading.Event()
-    load_engine = server.app.load_engine
+    load_engine = aaren.server.app.load_engine
 
     def slow_load_engine(*args, **kwargs):
         loading.set()
         release.wait(CALL_TIMEOUT_S)
         return load_engine(*args, **kwargs)
 
-    monkeypatch.setattr(server.app, "load_engine", slow_load_engine)
+    monkeypatch.setattr(aaren.server.app, "load_engine", slow_load_engine)
     with socket.socket() as s:  # the port is bound before the model loads; pick it in advance
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

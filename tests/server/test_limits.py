@@ -21,8 +21,8 @@ from server_helpers import (
     wait_until,
 )
 
+from aaren.server.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
-from server.auth import hash_token, new_token
 
 RETRY_KEY = "aaren-retry-after-ms"
 

@@ -10,7 +10,7 @@ import torch
 from certificates import CertificateAuthority
 from redis_process import RedisProcess, free_port
 
-from server.stores import SessionMeta, StateLayout, StoreUnavailableError, open_store
+from aaren.server.stores import SessionMeta, StateLayout, StoreUnavailableError, open_store
 
 LAYOUT = StateLayout({"m": torch.full((2, 3), float("-inf")), "n": torch.zeros((), dtype=torch.long)})
 

@@ -20,9 +20,9 @@ from server_helpers import (
     stub_for,
 )
 
+from aaren.server.auth import hash_token, new_token
+from aaren.server.errors import ConfigError
 from aaren.v1 import aaren_pb2 as pb
-from server.auth import hash_token, new_token
-from server.errors import ConfigError
 
 # --------------------------------------------------------------------------- TLS
 

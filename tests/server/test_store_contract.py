@@ -9,7 +9,7 @@ import uuid
 import pytest
 import torch
 
-from server.stores import SessionMeta, StateLayout, open_store
+from aaren.server.stores import SessionMeta, StateLayout, open_store
 
 LAYOUT = StateLayout(
     {
