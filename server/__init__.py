@@ -1,1 +1,1 @@
-"""The aaren gRPC service: settings, runtime (batched model steps), session stores, servicer, metrics."""
+"""The aaren gRPC service: settings, the engine core (batched model steps), session stores, front ends, metrics."""

@@ -1,4 +1,4 @@
-"""Assembles and runs the server: model, store, runtime, gRPC (with health and reflection), metrics."""
+"""Assembles and runs the server: model, store, engine core, gRPC (with health and reflection), metrics."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from aaren.server.auth import AuthError, TokenTable
+from aaren.server.core import EngineCore
 from aaren.server.engine import load_engine, resolve_device
 from aaren.server.errors import ConfigError
 from aaren.server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
 from aaren.server.metrics import Metrics
-from aaren.server.runtime import Runtime
 from aaren.server.servicer import ForecastServicer
 from aaren.server.settings import ServerSettings, bundled_checkpoint
 from aaren.server.stores import StateLayout, open_store
@@ -49,7 +49,7 @@ class AarenServer:
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
         self._http: tuple[object, threading.Thread] | None = None
-        self.runtime: Runtime | None = None
+        self.core: EngineCore | None = None
         self.servicer: ForecastServicer | None = None
         self._stopped = asyncio.Event()
         self._store_watch: asyncio.Task[None] | None = None
@@ -99,9 +99,9 @@ class AarenServer:
         store = open_store(
             s.store_url, StateLayout(engine.layout_rows()), capacity=s.session_capacity, idle_ttl_s=s.idle_ttl_s
         )
-        self.runtime = Runtime(engine, store, s, self.metrics)
-        await self.runtime.start()
-        self.servicer.attach(self.runtime)
+        self.core = EngineCore(engine, store, s, self.metrics)
+        await self.core.start()
+        self.servicer.attach(self.core)
         if s.metrics_port >= 0:
             self._http = start_http_server(s.metrics_port, addr=s.metrics_address, registry=self.metrics.registry)
             self.metrics_port = self._http[0].server_port  # type: ignore[attr-defined]
@@ -137,17 +137,17 @@ class AarenServer:
                 "session store %s is not answering: health NOT_SERVING until it does",
                 redact_url(self.settings.store_url),
             )
-        elif self.runtime is not None:
+        elif self.core is not None:
             log.info("session store answers: health SERVING")
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)  # ignored once draining: health stays NOT_SERVING
 
     async def _watch_store(self) -> None:
         """Health follows the store: NOT_SERVING while it does not answer, SERVING again when it does."""
-        assert self.runtime is not None
+        assert self.core is not None
         while True:
             await asyncio.sleep(self.settings.store_check_interval_s)
-            await self._set_serving(await self.runtime.store.healthy())
+            await self._set_serving(await self.core.store.healthy())
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain: health NOT_SERVING, refuse new events, answer accepted ones, close streams, stop."""
@@ -159,17 +159,19 @@ class AarenServer:
             self._store_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._store_watch
-        if self.runtime is not None:
+        if self.servicer is not None:
+            self.servicer.draining = True
+        if self.core is not None:
             try:
-                await asyncio.wait_for(self.runtime.drain(), timeout=grace)
+                await asyncio.wait_for(self.core.drain(), timeout=grace)
             except TimeoutError:
                 log.warning("drain did not finish within %.1f s", grace)
         if self.servicer is not None:
             self.servicer.close_streams()
         if self._server is not None:
             await self._server.stop(grace)
-        if self.runtime is not None:
-            await self.runtime.close()
+        if self.core is not None:
+            await self.core.close()
         if self._http is not None:
             server, thread = self._http
             server.shutdown()  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """The model side of the service: batched steps, history scans and forecasts as plain numbers.
 
-Everything here is synchronous tensor work meant to run on the runtime's worker thread. Per
+Everything here is synchronous tensor work, run by the engine core's batcher. Per
 session the store keeps the backbone state's tensors plus ``features [d_model]``, the backbone
 output after its last event, so a forecast needs no recomputation.
 """
@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -21,11 +22,11 @@ from aaren_core.event_model import EventModel, EventModelConfig
 from aaren_core.state import State
 
 __all__ = [
+    "OUTPUT_NAMES",
     "Engine",
-    "ForecastColumns",
-    "ForecastNumbers",
     "ModelDescription",
-    "RunInput",
+    "Outputs",
+    "RunColumns",
     "load_engine",
     "resolve_device",
 ]
@@ -34,6 +35,10 @@ log = logging.getLogger(__name__)
 
 FEATURES = "features"
 COMPILE_WARMUP_TOP_K = 3
+#: The event task's output columns, each ``[F, ...]`` over F forecasts.
+OUTPUT_NAMES = ("time_mean", "time_quantiles", "top_marks", "top_probs", "value_mean", "value_std")
+#: A task's outputs: name -> numpy array ``[F, ...]``.
+Outputs = dict[str, np.ndarray]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -45,6 +50,8 @@ def resolve_device(name: str) -> torch.device:
 
 @dataclasses.dataclass(frozen=True)
 class ModelDescription:
+    """What a front end needs to know of a served model (it crosses the IPC as plain data)."""
+
     name: str
     version: str
     backbone: str
@@ -59,48 +66,38 @@ class ModelDescription:
     value_names: tuple[str, ...]
     time_unit: str
     device: str
+    quantiles: tuple[float, ...] = ()
+    #: The task the model serves (shared/DESIGN.md "Tasks"); it names the output columns' meaning.
+    task: str = "event"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class RunInput:
-    """Consecutive events of one session to apply: gaps, marks, raw values; which positions want a forecast."""
+class RunColumns:
+    """The events a batch applies, as flat columns grouped by session (``A`` events, ``R`` sessions).
 
-    dt: list[float]
-    marks: list[int]
-    values: list[Sequence[float]]
-    forecast_at: list[int]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ForecastNumbers:
-    """A forecast as Python numbers: gap mean and quantiles, top marks with probabilities, values (mean, std)."""
-
-    time_mean: float
-    time_quantiles: list[float]
-    marks: list[tuple[int, float]]
-    values: list[tuple[float, float]]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ForecastColumns:
-    """Forecasts of ``F`` rows as Python lists, one ``tolist`` per field (row ``r`` is one forecast).
-
-    ``time_mean [F]``, ``time_quantiles [F][Q]``, ``top_marks``/``top_probs [F][k]`` (most likely
-    first; rows may want fewer than ``k``), ``values [F][V]`` of ``(mean, std)``.
+    ``dt [A]`` gaps since each event's previous one (0 for a session's first event), ``marks [A]``,
+    ``values [A, V]`` raw values, ``want [A]`` which events get a forecast; session ``r``'s events are
+    ``starts[r] : starts[r] + lengths[r]``.
     """
 
-    time_mean: list[float]
-    time_quantiles: list[list[float]]
-    top_marks: list[list[int]]
-    top_probs: list[list[float]]
-    values: list[list[tuple[float, float]]]
+    dt: np.ndarray
+    marks: np.ndarray
+    values: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    want: np.ndarray
 
-    def numbers(self, row: int, top_k: int) -> ForecastNumbers:
-        return ForecastNumbers(
-            self.time_mean[row],
-            self.time_quantiles[row],
-            list(zip(self.top_marks[row][:top_k], self.top_probs[row][:top_k], strict=True)),
-            [tuple(v) for v in self.values[row]],  # type: ignore[misc]
+    @classmethod
+    def single(cls, dt: Sequence[float], marks: Sequence[int], values: Sequence[Sequence[float]]) -> RunColumns:
+        """One event per session, every one forecast."""
+        n = len(dt)
+        return cls(
+            np.asarray(dt, dtype=np.float64),
+            np.asarray(marks, dtype=np.int64),
+            np.asarray(values, dtype=np.float32).reshape(n, -1),
+            np.arange(n),
+            np.ones(n, dtype=np.int64),
+            np.ones(n, dtype=bool),
         )
 
 
@@ -154,6 +151,7 @@ class Engine:
             value_names=tuple(value_names),
             time_unit=str(schema.get("time_unit", "")),
             device=str(device),
+            quantiles=self.quantiles,
         )
         self._step = self._step_tensors
         self._forecast = self._forecast_tensors
@@ -191,7 +189,7 @@ class Engine:
         for batch in (1, 2, 3):
             self.apply(
                 {k: torch.stack([t] * batch) for k, t in rows.items()},  # strides as a store's rows have
-                [RunInput([1.0], [0], [[0.0] * self.description.value_width], [0])] * batch,
+                RunColumns.single([1.0] * batch, [0] * batch, [[0.0] * self.description.value_width] * batch),
                 COMPILE_WARMUP_TOP_K,
             )
             if self._step == self._step_tensors:
@@ -225,93 +223,98 @@ class Engine:
         return self._state_type(**{k: rows[k] for k in self._state_fields})
 
     @torch.inference_mode()
-    def apply(
-        self, rows: dict[str, Tensor], runs: Sequence[RunInput], top_k: int
-    ) -> tuple[dict[str, Tensor], ForecastColumns | None, list[int]]:
-        """Apply ``runs[i]`` to session row ``i`` of ``rows`` (``name -> [U, ...]``; the dict is updated
-        with the new rows, as new tensors or in place).
+    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], Outputs]:
+        """Apply session ``r``'s events ``runs.starts[r] : runs.starts[r] + runs.lengths[r]`` (flat
+        columns, one session's events together and in order) to row ``r`` of ``rows`` (``name -> [R, ...]``).
 
-        Sessions with one event are stepped together in one batched ``step``; runs of equal length
-        ``L > 1`` are ingested together with one parallel scan (``prefill [R, L]``). Returns the rows,
-        the forecasts at every run's ``forecast_at`` positions (run order, then position order; up
-        to ``top_k`` marks each) and, per run, the index of its first forecast row.
+        Returns new rows (``rows`` itself is not changed) and the forecasts of the events where
+        ``runs.want`` holds, in flat order (up to ``top_k`` marks each). Sessions with one event are
+        stepped together in one batched ``step``; runs of equal length ``L > 1`` are ingested together
+        with one parallel scan (``prefill [R_L, L]``): the same numbers as stepping them one by one.
         """
-        by_length: dict[int, list[int]] = {}
-        for i, run in enumerate(runs):
-            by_length.setdefault(len(run.dt), []).append(i)
-        feature_sources: list[tuple[Tensor, list[int]]] = []  # (features [R*L, d], flat row per forecast)
-        order: list[tuple[int, int]] = []  # (run, position) of each forecast, in the order gathered
-        for length, members in by_length.items():
-            whole = len(members) == len(runs)  # one group: every row, in order; no gather or scatter
-            idx = None if whole else torch.tensor(members, device=self.device)
-            group = runs if whole else [runs[i] for i in members]
-            state = self.state_of(rows if idx is None else {k: t.index_select(0, idx) for k, t in rows.items()})
-            dt, marks, values = self._inputs(group, length)
-            if length == 1:
-                y, *stepped = self._step(dt[:, 0], marks[:, 0], values[:, 0], *state.tensors().values())  # y [R, d]
-                state = self._state_type(**dict(zip(self._state_fields, stepped, strict=True)))
-                last = y
-            else:
-                y, state = self.model.prefill(dt, marks, values, state)  # y [R, L, d]
-                last = y[:, -1]
-                y = y.reshape(-1, y.shape[-1])
-            if idx is None:
-                rows.update(state.tensors())
-                rows[FEATURES] = last
-            else:
-                for k, t in state.tensors().items():
-                    rows[k].index_copy_(0, idx, t)
-                rows[FEATURES].index_copy_(0, idx, last)
-            flat = []
-            for r, i in enumerate(members):
-                for pos in runs[i].forecast_at:
-                    flat.append(r * length + pos)
-                    order.append((i, pos))
-            if flat:
-                feature_sources.append((y, flat))
-        if not order:
-            return rows, None, [0] * len(runs)
-        if len(feature_sources) == 1 and len(feature_sources[0][1]) == feature_sources[0][0].shape[0]:
-            wanted = feature_sources[0][0]  # every row, in run order (e.g. a batch of single events)
+        dt, marks, values = self._inputs(runs)  # [A], [A], [A, V]
+        n_runs = len(runs.lengths)
+        if len(runs.dt) == n_runs:  # every run is one event: one batched step, no gather or scatter
+            state = self.state_of(rows)
+            y, *stepped = self._step(dt, marks, values, *state.tensors().values())  # y [R, d]
+            new = dict(zip(self._state_fields, stepped, strict=True))
+            new[FEATURES] = y
+            features = y
         else:
-            wanted = torch.cat(
-                [y.index_select(0, torch.tensor(flat, device=self.device)) for y, flat in feature_sources]
-            )
-        if len(feature_sources) > 1:
-            # Gathered by length group; put them back in run order so each run's forecasts are contiguous.
-            permutation = sorted(range(len(order)), key=order.__getitem__)
-            if permutation != list(range(len(order))):
-                wanted = wanted.index_select(0, torch.tensor(permutation, device=self.device))
-        starts, at = [], 0
-        for run in runs:
-            starts.append(at)
-            at += len(run.forecast_at)
-        return rows, self.forecast_columns(wanted, top_k), starts
+            features = torch.empty(len(runs.dt), self.description.d_model, device=self.device)  # [A, d]
+            new = {k: t.clone() for k, t in rows.items()}
+            lengths = runs.lengths
+            for length in np.unique(lengths).tolist():
+                members_np = np.flatnonzero(lengths == length)
+                whole = len(members_np) == n_runs
+                members = None if whole else torch.from_numpy(members_np).to(self.device)
+                state = self.state_of(
+                    rows if members is None else {k: t.index_select(0, members) for k, t in rows.items()}
+                )
+                flat_np = (runs.starts[members_np][:, None] + np.arange(length)).reshape(-1)  # [R_L * L]
+                flat = torch.from_numpy(flat_np).to(self.device)
+                if length == 1:
+                    y, *stepped = self._step(dt[flat], marks[flat], values[flat], *state.tensors().values())
+                    state = self._state_type(**dict(zip(self._state_fields, stepped, strict=True)))
+                    last = y
+                    features.index_copy_(0, flat, y)
+                else:
+                    shape = (len(members_np), length)
+                    y, state = self.model.prefill(
+                        dt[flat].view(shape), marks[flat].view(shape), values[flat].view(*shape, -1), state
+                    )  # y [R_L, L, d]
+                    last = y[:, -1]
+                    features.index_copy_(0, flat, y.reshape(-1, y.shape[-1]))
+                parts = {**state.tensors(), FEATURES: last}
+                for k, t in parts.items():
+                    if members is None:
+                        new[k] = t
+                    else:
+                        new[k].index_copy_(0, members, t)
+        if runs.want.all():
+            wanted = features
+        elif runs.want.any():
+            wanted = features.index_select(0, torch.from_numpy(np.flatnonzero(runs.want)).to(self.device))
+        else:
+            return new, self.empty_outputs(top_k)
+        return new, self.forecast_outputs(wanted, top_k)
 
-    def _inputs(self, runs: Sequence[RunInput], length: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Runs of ``length`` events -> ``dt [R, L]``, ``marks [R, L]``, ``values [R, L, V]`` on the device."""
-        v = self.model.config.value_width
-        if length == 1:  # flat lists convert several times faster than nested ones
-            dt = torch.tensor([run.dt[0] for run in runs], dtype=torch.float32, device=self.device)
-            marks = torch.tensor([run.marks[0] for run in runs], dtype=torch.long, device=self.device)
-            values = torch.tensor([x for run in runs for x in run.values[0]], dtype=torch.float32, device=self.device)
-            return dt.unsqueeze(1), marks.unsqueeze(1), values.view(len(runs), 1, v)
-        dt = torch.tensor([run.dt for run in runs], dtype=torch.float32, device=self.device)
-        marks = torch.tensor([run.marks for run in runs], dtype=torch.long, device=self.device)
-        values = torch.tensor([run.values for run in runs], dtype=torch.float32, device=self.device)
-        return dt, marks, values.view(len(runs), length, v)
+    def _inputs(self, runs: RunColumns) -> tuple[Tensor, Tensor, Tensor]:
+        """Flat event columns -> ``dt [A]``, ``marks [A]``, ``values [A, V]`` tensors on the device."""
+        dt = torch.from_numpy(runs.dt).to(self.device, torch.float32)
+        marks = torch.from_numpy(runs.marks).to(self.device, torch.long)
+        values = torch.from_numpy(runs.values).to(self.device, torch.float32)
+        return dt, marks, values.view(len(runs.dt), self.description.value_width)
+
+    def output_names(self) -> tuple[str, ...]:
+        return OUTPUT_NAMES
+
+    def empty_outputs(self, top_k: int) -> Outputs:
+        k = min(top_k, self.description.num_marks)
+        q, v = len(self.quantiles), self.description.value_width
+        return {
+            "time_mean": np.zeros(0),
+            "time_quantiles": np.zeros((0, q)),
+            "top_marks": np.zeros((0, k), dtype=np.int64),
+            "top_probs": np.zeros((0, k)),
+            "value_mean": np.zeros((0, v)),
+            "value_std": np.zeros((0, v)),
+        }
 
     @torch.inference_mode()
-    def forecast_columns(self, features: Tensor, top_k: int) -> ForecastColumns:
-        """Forecasts from ``features [F, d_model]`` as Python lists (one ``tolist`` per field)."""
+    def forecast_outputs(self, features: Tensor, top_k: int) -> Outputs:
+        """Forecasts from ``features [F, d_model]`` as numpy columns (``OUTPUT_NAMES``): gap mean ``[F]``
+        and quantiles ``[F, Q]``, top marks and probabilities ``[F, k]``, value means and stds ``[F, V]``."""
         time_mean, time_quantiles, top_marks, top_probs, values = self._forecast(features, top_k)
-        return ForecastColumns(
-            time_mean=time_mean.tolist(),
-            time_quantiles=time_quantiles.tolist(),
-            top_marks=top_marks.tolist(),
-            top_probs=top_probs.tolist(),
-            values=values.tolist(),
-        )
+        values = values.cpu().numpy()
+        return {
+            "time_mean": time_mean.cpu().numpy(),
+            "time_quantiles": time_quantiles.cpu().numpy(),
+            "top_marks": top_marks.cpu().numpy(),
+            "top_probs": top_probs.cpu().numpy(),
+            "value_mean": values[..., 0],
+            "value_std": values[..., 1],
+        }
 
     @torch.inference_mode()
     def sample(

@@ -50,9 +50,8 @@ class ServerSettings(BaseSettings):
     max_batch_size: PositiveInt = Field(256, description="most sessions stepped in one batched model call")
     max_batch_events: PositiveInt = Field(
         2048,
-        description="events past which a batch takes no more sessions (a session's queued events go together, "
-        "up to 4096, so a batch may pass it by that much): bounds a batch's time, so gRPC is served between "
-        "batches",
+        description="most events in one batch (a longer request is split over batches, in order; a session "
+        "split so resumes from its stored state): bounds a batch's time, so gRPC is served between batches",
     )
     max_batch_wait_ms: float = Field(
         0.0,

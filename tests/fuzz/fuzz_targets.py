@@ -7,8 +7,9 @@ CORPUS_DIR (created when missing) is seeded with valid inputs (requests with goo
 real state bytes and Redis records), which libFuzzer mutates: protobuf and safetensors parse in
 native code that atheris does not see, so starting from valid inputs is what reaches our code.
 
-``requests``: bytes -> ``aaren.v1.StreamRequest`` -> ``Runtime.validate`` of every event and the
-session-id scoping; ``state``: bytes -> ``state_from_bytes`` (any kind), the served model's
+``requests``: bytes -> ``aaren.v1.StreamRequest`` -> the front end's columns and stateless checks
+(``ForecastServicer.core_request``: ``EventChecker``) and the session-id scoping; ``state``: bytes ->
+``state_from_bytes`` (any kind), the served model's
 ``state_from_bytes`` and the Redis store's record parser. A target may reject its input only with
 the documented error (DecodeError, StateFormatError); anything else is a crash, and atheris stops
 with a reproducer file. tests/fuzz/test_fuzz.py runs both briefly in the suite.
@@ -24,12 +25,15 @@ import atheris
 import torch
 from google.protobuf.message import DecodeError
 
-import aaren.server.runtime
+import aaren.server.servicer
 import aaren.server.stores.redis_store
+import aaren.server.validation
 import aaren_core.state
+from aaren.server.batcher import Scope
+from aaren.server.core import EngineCore
 from aaren.server.engine import load_engine
 from aaren.server.metrics import Metrics
-from aaren.server.runtime import Runtime
+from aaren.server.servicer import ForecastServicer
 from aaren.server.settings import ServerSettings
 from aaren.server.stores import SessionMeta, StateLayout
 from aaren.server.stores.memory import MemoryStore
@@ -50,11 +54,13 @@ def _instrument(*modules: object) -> None:
                     atheris.instrument_func(function)
 
 
-_instrument(aaren_core.state, aaren.server.runtime, aaren.server.stores.redis_store)
+_instrument(aaren_core.state, aaren.server.validation, aaren.server.servicer, aaren.server.stores.redis_store)
 
 ENGINE = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
 LAYOUT = StateLayout(ENGINE.layout_rows())
-RUNTIME = Runtime(ENGINE, MemoryStore(LAYOUT, capacity=10, idle_ttl_s=60), ServerSettings(), Metrics())
+FRONT_END = ForecastServicer(ServerSettings(), Metrics())
+FRONT_END.attach(EngineCore(ENGINE, MemoryStore(LAYOUT, capacity=10, idle_ttl_s=60), ServerSettings(), Metrics()))
+SCOPE = Scope(tenancy=True)
 RECORDS = RedisStore.__new__(RedisStore)  # only the record parser is exercised: no connection
 RECORDS._row_nbytes = LAYOUT.row_nbytes
 
@@ -64,11 +70,11 @@ def fuzz_requests(data: bytes) -> None:
         request = pb.StreamRequest.FromString(data)
     except DecodeError:
         return
-    for event in request.events:
-        error = RUNTIME.validate(event)
-        if error is not None:
-            assert error.code and error.reason and error.message, error
-    RUNTIME._shown(RUNTIME._scoped(request.request_id, "tenant"))
+    core_request = FRONT_END.core_request(request, "tenant")
+    assert len(core_request.index) + len(core_request.errors) == len(request.events)
+    for error in core_request.errors.values():
+        assert error.code and error.reason and error.message, error
+    assert SCOPE.shown(SCOPE.key(request.request_id, "tenant")) == request.request_id
 
 
 def fuzz_state(data: bytes) -> None:

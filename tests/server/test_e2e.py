@@ -66,7 +66,7 @@ def test_streamed_forecasts_equal_offline_model(start_server, flights_events, fl
     bound = 5e-5 if compile_model else 1e-5
     sequences, _ = flights_events
     srv = start_server(checkpoint=flights_checkpoint, compile_model=compile_model)
-    engine = srv.server.runtime.engine
+    engine = srv.server.core.engine
     # These machines have a C++ compiler: a silent fallback to eager would test nothing new here.
     assert (engine._step != engine._step_tensors) == compile_model
     stub = aaren_pb2_grpc.ForecastServiceStub(grpc.insecure_channel(srv.address))

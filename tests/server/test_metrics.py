@@ -91,9 +91,10 @@ def test_too_many_events_counted_as_rejected(start_server):
     assert metric(s, "aaren_events_total", outcome="applied") == 0
 
 
-def test_batches_stop_taking_sessions_at_max_batch_events(start_server):
-    """A request of 6 sessions with 3 events each and a cap of 4 events: every batch takes sessions
-    until it holds 4 or more events (a session's events stay together), so 3 batches of 2 sessions."""
+def test_batches_hold_at_most_max_batch_events(start_server):
+    """A request of 6 sessions with 3 events each and a cap of 4 events: the request is split over
+    batches of 4, 4, 4, 4 and 2 events, in order (a session split over two batches resumes from its
+    stored state), and every event is forecast."""
     srv = start_server(max_batch_events=4)
     with grpc.insecure_channel(srv.address) as channel:
         stream = OpenStream(stub_for(channel))
@@ -102,8 +103,8 @@ def test_batches_stop_taking_sessions_at_max_batch_events(start_server):
         stream.close()
     assert [r.WhichOneof("outcome") for r in results] == ["forecast"] * 18
     samples = scrape(srv.metrics_url)
-    assert metric(samples, "aaren_batch_events_count") == 3
+    assert metric(samples, "aaren_batch_events_count") == 5
     assert metric(samples, "aaren_batch_events_sum") == 18
-    assert metric(samples, "aaren_batch_size_sum") == 6
-    assert metric(samples, "aaren_batch_events_bucket", le="4.0") == 0  # none below the cap
-    assert metric(samples, "aaren_batch_events_bucket", le="8.0") == 3
+    assert metric(samples, "aaren_batch_size_sum") == 9  # sessions per batch: 2, 2, 2, 2, 1
+    assert metric(samples, "aaren_batch_events_bucket", le="2.0") == 1
+    assert metric(samples, "aaren_batch_events_bucket", le="4.0") == 5  # none above the cap

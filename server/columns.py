@@ -1,0 +1,91 @@
+"""Columnar batches between the front ends and the engine core: arrays, never one object per event.
+
+A front end turns one request (a stream message) into a ``CoreRequest``: the events that passed
+the checks that need no state, as columns, plus the refusals of the others. The engine core
+answers it with ``Outcomes``: one kind and seq per event, and the task's output columns for the
+events that got a forecast. Both are plain data (numpy arrays, str lists, ``ErrorInfo``), so they
+cross a process boundary as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from aaren.server.errors import ErrorInfo
+
+__all__ = ["ACK", "DUPLICATE", "ERROR", "FORECAST", "CoreRequest", "EventColumns", "Outcomes"]
+
+#: Outcome kinds, one per event (``Outcomes.kind``).
+FORECAST, ACK, DUPLICATE, ERROR = 0, 1, 2, 3
+#: Seqs above this are clipped to it in the columns: no session gets there, so they stay gaps.
+MAX_SEQ = 2**62
+
+
+@dataclasses.dataclass(slots=True)
+class EventColumns:
+    """``m`` events: ``session_ids [m]`` as sent, ``seq [m]`` int64, ``time [m]`` float64, ``mark [m]``
+    int64, ``values [m, V]`` float32."""
+
+    session_ids: list[str]
+    seq: np.ndarray
+    time: np.ndarray
+    mark: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.session_ids)
+
+    @classmethod
+    def empty(cls, value_width: int) -> EventColumns:
+        return cls(
+            [], np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), np.zeros((0, value_width), np.float32)
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class CoreRequest:
+    """One request of ``n`` events for the engine core.
+
+    ``index [m]`` (increasing) says where the valid ``events`` sit among the request's ``n``;
+    ``errors`` holds the refusals of the others by position. ``last_only``: forecast only the last
+    applied event of each session in the request (ack the others). ``tenant`` scopes the session ids.
+    """
+
+    n: int
+    index: np.ndarray
+    events: EventColumns
+    errors: dict[int, ErrorInfo]
+    top_k: int = 0
+    last_only: bool = False
+    tenant: str = ""
+    #: The model the request is for ("": the default model).
+    model: str = ""
+
+
+@dataclasses.dataclass(slots=True)
+class Outcomes:
+    """The answer to a ``CoreRequest`` of ``n`` events.
+
+    ``kind [n]`` (``FORECAST``, ``ACK``, ``DUPLICATE``, ``ERROR``); ``last_seq [n]`` the session's last
+    applied seq for an ack or duplicate (else 0); ``errors`` by position for ``ERROR``;
+    ``forecast_index [F]`` the positions with a forecast, increasing, and ``outputs`` the task's
+    columns for them (name -> ``[F, ...]``). ``request_error``: the whole request was refused
+    before any event was considered (then ``kind`` is empty).
+    """
+
+    kind: np.ndarray
+    last_seq: np.ndarray
+    errors: dict[int, ErrorInfo]
+    forecast_index: np.ndarray
+    outputs: dict[str, np.ndarray]
+    request_error: ErrorInfo | None = None
+
+    @classmethod
+    def refused(cls, error: ErrorInfo) -> Outcomes:
+        return cls(np.zeros(0, np.int8), np.zeros(0, np.int64), {}, np.zeros(0, np.int64), {}, error)
+
+    @classmethod
+    def all_errors(cls, n: int, errors: dict[int, ErrorInfo]) -> Outcomes:
+        return cls(np.full(n, ERROR, np.int8), np.zeros(n, np.int64), errors, np.zeros(0, np.int64), {})
