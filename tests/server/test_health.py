@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from redis_process import RedisProcess
-from server_helpers import CALL_TIMEOUT_S, SERVICE, reason_of, stub_for, wait_until
+from server_helpers import CALL_TIMEOUT_S, SERVICE, ServerProcess, reason_of, stub_for, wait_until
 
 from aaren.server.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
@@ -229,3 +229,47 @@ def test_watch_streams_store_outage_and_draining(start_server, tmp_path):
                 watcher.close()
     finally:
         redis.stop()
+
+
+# ---------------------------------------------------------------- what a server process says
+
+
+def server_health(address: str) -> str:
+    with grpc.insecure_channel(address) as channel:
+        response = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=CALL_TIMEOUT_S)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def test_a_server_started_while_its_store_is_down_logs_it(tmp_path, tiny_checkpoint):
+    """The first store check is logged when it fails (not only a later change), and so is the store
+    coming up: an operator reading the log learns why health says NOT_SERVING."""
+    redis = RedisProcess(tmp_path / "redis")  # not started yet: nothing listens on its port
+    srv = ServerProcess(
+        tmp_path / "server.log",
+        checkpoint=tiny_checkpoint,
+        store_url=redis.url,
+        store_check_interval_s=0.1,
+        metrics_port=-1,
+    )
+    try:
+        assert server_health(srv.address) == "NOT_SERVING"
+        down = f"ERROR aaren.server: session store {redis.url} is not answering: health NOT_SERVING until it does"
+        assert down in srv.log_path.read_text(), srv.log_path.read_text()[-3000:]
+        redis.start()
+        wait_until(lambda: server_health(srv.address) == "SERVING", "health SERVING")
+        up = "INFO aaren.server: session store answers: health SERVING"
+        wait_until(lambda: up in srv.log_path.read_text(), "the store coming up in the log")
+    finally:
+        srv.stop()
+        redis.stop()
+
+
+def test_ready_line_says_metrics_off(tmp_path, tiny_checkpoint):
+    """With --metrics-port -1 the line scripts wait for says "metrics off", not "metrics on port 0"."""
+    srv = ServerProcess(tmp_path / "server.log", checkpoint=tiny_checkpoint, metrics_port=-1)
+    try:
+        assert srv.ready_line == f"aaren: listening on port {srv.grpc_port}, metrics off"
+        assert srv.metrics_port is None
+        assert server_health(srv.address) == "SERVING"
+    finally:
+        srv.stop()
