@@ -596,7 +596,7 @@ class Runtime:
     async def _update_session_gauges(self) -> None:
         n = await self.store.count()
         self.metrics.active_sessions.set(n)
-        self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+        self.metrics.state_bytes.set(n * self.engine.description.state_bytes_per_session)
 
     def _reset_foreign_states(self, ids: list[str], loaded: LoadedBatch) -> None:
         """With ``on_model_mismatch=reset``: a state another model version wrote becomes a fresh state
