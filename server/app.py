@@ -53,7 +53,7 @@ class AarenServer:
         self.servicer: ForecastServicer | None = None
         self._stopped = asyncio.Event()
         self._store_watch: asyncio.Task[None] | None = None
-        self._serving = False
+        self._serving: bool | None = None  # None until the first store check: that one is always said
 
     def _checkpoint(self) -> str | None:
         if self.settings.checkpoint is not None:
@@ -127,6 +127,10 @@ class AarenServer:
         )
 
     async def _set_serving(self, store_ok: bool) -> None:
+        """Health (and ``aaren_store_up``) after a store check; a change, and the first check, are logged.
+
+        The first check is logged even when it fails: a server started while its store is down
+        would otherwise stay NOT_SERVING without a word."""
         self.metrics.store_up.set(1 if store_ok else 0)
         if store_ok == self._serving:
             return
@@ -137,7 +141,7 @@ class AarenServer:
                 "session store %s is not answering: health NOT_SERVING until it does",
                 redact_url(self.settings.store_url),
             )
-        elif self.core is not None:
+        else:
             log.info("session store answers: health SERVING")
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)  # ignored once draining: health stays NOT_SERVING
@@ -268,7 +272,9 @@ async def _serve(settings: ServerSettings) -> None:
         await server.start()
     except ConfigError as exc:
         raise SystemExit(f"aaren serve: {exc}") from None
-    print(f"aaren: listening on port {server.grpc_port}, metrics on port {server.metrics_port}", flush=True)
+    metrics = f"metrics on port {server.metrics_port}" if settings.metrics_port >= 0 else "metrics off"
+    # Scripts wait for this line (tests/server/server_helpers.py, bench/): keep its shape.
+    print(f"aaren: listening on port {server.grpc_port}, {metrics}", flush=True)
     await server.wait_for_termination()
     log.info("stopped")
 

@@ -283,7 +283,7 @@ class Batcher:
     # ------------------------------------------------------------------ one batch
 
     async def _run_batch(self, batch: _Batch) -> None:
-        pieces, keys, sess, ids = batch.pieces, batch.keys, batch.sess, batch.ids
+        pieces, sess, ids = batch.pieces, batch.sess, batch.ids
         started = time.perf_counter()
         queue_latency = self._latency["queue"]
         for accepted, _, _ in pieces:
@@ -654,7 +654,7 @@ class Batcher:
     async def update_session_gauges(self) -> None:
         n = await self.store.count()
         self.metrics.active_sessions.set(n)
-        self.metrics.state_bytes_total.set(n * self.engine.description.state_bytes_per_session)
+        self.metrics.state_bytes.set(n * self.engine.description.state_bytes_per_session)
 
     def _count_tenant_session(self, key: str, change: int) -> None:
         """Keep a cached tenant count current with the sessions this server starts and ends."""

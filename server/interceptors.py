@@ -1,10 +1,14 @@
 """gRPC server interceptors: token authentication, and malformed requests answered as such.
 
-Each wraps the method handler grpc found, keeping its shape (unary or streaming on either side).
+Each wraps the method handler grpc found, keeping its shape (unary or streaming on either side) and,
+for a streaming response, its style: grpc.aio runs an async generator (``yield`` each response) and a
+coroutine that writes with ``context.write`` (grpc's own ``HealthServicer.Watch``) differently, so
+a wrapper must be of the same style as the behaviour it wraps (``_streaming``).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -70,21 +74,46 @@ def _refusal(handler: grpc.RpcMethodHandler, reason: str) -> grpc.RpcMethodHandl
     return _same_kind(handler, abort, abort_stream)
 
 
+def _streaming(
+    behavior: Callable[..., Any], before: Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]
+) -> Callable[..., Any]:
+    """``behavior`` (a response-streaming handler) with ``await before(request, context)`` run first,
+    in the same style as ``behavior``.
+
+    grpc.aio dispatches on the handler's kind (``inspect.iscoroutinefunction`` first, then
+    ``isasyncgenfunction``): a coroutine writes its responses itself with ``context.write`` and
+    returns None, so it must stay a coroutine; wrapping it in ``async for`` fails every call
+    ("'async for' requires an object with __aiter__ method, got coroutine").
+    """
+    if inspect.iscoroutinefunction(behavior):
+
+        async def write(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await before(request, context)
+            await behavior(request, context)
+
+        return write
+
+    async def generate(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await before(request, context)
+        async for response in behavior(request, context):
+            yield response
+
+    return generate
+
+
 def _with_tenant(handler: grpc.RpcMethodHandler, tenant: str) -> grpc.RpcMethodHandler:
+    async def set_tenant(request: Any, context: grpc.aio.ServicerContext) -> None:
+        current_tenant.set(tenant)
+
     def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            current_tenant.set(tenant)
+            await set_tenant(request, context)
             return await behavior(request, context)
 
         return call
 
     def streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            current_tenant.set(tenant)
-            async for response in behavior(request, context):
-                yield response
-
-        return call
+        return _streaming(behavior, set_tenant)
 
     return _same_kind(handler, unary, streaming, wrap=True)
 
@@ -122,6 +151,16 @@ class _Malformed:
         self.error = error
 
 
+async def _reject_malformed(request: Any, context: grpc.aio.ServicerContext) -> None:
+    """Aborts the call (INVALID_ARGUMENT, reason malformed_request) when its request did not parse."""
+    if isinstance(request, _Malformed):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"malformed request message: {request.error}",
+            trailing_metadata=((REASON_METADATA_KEY, "malformed_request"),),
+        )
+
+
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
     """A unary request that does not parse as its message type gets INVALID_ARGUMENT ("malformed
     request message: ...", reason malformed_request), not grpc's UNKNOWN with a Python exception name."""
@@ -143,26 +182,11 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
                 return _Malformed(exc)
 
         def unary_request(behavior: Callable[..., Any], streaming_response: bool) -> Callable[..., Any]:
-            async def reject(request: _Malformed, context: grpc.aio.ServicerContext) -> None:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"malformed request message: {request.error}",
-                    trailing_metadata=((REASON_METADATA_KEY, "malformed_request"),),
-                )
-
             if streaming_response:
-
-                async def call_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                    if isinstance(request, _Malformed):
-                        await reject(request, context)
-                    async for response in behavior(request, context):
-                        yield response
-
-                return call_stream
+                return _streaming(behavior, _reject_malformed)
 
             async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                if isinstance(request, _Malformed):
-                    await reject(request, context)
+                await _reject_malformed(request, context)
                 return await behavior(request, context)
 
             return call

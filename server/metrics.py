@@ -1,12 +1,23 @@
 """Prometheus metrics of one server (its own registry, so several servers can live in one process).
 
-Names follow Prometheus conventions: ``aaren_`` prefix, base units, ``_total`` counters. No label
-ever carries a session id.
+Names follow Prometheus conventions (``promtool check metrics`` passes on a scrape): ``aaren_``
+prefix, base units, ``_total`` for counters and only for counters. No label ever carries a session
+id. The registry also holds prometheus_client's process, platform and garbage-collector collectors
+(``process_*``: memory, CPU, open files; ``python_info``; ``python_gc_*``), which only its default
+registry would have otherwise.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 __all__ = ["Metrics"]
 
@@ -17,10 +28,22 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class Metrics:
-    """Every metric the service exports, registered in ``self.registry``."""
+    """Every metric the service exports, registered in ``self.registry``.
+
+    Without ``registry``, a new one that also has the process, platform and GC collectors; a registry
+    passed in is the caller's, which decides what else it holds (prometheus_client's default registry
+    has those collectors already, and a second registration of a name fails).
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        if registry is None:
+            registry = CollectorRegistry()
+            # Each collector reads this process when scraped and keeps no state, so one per registry
+            # is right even with several servers in one process (tests, embedded use).
+            ProcessCollector(registry=registry)
+            PlatformCollector(registry=registry)
+            GCCollector(registry=registry)
+        self.registry = registry
         r = self.registry
         self.event_latency = Histogram(
             "aaren_event_latency_seconds",
@@ -56,9 +79,7 @@ class Metrics:
         self.state_bytes_per_session = Gauge(
             "aaren_state_bytes_per_session", "Bytes of model state kept per session.", registry=r
         )
-        self.state_bytes_total = Gauge(
-            "aaren_state_bytes_total", "Bytes of model state kept for all active sessions.", registry=r
-        )
+        self.state_bytes = Gauge("aaren_state_bytes", "Bytes of model state kept for all active sessions.", registry=r)
         self.open_streams = Gauge("aaren_open_streams", "Stream calls now open.", registry=r)
         self.pending_events = Gauge("aaren_pending_events", "Events accepted and waiting for a batch.", registry=r)
         self.store_errors = Counter(

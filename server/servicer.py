@@ -214,7 +214,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _add_result(self, results: Any, event: pb.Event, outcomes: Outcomes, i: int, kind: int) -> None:
         """Append the row of an event answered without a forecast: an ack (maybe a duplicate) or an error."""
         result = results.add(session_id=event.session_id, seq=event.seq)
-        if kind == ACK or kind == DUPLICATE:
+        if kind in (ACK, DUPLICATE):
             result.duplicate = kind == DUPLICATE
             result.ack.SetInParent()
             result.ack.last_seq = int(outcomes.last_seq[i])

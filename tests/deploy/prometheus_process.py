@@ -27,8 +27,11 @@ def require(binary: str) -> str:
     return binary
 
 
-def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require(PROMTOOL), *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+def promtool(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``promtool *args`` (``stdin``: what it reads, e.g. a scrape for ``check metrics``)."""
+    return subprocess.run(
+        [require(PROMTOOL), *args], cwd=cwd, input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def free_port() -> int:

@@ -236,6 +236,8 @@ def test_dashboard_is_well_formed() -> None:
         assert word in titles, word
     for word in ("store latency", "store errors", "cas conflicts", "open streams", "pending events", "store up"):
         assert word in titles, word
+    for word in ("process memory", "process cpu", "open file descriptors"):
+        assert word in titles, word
 
 
 def test_dashboard_shows_every_metric() -> None:
@@ -366,6 +368,43 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Prometheus
     yield start
     for process in started:
         process.stop()
+
+
+# Series of prometheus_client's process, platform and GC collectors that the dashboard or an operator reads.
+PROCESS_METRICS = {
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+    "python_info",
+    "python_gc_objects_collected_total",
+}
+
+
+def test_promtool_checks_the_metrics_of_a_real_server(start_server) -> None:
+    """`promtool check metrics` on a real server's /metrics after real traffic (applied events, a duplicate and a
+    seq gap, so that labelled series exist) reports nothing: names, suffixes, types and help all pass Prometheus'
+    own linter. The scrape also has the process_* (memory, CPU, open files) and python_* series."""
+    server = start_server()
+    feeder = EventFeeder(server.address)
+    feeder.start()
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while feeder.applied < 2 * len(feeder.sessions) and feeder.error is None:  # past the duplicate and the gap
+            assert time.monotonic() < deadline, "the event feeder applied nothing"
+            time.sleep(0.05)
+    finally:
+        feeder.stop()
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    result = promtool("check", "metrics", stdin=text)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    assert "aaren_events_rejected_total{" in text, "the scrape has no labelled rejection series to check"
+    declared, sampled = exported(server.metrics_url)
+    missing = PROCESS_METRICS - (declared & sampled)
+    assert not missing, sorted(missing)
 
 
 def test_kubernetes_example_relabels_pods(prometheus, tmp_path: Path) -> None:

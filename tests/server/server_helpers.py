@@ -236,12 +236,16 @@ class ServerProcess:
             stderr=self._log,
         )
         assert self.process.stdout is not None
-        line = self.process.stdout.readline().decode()  # "aaren: listening on port N, metrics on port M"
-        ports = re.findall(r"port (\d+)", line)
-        if len(ports) != 2:
+        # "aaren: listening on port N, metrics on port M", or "..., metrics off" (--metrics-port -1)
+        self.ready_line = self.process.stdout.readline().decode().rstrip("\n")
+        match = re.fullmatch(r"aaren: listening on port (\d+), (?:metrics on port (\d+)|metrics off)", self.ready_line)
+        if match is None:
             self.kill()
-            raise RuntimeError(f"server did not start: {line!r}\n{log_path.read_text(errors='replace')[-3000:]}")
-        self.grpc_port, self.metrics_port = map(int, ports)
+            raise RuntimeError(
+                f"server did not start: {self.ready_line!r}\n{log_path.read_text(errors='replace')[-3000:]}"
+            )
+        self.grpc_port = int(match[1])
+        self.metrics_port: int | None = int(match[2]) if match[2] is not None else None
 
     @property
     def address(self) -> str:
@@ -249,6 +253,7 @@ class ServerProcess:
 
     @property
     def metrics_url(self) -> str:
+        assert self.metrics_port is not None, f"this server serves no metrics: {self.ready_line!r}"
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def kill(self) -> None:

@@ -122,15 +122,15 @@ def test_batch_wider_than_capacity_keeps_what_it_acknowledged(start_server, exis
         stream.close()
 
 
-def test_state_bytes_total_follows_ttl_eviction(start_server):
+def test_state_bytes_follows_ttl_eviction(start_server):
     srv = start_server(idle_ttl_s=0.3)
     with grpc.insecure_channel(srv.address) as channel:
         stub = stub_for(channel)
         stream = OpenStream(stub)
         assert_forecasts(stream.send([ev("x", 1, 1.0), ev("y", 1, 1.0)]), [("x", 1), ("y", 1)])
         per_session = metric(scrape(srv.metrics_url), "aaren_state_bytes_per_session")
-        assert metric(scrape(srv.metrics_url), "aaren_state_bytes_total") == 2 * per_session
+        assert metric(scrape(srv.metrics_url), "aaren_state_bytes") == 2 * per_session
         wait_until(lambda: get_session(stub, "x") is None and get_session(stub, "y") is None, "both evicted")
         wait_until(lambda: metric(scrape(srv.metrics_url), "aaren_active_sessions") == 0, "active sessions 0")
-        assert metric(scrape(srv.metrics_url), "aaren_state_bytes_total") == 0
+        assert metric(scrape(srv.metrics_url), "aaren_state_bytes") == 0
         stream.close()

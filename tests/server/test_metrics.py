@@ -67,7 +67,7 @@ def test_metrics_present_and_moving(start_server):
     assert metric(s, "aaren_active_sessions") == 2
     assert per_session > 0
     assert metric(s, "aaren_state_bytes_per_session") == per_session
-    assert metric(s, "aaren_state_bytes_total") == 2 * per_session
+    assert metric(s, "aaren_state_bytes") == 2 * per_session
     assert metric(s, "aaren_request_latency_seconds_count", method="Stream") >= 3
     assert metric(s, "aaren_request_latency_seconds_count", method="Forecast") >= 1
     assert metric(s, "aaren_open_streams") == 0
@@ -108,3 +108,17 @@ def test_batches_hold_at_most_max_batch_events(start_server):
     assert metric(samples, "aaren_batch_size_sum") == 9  # sessions per batch: 2, 2, 2, 2, 1
     assert metric(samples, "aaren_batch_events_bucket", le="2.0") == 1
     assert metric(samples, "aaren_batch_events_bucket", le="4.0") == 5  # none above the cap
+
+
+def test_every_server_of_a_process_exports_the_process_metrics(start_server):
+    """Two servers in one process (each with its own registry) both export the process_* and python_* series:
+    the collectors are registered per registry, so a second server neither fails nor goes without them."""
+    servers = [start_server(), start_server()]
+    scrapes = [scrape(srv.metrics_url) for srv in servers]
+    for s in scrapes:
+        assert metric(s, "process_resident_memory_bytes") > 0
+        assert metric(s, "process_open_fds") > 0
+        assert metric(s, "process_cpu_seconds_total") > 0
+        assert any(name == "python_info" for name, _ in s)
+        assert any(name == "python_gc_objects_collected_total" for name, _ in s)
+    assert metric(scrapes[0], "process_start_time_seconds") == metric(scrapes[1], "process_start_time_seconds")
