@@ -1,59 +1,85 @@
-"""Assembles and runs the server: model, store, engine core, gRPC (with health and reflection), metrics."""
+"""Assembles and runs the server: model, store, engine core, gRPC front ends, metrics.
+
+Two process layouts (shared/DESIGN.md section 2, "Process layout"), the same promises in each:
+
+- ``frontends = 0``: one process; the gRPC front end calls the engine core directly (embedded
+  use, most tests);
+- ``frontends = N``: this process is the engine core (model, store, batcher) and starts N
+  front-end processes on the same port, which parse, check and encode, and reach the core over
+  IPC. A front end that dies is started again; when the core dies, the front ends answer
+  NOT_SERVING and UNAVAILABLE, then stop. Metrics are served here, summed over the processes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import logging
+import os
+import secrets
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
 from pathlib import Path
 
-import grpc
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 
-from aaren.server.auth import AuthError, TokenTable
 from aaren.server.core import EngineCore
 from aaren.server.engine import load_engine, resolve_device
 from aaren.server.errors import ConfigError
-from aaren.server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
-from aaren.server.metrics import Metrics
+from aaren.server.frontend import READY_PREFIX, GrpcFrontEnd, server_credentials, spec_environment
+from aaren.server.ipc import CoreServer
+from aaren.server.metrics import AggregatedCollector, Metrics
 from aaren.server.servicer import ForecastServicer
 from aaren.server.settings import ServerSettings, bundled_checkpoint
 from aaren.server.stores import StateLayout, open_store
 from aaren.server.stores.factory import redact_url
-from aaren.v1 import aaren_pb2, aaren_pb2_grpc
 
-__all__ = ["AarenServer", "run"]
+__all__ = ["AarenServer", "resolve_frontends", "run"]
 
 log = logging.getLogger("aaren.server")
 
-SERVICE_NAME = aaren_pb2.DESCRIPTOR.services_by_name["ForecastService"].full_name
+FRONTEND_START_TIMEOUT_S = 60.0
+RESTART_BACKOFF_S = 0.5
+
+
+def resolve_frontends(setting: int) -> int:
+    """``-1`` (auto): one front end per core beside the engine core's, at least 1 and at most 8."""
+    if setting >= 0:
+        return setting
+    return max(1, min(8, (os.cpu_count() or 1) - 1))
 
 
 class AarenServer:
-    """One server instance. ``await start()`` binds (``grpc_port`` / ``metrics_port`` tell the ports),
+    """One server. ``await start()`` binds (``grpc_port`` / ``metrics_port`` tell the ports),
     ``await stop()`` drains and shuts down."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
+        self.frontends = resolve_frontends(settings.frontends)
         self.metrics = Metrics()
-        self.health = health_aio.HealthServicer()
         self.grpc_port = 0
         self.metrics_port = 0
-        self._server: grpc.aio.Server | None = None
-        self._http: tuple[object, threading.Thread] | None = None
+        self.front: GrpcFrontEnd | None = None
         self.core: EngineCore | None = None
-        self.servicer: ForecastServicer | None = None
+        self.core_server: CoreServer | None = None
+        self.processes: list[subprocess.Popen[bytes] | None] = []
+        self._http: tuple[object, threading.Thread] | None = None
         self._stopped = asyncio.Event()
-        self._store_watch: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._socket_dir: str | None = None
+        self._key = secrets.token_hex(32)
         self._serving: bool | None = None  # None until the first store check: that one is always said
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def servicer(self) -> ForecastServicer | None:
+        return self.front.servicer if self.front is not None else None
 
     def _checkpoint(self) -> str | None:
         if self.settings.checkpoint is not None:
@@ -63,47 +89,32 @@ class AarenServer:
 
     async def start(self) -> None:
         s = self.settings
-        credentials = server_credentials(s)  # refuses a plaintext non-loopback address before anything starts
-        interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequestInterceptor()]
-        if s.auth_tokens_file is not None:
-            try:
-                table = TokenTable.load(s.auth_tokens_file)
-            except (AuthError, OSError) as exc:
-                raise ConfigError(f"auth_tokens_file: {exc}") from None
-            refused = self.metrics.auth_refusals
-            interceptors.append(TokenAuthInterceptor(table, on_refused=lambda reason: refused.labels(reason).inc()))
-            log.info("authentication on: %d tokens of %d tenants", len(table.digests), len(table.tenants))
-        self._server = grpc.aio.server(options=grpc_options(s), interceptors=interceptors)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            self._server,
-        )
-        self.servicer = ForecastServicer(s, self.metrics)
-        aaren_pb2_grpc.add_ForecastServiceServicer_to_server(self.servicer, self._server)
-        if credentials is None:
-            self.grpc_port = self._server.add_insecure_port(s.address)
-        else:
-            self.grpc_port = self._server.add_secure_port(s.address, credentials)
-        if self.grpc_port == 0:
-            raise OSError(f"could not bind the gRPC address {s.address!r}")
-        await self._server.start()  # health answers NOT_SERVING while the model loads
+        self._loop = asyncio.get_running_loop()
+        server_credentials(s)  # refuses a plaintext non-loopback address (or missing TLS files) before anything starts
+        if not self.frontends:
+            self.front = await GrpcFrontEnd.start(s, self.metrics)  # NOT_SERVING while the model loads
+            self.grpc_port = self.front.port
 
         if s.torch_threads:
             torch.set_num_threads(s.torch_threads)
         device = resolve_device(s.device)
-        checkpoint = self._checkpoint()
-        engine = await asyncio.to_thread(load_engine, checkpoint, device, s.quantiles, compile_model=s.compile_model)
+        engine = await asyncio.to_thread(
+            load_engine, self._checkpoint(), device, s.quantiles, compile_model=s.compile_model
+        )
         store = open_store(
             s.store_url, StateLayout(engine.layout_rows()), capacity=s.session_capacity, idle_ttl_s=s.idle_ttl_s
         )
         self.core = EngineCore(engine, store, s, self.metrics)
         await self.core.start()
-        self.servicer.attach(self.core)
+        registry = self.metrics.registry
+        if self.front is not None:
+            self.front.servicer.attach(self.core)
+        else:
+            await self._start_frontends()
+            registry = CollectorRegistry(auto_describe=True)
+            registry.register(AggregatedCollector(self.metrics.registry, self._remote_metrics))
         if s.metrics_port >= 0:
-            self._http = start_http_server(s.metrics_port, addr=s.metrics_address, registry=self.metrics.registry)
+            self._http = start_http_server(s.metrics_port, addr=s.metrics_address, registry=registry)
             self.metrics_port = self._http[0].server_port  # type: ignore[attr-defined]
         # The model and everything loaded so far live as long as the server: keep them out of the
         # cyclic collector's scans, which otherwise walk them on every full collection.
@@ -112,10 +123,10 @@ class AarenServer:
         if s.gc_threshold:
             gc.set_threshold(s.gc_threshold, *gc.get_threshold()[1:])
         await self._set_serving(await store.healthy())
-        self._store_watch = asyncio.create_task(self._watch_store(), name="aaren-store-health")
+        self._tasks.append(asyncio.create_task(self._watch_store(), name="aaren-store-health"))
         d = engine.description
         log.info(
-            "serving %s (%s, %s backbone, %d parameters) on port %d, device %s, store %s, metrics port %s",
+            "serving %s (%s, %s backbone, %d parameters) on port %d, device %s, store %s, metrics %s, %s",
             d.name,
             d.version,
             d.backbone,
@@ -123,8 +134,72 @@ class AarenServer:
             self.grpc_port,
             d.device,
             redact_url(s.store_url),
-            self.metrics_port if s.metrics_port >= 0 else "off",
+            f"on port {self.metrics_port}" if s.metrics_port >= 0 else "off",
+            f"{self.frontends} front-end processes" if self.frontends else "front end in process",
         )
+
+    # ------------------------------------------------------------------ front-end processes
+
+    async def _start_frontends(self) -> None:
+        assert self.core is not None
+        self._socket_dir = tempfile.mkdtemp(prefix="aaren-core-")  # mode 0700: only this user enters
+        self.core_server = CoreServer(self.core, os.path.join(self._socket_dir, "core.sock"), self._key)
+        await self.core_server.start()
+        self.processes = [None] * self.frontends
+        port = int(self.settings.address.rsplit(":", 1)[1])
+        for index in range(self.frontends):
+            port = await self._spawn(index, port)  # the first one picks the port when it is 0
+        self.grpc_port = port
+        for index in range(self.frontends):
+            self._tasks.append(asyncio.create_task(self._supervise(index), name=f"aaren-frontend-{index}"))
+
+    async def _spawn(self, index: int, port: int) -> int:
+        assert self.core_server is not None
+        env = spec_environment(self.settings, self.core_server.path, self._key, index, port)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "aaren.server.frontend"], env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+        )
+        self.processes[index] = process
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), FRONTEND_START_TIMEOUT_S)
+        except TimeoutError:
+            process.kill()
+            raise RuntimeError(f"front end {index} did not start within {FRONTEND_START_TIMEOUT_S:.0f} s") from None
+        text = line.decode(errors="replace").strip()
+        if not text.startswith(READY_PREFIX):
+            process.wait(10)
+            raise ConfigError(f"front end {index} did not start (exit code {process.returncode}): {text!r}")
+        return int(text[len(READY_PREFIX) :])
+
+    async def _supervise(self, index: int) -> None:
+        """Start front end ``index`` again whenever it dies, until the server stops."""
+        while not self._stopping:
+            process = self.processes[index]
+            assert process is not None
+            code = await asyncio.to_thread(process.wait)
+            if self._stopping:
+                return
+            log.error("front end %d (pid %d) exited with code %s: starting it again", index, process.pid, code)
+            self.metrics.frontend_restarts.inc()
+            await asyncio.sleep(RESTART_BACKOFF_S)
+            try:
+                await self._spawn(index, self.grpc_port)
+            except Exception:
+                log.exception("front end %d did not start again", index)
+
+    def _remote_metrics(self) -> list:
+        """The front ends' metric families, fetched on the core's loop (called by the HTTP thread)."""
+        if self.core_server is None or self._loop is None:
+            return []
+        future = asyncio.run_coroutine_threadsafe(self.core_server.collect_metrics(), self._loop)
+        try:
+            return future.result(timeout=5)
+        except Exception:
+            log.warning("front ends did not report their metrics in time")
+            return []
+
+    # ------------------------------------------------------------------ health
 
     async def _set_serving(self, store_ok: bool) -> None:
         """Health (and ``aaren_store_up``) after a store check; a change, and the first check, are logged.
@@ -135,7 +210,6 @@ class AarenServer:
         if store_ok == self._serving:
             return
         self._serving = store_ok
-        status = health_pb2.HealthCheckResponse.SERVING if store_ok else health_pb2.HealthCheckResponse.NOT_SERVING
         if not store_ok:
             log.error(
                 "session store %s is not answering: health NOT_SERVING until it does",
@@ -143,8 +217,10 @@ class AarenServer:
             )
         else:
             log.info("session store answers: health SERVING")
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, status)  # ignored once draining: health stays NOT_SERVING
+        if self.front is not None:
+            await self.front.set_serving(store_ok)
+        if self.core_server is not None:
+            self.core_server.set_serving(store_ok)
 
     async def _watch_store(self) -> None:
         """Health follows the store: NOT_SERVING while it does not answer, SERVING again when it does."""
@@ -153,27 +229,37 @@ class AarenServer:
             await asyncio.sleep(self.settings.store_check_interval_s)
             await self._set_serving(await self.core.store.healthy())
 
+    # ------------------------------------------------------------------ stopping
+
     async def stop(self, grace: float | None = None) -> None:
         """Drain: health NOT_SERVING, refuse new events, answer accepted ones, close streams, stop."""
-        if self._stopped.is_set():
+        if self._stopped.is_set() or self._stopping:
             return
+        self._stopping = True
         grace = self.settings.drain_grace_s if grace is None else grace
-        await self.health.enter_graceful_shutdown()
-        if self._store_watch is not None:
-            self._store_watch.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._store_watch
-        if self.servicer is not None:
-            self.servicer.draining = True
+                await task
+        if self.front is not None:
+            await self.front.health.enter_graceful_shutdown()
+            self.front.servicer.draining = True
+        if self.core is not None:
+            self.core.draining = True
+        if self.core_server is not None:
+            self.core_server.broadcast(("drain",))
+            await asyncio.to_thread(self._wait_frontends, grace + 10)
         if self.core is not None:
             try:
                 await asyncio.wait_for(self.core.drain(), timeout=grace)
             except TimeoutError:
                 log.warning("drain did not finish within %.1f s", grace)
-        if self.servicer is not None:
-            self.servicer.close_streams()
-        if self._server is not None:
-            await self._server.stop(grace)
+        if self.front is not None:
+            await self.front.stop(grace)
+        if self.core_server is not None:
+            await self.core_server.close()
+            with contextlib.suppress(OSError):
+                os.rmdir(self._socket_dir or "")
         if self.core is not None:
             await self.core.close()
         if self._http is not None:
@@ -183,77 +269,19 @@ class AarenServer:
             thread.join(timeout=5)
         self._stopped.set()
 
+    def _wait_frontends(self, timeout: float) -> None:
+        for index, process in enumerate(self.processes):
+            if process is None:
+                continue
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("front end %d did not stop within %.0f s: killing it", index, timeout)
+                process.kill()
+                process.wait(10)
+
     async def wait_for_termination(self) -> None:
         await self._stopped.wait()
-
-
-def grpc_options(s: ServerSettings) -> list[tuple[str, int]]:
-    """Channel arguments of the server: message sizes, streams per connection, keepalive.
-
-    The keepalive policy accepts pings from clients every ``min_client_ping_interval_s`` (also
-    between calls), so clients whose keepalive is at least that long never get GOAWAY
-    ``too_many_pings``; the grpc default client sends no keepalive pings at all.
-    """
-    ms = lambda seconds: int(seconds * 1000)  # noqa: E731
-    options = [
-        ("grpc.max_receive_message_length", s.max_message_bytes),
-        ("grpc.max_send_message_length", max(s.max_message_bytes, 64 * 1024 * 1024)),
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_concurrent_streams", s.max_streams_per_connection),
-        ("grpc.keepalive_time_ms", ms(s.keepalive_time_s)),
-        ("grpc.keepalive_timeout_ms", ms(s.keepalive_timeout_s)),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_ping_interval_without_data_ms", ms(s.min_client_ping_interval_s)),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", ms(s.min_client_ping_interval_s)),
-        ("grpc.http2.max_ping_strikes", 2),
-    ]
-    if s.max_connection_age_s > 0:
-        options += [
-            ("grpc.max_connection_age_ms", ms(s.max_connection_age_s)),
-            ("grpc.max_connection_age_grace_ms", ms(s.max_connection_age_grace_s)),
-        ]
-    return options
-
-
-def _is_loopback(address: str) -> bool:
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def server_credentials(s: ServerSettings) -> grpc.ServerCredentials | None:
-    """TLS (and, with a client CA, mutual TLS) credentials from files; None for plaintext, which is
-    allowed on a loopback address or when ``plaintext`` is set, and said loudly."""
-    if s.tls_cert_file is None and s.tls_key_file is None:
-        if s.tls_client_ca_file is not None:
-            raise ConfigError("tls_client_ca_file needs tls_cert_file and tls_key_file (mutual TLS is TLS first)")
-        if not s.plaintext and not _is_loopback(s.address):
-            raise ConfigError(
-                f"refusing to serve plaintext gRPC on {s.address}: set tls_cert_file and tls_key_file, or "
-                "plaintext=true when a proxy or mesh terminates TLS in front of this server"
-            )
-        log.warning(
-            "PLAINTEXT gRPC on %s: events, session ids%s travel unencrypted",
-            s.address,
-            " and bearer tokens" if s.auth_tokens_file else "",
-        )
-        return None
-    if s.tls_cert_file is None or s.tls_key_file is None:
-        raise ConfigError("TLS needs both tls_cert_file and tls_key_file")
-    for path in (s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file):
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"TLS file {path} does not exist")
-    client_ca = Path(s.tls_client_ca_file).read_bytes() if s.tls_client_ca_file else None
-    log.info("TLS on %s%s", s.address, " with client certificates required (mutual TLS)" if client_ca else "")
-    return grpc.ssl_server_credentials(
-        [(Path(s.tls_key_file).read_bytes(), Path(s.tls_cert_file).read_bytes())],
-        root_certificates=client_ca,
-        require_client_auth=client_ca is not None,
-    )
 
 
 async def _serve(settings: ServerSettings) -> None:

@@ -1,10 +1,11 @@
-"""Columnar batches between the front ends and the engine core: arrays, never one object per event.
+"""What crosses between the front ends and the engine core: columnar batches (arrays, never one
+object per event), the served model's description and the unary calls' results.
 
 A front end turns one request (a stream message) into a ``CoreRequest``: the events that passed
 the checks that need no state, as columns, plus the refusals of the others. The engine core
 answers it with ``Outcomes``: one kind and seq per event, and the task's output columns for the
 events that got a forecast. Both are plain data (numpy arrays, str lists, ``ErrorInfo``), so they
-cross a process boundary as they are.
+cross a process boundary as they are. Nothing here imports torch: front-end processes never do.
 """
 
 from __future__ import annotations
@@ -15,7 +16,19 @@ import numpy as np
 
 from aaren.server.errors import ErrorInfo
 
-__all__ = ["ACK", "DUPLICATE", "ERROR", "FORECAST", "CoreRequest", "EventColumns", "Outcomes"]
+__all__ = [
+    "ACK",
+    "DUPLICATE",
+    "ERROR",
+    "FORECAST",
+    "CoreRequest",
+    "EventColumns",
+    "ModelDescription",
+    "Outcomes",
+    "SampledFuture",
+    "SessionView",
+    "StepSummary",
+]
 
 #: Outcome kinds, one per event (``Outcomes.kind``).
 FORECAST, ACK, DUPLICATE, ERROR = 0, 1, 2, 3
@@ -89,3 +102,68 @@ class Outcomes:
     @classmethod
     def all_errors(cls, n: int, errors: dict[int, ErrorInfo]) -> Outcomes:
         return cls(np.full(n, ERROR, np.int8), np.zeros(n, np.int64), errors, np.zeros(0, np.int64), {})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDescription:
+    """What a front end needs to know of a served model (it crosses the IPC as plain data)."""
+
+    name: str
+    version: str
+    backbone: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    num_marks: int
+    value_width: int
+    parameters: int
+    state_bytes_per_session: int
+    mark_names: tuple[str, ...]
+    value_names: tuple[str, ...]
+    time_unit: str
+    device: str
+    quantiles: tuple[float, ...] = ()
+    #: The task the model serves (shared/DESIGN.md "Tasks"); it names the output columns' meaning.
+    task: str = "event"
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionView:
+    """A session's stored state, described (times: unix seconds, but ``last_time``: the data's own)."""
+
+    session_id: str
+    last_seq: int
+    last_time: float
+    created_at: float
+    updated_at: float
+    model_version: str
+    state: bytes | None
+    state_bytes: int
+    expires_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepSummary:
+    """What sampled futures say about future event ``step`` (1 = next): absolute times, mark frequencies."""
+
+    step: int
+    mean_time: float
+    time_quantiles: list[float]
+    marks: list[tuple[int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledFuture:
+    """The exact next-event forecast (``outputs``: the task's columns, one row), plus (horizon > 1)
+    per-step summaries and sampled paths (absolute times ``[S][H]``, marks ``[S][H]``, values
+    ``[S][H][V]``)."""
+
+    session_id: str
+    seq: int
+    last_time: float
+    outputs: dict[str, np.ndarray]
+    top_k: int
+    steps: list[StepSummary]
+    times: list[list[float]]
+    marks: list[list[int]]
+    values: list[list[list[float]]]

@@ -19,13 +19,13 @@ from collections.abc import Callable
 
 from aaren.server.admission import Admission
 from aaren.server.batcher import Batcher, Scope
-from aaren.server.columns import CoreRequest, Outcomes
-from aaren.server.engine import Engine, ModelDescription
+from aaren.server.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
+from aaren.server.engine import Engine
 from aaren.server.errors import ErrorInfo, catalogue
 from aaren.server.metrics import Metrics
-from aaren.server.sessions import SampledFuture, SessionCalls, SessionView
+from aaren.server.sessions import SessionCalls
 from aaren.server.settings import ServerSettings
-from aaren.server.stores.base import SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.stores.base import SessionStore, StoreUnavailableError
 from aaren.server.validation import EventChecker
 
 __all__ = ["EngineCore"]
@@ -126,7 +126,7 @@ class EngineCore:
     async def get_session(self, session_id: str, include_state: bool = False, tenant: str = "") -> SessionView:
         return await self.sessions.get_session(session_id, include_state, tenant)
 
-    async def end_session(self, session_id: str, tenant: str = "") -> SessionMeta | None:
+    async def end_session(self, session_id: str, tenant: str = "") -> int | None:
         return await self.sessions.end_session(session_id, tenant)
 
     # ------------------------------------------------------------------ housekeeping

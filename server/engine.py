@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aaren.server.columns import ModelDescription
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.event_model import EventModel, EventModelConfig
 from aaren_core.state import State
@@ -46,29 +47,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelDescription:
-    """What a front end needs to know of a served model (it crosses the IPC as plain data)."""
-
-    name: str
-    version: str
-    backbone: str
-    d_model: int
-    n_layers: int
-    n_heads: int
-    num_marks: int
-    value_width: int
-    parameters: int
-    state_bytes_per_session: int
-    mark_names: tuple[str, ...]
-    value_names: tuple[str, ...]
-    time_unit: str
-    device: str
-    quantiles: tuple[float, ...] = ()
-    #: The task the model serves (shared/DESIGN.md "Tasks"); it names the output columns' meaning.
-    task: str = "event"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

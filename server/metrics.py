@@ -9,6 +9,9 @@ registry would have otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -18,8 +21,10 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
 )
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["Metrics"]
+__all__ = ["AggregatedCollector", "Metrics", "families_of"]
 
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -118,6 +123,11 @@ class Metrics:
             ["limit"],
             registry=r,
         )
+        self.frontend_restarts = Counter(
+            "aaren_frontend_restarts_total",
+            "Front-end processes started again after they died (multi-process layout).",
+            registry=r,
+        )
         for outcome in ("applied", "duplicate", "rejected"):
             self.events.labels(outcome)
         for phase in ("queue", "model", "store", "total"):
@@ -131,3 +141,60 @@ class Metrics:
         for operation in ("load", "save", "get", "delete"):
             self.store_latency.labels(operation)
             self.store_errors.labels(operation)
+
+
+#: A registry's families as plain data: ``(name, type, documentation, unit, [(sample, labels, value)])``.
+Families = list[tuple[str, str, str, str, list[tuple[str, dict[str, str], float]]]]
+#: Families that describe one process (its memory, CPU, interpreter): not summed across processes.
+PER_PROCESS_PREFIXES = ("process_", "python_")
+
+
+def families_of(registry: CollectorRegistry) -> Families:
+    """What ``registry`` would export now, as picklable tuples (a front end's answer to its core)."""
+    return [
+        (f.name, f.type, f.documentation, f.unit, [(s.name, dict(s.labels), s.value) for s in f.samples])
+        for f in registry.collect()
+        if not f.name.startswith(PER_PROCESS_PREFIXES)
+    ]
+
+
+class AggregatedCollector(Collector):
+    """One consistent view of several processes: the core's own registry plus its front ends'
+    families (fetched at scrape time), samples with equal names and labels summed. Counters,
+    histograms and the gauges the front ends hold (open streams) all add up; ``_created``
+    timestamps take the earliest. ``process_*`` and ``python_*`` are the core process's own."""
+
+    def __init__(self, own: CollectorRegistry, remote: Callable[[], Iterable[Families]]) -> None:
+        self.own = own
+        self.remote = remote
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, tuple[str, str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
+        order: list[str] = []
+
+        def add(name: str, kind: str, doc: str, unit: str, samples: Iterable[tuple[str, Any, float]]) -> None:
+            if name not in merged:
+                merged[name] = (kind, doc, unit, {})
+                order.append(name)
+            values = merged[name][3]
+            for sample, labels, value in samples:
+                key = (sample, tuple(sorted(labels.items())))
+                if key not in values:
+                    values[key] = value
+                elif sample.endswith("_created"):
+                    values[key] = min(values[key], value)
+                else:
+                    values[key] += value
+
+        for family in self.own.collect():
+            add(family.name, family.type, family.documentation, family.unit,
+                ((s.name, s.labels, s.value) for s in family.samples))  # fmt: skip
+        for families in self.remote():
+            for name, kind, doc, unit, samples in families:
+                add(name, kind, doc, unit, samples)
+        for name in order:
+            kind, doc, unit, values = merged[name]
+            metric = Metric(name, doc, kind, unit)
+            for (sample, labels), value in values.items():
+                metric.add_sample(sample, dict(labels), value)
+            yield metric

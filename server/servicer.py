@@ -22,10 +22,9 @@ from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from aaren.server.auth import current_tenant
-from aaren.server.columns import ACK, DUPLICATE, FORECAST, CoreRequest, Outcomes
+from aaren.server.columns import ACK, DUPLICATE, FORECAST, CoreRequest, Outcomes, SampledFuture
 from aaren.server.errors import ErrorInfo, ServiceError, catalogue
 from aaren.server.metrics import Metrics
-from aaren.server.sessions import SampledFuture
 from aaren.server.settings import ServerSettings
 from aaren.server.validation import EventChecker
 from aaren.v1 import aaren_pb2 as pb
@@ -452,7 +451,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             context,
             core.get_session(request.session_id, request.include_state, current_tenant.get()),
         )
-        m = view.meta
+        m = view
         return pb.SessionInfo(
             session_id=view.session_id,
             last_seq=m.last_seq,
@@ -470,8 +469,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndSessionResponse:
         core = await self._ready(context)
-        meta = await self._unary("EndSession", context, core.end_session(request.session_id, current_tenant.get()))
-        return pb.EndSessionResponse(existed=meta is not None, last_seq=meta.last_seq if meta else 0)
+        last_seq = await self._unary("EndSession", context, core.end_session(request.session_id, current_tenant.get()))
+        return pb.EndSessionResponse(existed=last_seq is not None, last_seq=last_seq or 0)
 
     async def DescribeModel(  # noqa: N802
         self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import numpy as np
 import torch
 
 from aaren.server.batcher import Batcher, Scope
+from aaren.server.columns import SampledFuture, SessionView, StepSummary
 from aaren.server.engine import Engine
 from aaren.server.errors import catalogue
 from aaren.server.metrics import Metrics
@@ -19,45 +18,9 @@ from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import SessionMeta, SessionStore, StoreUnavailableError
 from aaren.server.validation import EventChecker
 
-__all__ = ["SampledFuture", "SessionCalls", "SessionView", "StepSummary"]
+__all__ = ["SessionCalls"]
 
 T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionView:
-    session_id: str
-    meta: SessionMeta
-    state: bytes | None
-    state_bytes: int
-    expires_at: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepSummary:
-    """What sampled futures say about future event ``step`` (1 = next): absolute times, mark frequencies."""
-
-    step: int
-    mean_time: float
-    time_quantiles: list[float]
-    marks: list[tuple[int, float]]
-
-
-@dataclasses.dataclass(frozen=True)
-class SampledFuture:
-    """The exact next-event forecast (``outputs``: the task's columns, one row), plus (horizon > 1)
-    per-step summaries and sampled paths (absolute times ``[S][H]``, marks ``[S][H]``, values
-    ``[S][H][V]``)."""
-
-    session_id: str
-    seq: int
-    last_time: float
-    outputs: dict[str, np.ndarray]
-    top_k: int
-    steps: list[StepSummary]
-    times: list[list[float]]
-    marks: list[list[int]]
-    values: list[list[list[float]]]
 
 
 class SessionCalls:
@@ -158,13 +121,18 @@ class SessionCalls:
         data = state.to_bytes(model_version=self.engine.version) if include_state else None
         return SessionView(
             session_id,
-            meta,
+            meta.last_seq,
+            meta.last_time,
+            meta.created_at,
+            meta.updated_at,
+            meta.model_version,
             data,
             self.engine.description.state_bytes_per_session,
             meta.updated_at + self.settings.idle_ttl_s,
         )
 
-    async def end_session(self, session_id: str, tenant: str = "") -> SessionMeta | None:
+    async def end_session(self, session_id: str, tenant: str = "") -> int | None:
+        """End the session (delete its state); its last seq, or None when there was none."""
         key = self._checked_key(session_id, tenant)
         meta = await self._store_call("delete", self.store.delete(key))
         if meta is not None:
@@ -172,4 +140,4 @@ class SessionCalls:
             self.batcher.session_ended(key)
             if self.store.cheap_count:
                 await self.batcher.update_session_gauges()
-        return meta
+        return None if meta is None else meta.last_seq

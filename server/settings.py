@@ -47,6 +47,12 @@ class ServerSettings(BaseSettings):
         100_000, description="sessions the memory store holds before LRU eviction (Redis: bounded by its maxmemory)"
     )
     idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is evicted")
+    frontends: int = Field(
+        -1,
+        ge=-1,
+        description="gRPC front-end processes beside the engine core's process, sharing the port (SO_REUSEPORT); "
+        "0: one process does everything (embedded use); -1: one per CPU core beyond the first, 1 to 8",
+    )
     max_batch_size: PositiveInt = Field(256, description="most sessions stepped in one batched model call")
     max_batch_events: PositiveInt = Field(
         2048,

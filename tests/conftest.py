@@ -59,7 +59,7 @@ class ServerThread:
         from aaren.server.app import AarenServer
         from aaren.server.settings import ServerSettings
 
-        defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "torch_threads": 0}
+        defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "torch_threads": 0, "frontends": 0}
         self.settings = ServerSettings(**{**defaults, **settings})  # torch_threads 0: leave the process as is
         self.server = AarenServer(self.settings)
         self.loop = asyncio.new_event_loop()

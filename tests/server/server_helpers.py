@@ -224,7 +224,7 @@ class ServerProcess:
     """``aaren serve`` in its own process (so a test can SIGKILL it), on free ports."""
 
     def __init__(self, log_path: Path, **settings: Any) -> None:
-        defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "drain_grace_s": 1.0}
+        defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "drain_grace_s": 1.0, "frontends": 0}
         flags = []
         for name, value in {**defaults, **settings}.items():
             flags += [f"--{name.replace('_', '-')}", str(value)]

@@ -58,14 +58,19 @@ def offline_forecasts(model, seq, n):
         return model.forecast(y, quantiles=(0.1, 0.5, 0.9), top_k=3)
 
 
-@pytest.mark.parametrize("compile_model", [False, True], ids=["eager", "compiled"])
-def test_streamed_forecasts_equal_offline_model(start_server, flights_events, flights_checkpoint, compile_model):
-    """Also with the step and forecast ``torch.compile``d (opt-in): its fused kernels reorder float32
+@pytest.mark.parametrize(
+    ("compile_model", "frontends"), [(False, 0), (False, 2), (True, 0)], ids=["eager", "eager-2-frontends", "compiled"]
+)
+def test_streamed_forecasts_equal_offline_model(
+    start_server, flights_events, flights_checkpoint, compile_model, frontends
+):
+    """In both process layouts (one process; the engine core with two front-end processes), and
+    with the step and forecast ``torch.compile``d (opt-in): its fused kernels reorder float32
     sums, which moves forecasts by up to about 1e-5 relative over 50 events (measured 1.05e-5 at
     worst), so that variant is held to 5e-5."""
     bound = 5e-5 if compile_model else 1e-5
     sequences, _ = flights_events
-    srv = start_server(checkpoint=flights_checkpoint, compile_model=compile_model)
+    srv = start_server(checkpoint=flights_checkpoint, compile_model=compile_model, frontends=frontends)
     engine = srv.server.core.engine
     # These machines have a C++ compiler: a silent fallback to eager would test nothing new here.
     assert (engine._step != engine._step_tensors) == compile_model
