@@ -109,6 +109,14 @@ def start_server(tiny_checkpoint: Path) -> Iterator[Callable[..., ServerThread]]
         server.stop()
 
 
+@pytest.fixture(params=[0, 2], ids=["one-process", "2-frontends"])
+def frontends(request: pytest.FixtureRequest) -> int:
+    """Both process layouts: everything in one process, and the engine core with two front-end
+    processes. A module runs all its servers in both by overriding ``start_server`` with
+    ``server_helpers.layouts_of(start_server, frontends)``."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
     """One real redis-server for the whole run; tests keep apart by key prefix (``redis_url``)."""

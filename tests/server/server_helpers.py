@@ -170,6 +170,19 @@ def assert_forecasts_close(a: pb.Forecast, b: pb.Forecast, atol: float = 1e-5) -
     assert all(abs(x - y) <= atol * max(1.0, abs(y)) for x, y in zip(na, nb, strict=True)), (na, nb)
 
 
+# ---------------------------------------------------------------- process layouts
+
+
+def layouts_of(start: Callable[..., Any], frontends: int) -> Callable[..., Any]:
+    """``start_server`` with ``frontends`` front-end processes unless a test names its own."""
+
+    def start_in_layout(**settings: Any) -> Any:
+        settings.setdefault("frontends", frontends)
+        return start(**settings)
+
+    return start_in_layout
+
+
 # ---------------------------------------------------------------- holding the model
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import grpc
+import pytest
 from server_helpers import (
     CALL_TIMEOUT_S,
     OpenStream,
@@ -13,11 +14,18 @@ from server_helpers import (
     assert_forecasts,
     ev,
     get_session,
+    layouts_of,
     metric,
     scrape,
     stub_for,
     wait_until,
 )
+
+
+@pytest.fixture
+def start_server(start_server, frontends):
+    """Every server of this module runs in both process layouts."""
+    return layouts_of(start_server, frontends)
 
 
 class BatchGate:

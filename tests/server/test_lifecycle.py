@@ -13,6 +13,7 @@ from server_helpers import (
     assert_rpc_error,
     ev,
     get_session,
+    layouts_of,
     metric,
     rpc_error,
     scrape,
@@ -21,6 +22,12 @@ from server_helpers import (
 )
 
 from aaren.v1 import aaren_pb2 as pb
+
+
+@pytest.fixture
+def start_server(start_server, frontends):
+    """Every server of this module runs in both process layouts."""
+    return layouts_of(start_server, frontends)
 
 
 def evicted(samples: dict, cause: str) -> float:

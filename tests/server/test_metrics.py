@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 
 import grpc
+import pytest
 from server_helpers import (
     OpenStream,
     assert_event_error,
     assert_forecasts,
     ev,
+    layouts_of,
     metric,
     scrape,
     stub_for,
@@ -17,6 +19,13 @@ from server_helpers import (
 )
 
 from aaren.v1 import aaren_pb2 as pb
+
+
+@pytest.fixture
+def start_server(start_server, frontends):
+    """Every server of this module runs in both process layouts."""
+    return layouts_of(start_server, frontends)
+
 
 SIDS = ("sid-alpha-7f3e", "sid-beta-91c2", "sid-gamma-04aa")
 

@@ -25,6 +25,7 @@ from server_helpers import (
     ev,
     get_session,
     hold_model_steps,
+    layouts_of,
     metric,
     outcome,
     scrape,
@@ -34,6 +35,12 @@ from server_helpers import (
 
 from aaren.v1 import aaren_pb2 as pb
 from aaren_core.checkpoint import save_checkpoint
+
+
+@pytest.fixture
+def start_server(start_server, frontends):
+    """Every server of this module runs in both process layouts."""
+    return layouts_of(start_server, frontends)
 
 
 def events(session_id: str, n: int, seed: int = 0, start: int = 1, t0: float = 0.0) -> list[pb.Event]:
@@ -62,10 +69,12 @@ def health(channel: grpc.Channel) -> int:
 
 
 @pytest.fixture
-def replicas(tmp_path, tiny_checkpoint, redis_url):
+def replicas(tmp_path, tiny_checkpoint, redis_url, frontends):
+    """``aaren serve`` processes on one Redis, in the layout of the test (``frontends``)."""
     started: list[ServerProcess] = []
 
     def start(n: int = 2, **settings) -> list[ServerProcess]:
+        settings.setdefault("frontends", frontends)
         for _ in range(n):
             i = len(started)
             started.append(

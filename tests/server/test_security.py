@@ -16,6 +16,7 @@ from server_helpers import (
     assert_event_error,
     assert_forecast,
     ev,
+    layouts_of,
     reason_of,
     stub_for,
 )
@@ -23,6 +24,13 @@ from server_helpers import (
 from aaren.server.auth import hash_token, new_token
 from aaren.server.errors import ConfigError
 from aaren.v1 import aaren_pb2 as pb
+
+
+@pytest.fixture
+def start_server(start_server, frontends):
+    """Every server of this module runs in both process layouts."""
+    return layouts_of(start_server, frontends)
+
 
 # --------------------------------------------------------------------------- TLS
 
