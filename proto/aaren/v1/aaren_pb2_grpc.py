@@ -5,7 +5,7 @@ import warnings
 
 from aaren.v1 import aaren_pb2 as aaren_dot_v1_dot_aaren__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.72.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in aaren/v1/aaren_pb2_grpc.py depends on'
+        + f' but the generated code in aaren/v1/aaren_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ForecastServiceStub:
+class ForecastServiceStub(object):
     """Streams events of many sessions in, forecasts out; plus unary calls to forecast, inspect and
     end sessions and to describe the served model.
     """
@@ -63,7 +63,7 @@ class ForecastServiceStub:
                 _registered_method=True)
 
 
-class ForecastServiceServicer:
+class ForecastServiceServicer(object):
     """Streams events of many sessions in, forecasts out; plus unary calls to forecast, inspect and
     end sessions and to describe the served model.
     """
@@ -153,7 +153,7 @@ def add_ForecastServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ForecastService:
+class ForecastService(object):
     """Streams events of many sessions in, forecasts out; plus unary calls to forecast, inspect and
     end sessions and to describe the served model.
     """
