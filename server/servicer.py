@@ -409,7 +409,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             ],
         )
 
-    async def GetSession(self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext) -> pb.SessionInfo:  # noqa: N802
+    async def GetSession(  # noqa: N802
+        self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSessionResponse:
         runtime = await self._ready(context)
         view = await self._unary(
             "GetSession",
@@ -417,7 +419,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             runtime.get_session(request.session_id, request.include_state, current_tenant.get()),
         )
         m = view.meta
-        return pb.SessionInfo(
+        return pb.GetSessionResponse(
             session_id=view.session_id,
             last_seq=m.last_seq,
             last_time=m.last_time,
@@ -439,10 +441,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     async def DescribeModel(  # noqa: N802
         self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInfo:
+    ) -> pb.DescribeModelResponse:
         runtime = await self._ready(context)
         d, s = runtime.engine.description, self.settings
-        return pb.ModelInfo(
+        return pb.DescribeModelResponse(
             name=d.name,
             version=d.version,
             backbone=d.backbone,

@@ -44,7 +44,7 @@ def test_reflection_lists_services_and_describes_stream(start_server):
         event = pool.FindMessageTypeByName("aaren.v1.Event")
         assert [f.name for f in event.fields] == ["session_id", "seq", "time", "mark", "values"]
         # The dependency on a well-known type resolves through reflection too.
-        info = pool.FindMessageTypeByName("aaren.v1.SessionInfo")
+        info = pool.FindMessageTypeByName("aaren.v1.GetSessionResponse")
         assert info.fields_by_name["created_at"].message_type.full_name == "google.protobuf.Timestamp"
 
 

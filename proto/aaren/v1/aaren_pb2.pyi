@@ -16,6 +16,7 @@ class ForecastMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 
 class ResponseLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
+    RESPONSE_LAYOUT_UNSPECIFIED: _ClassVar[ResponseLayout]
     RESPONSE_LAYOUT_ROWS: _ClassVar[ResponseLayout]
     RESPONSE_LAYOUT_COLUMNS: _ClassVar[ResponseLayout]
 
@@ -41,6 +42,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 FORECAST_MODE_UNSPECIFIED: ForecastMode
 FORECAST_MODE_EVERY_EVENT: ForecastMode
 FORECAST_MODE_LAST_PER_SESSION: ForecastMode
+RESPONSE_LAYOUT_UNSPECIFIED: ResponseLayout
 RESPONSE_LAYOUT_ROWS: ResponseLayout
 RESPONSE_LAYOUT_COLUMNS: ResponseLayout
 ERROR_CODE_UNSPECIFIED: ErrorCode
@@ -289,7 +291,7 @@ class GetSessionRequest(_message.Message):
     include_state: bool
     def __init__(self, session_id: _Optional[str] = ..., include_state: bool = ...) -> None: ...
 
-class SessionInfo(_message.Message):
+class GetSessionResponse(_message.Message):
     __slots__ = ("session_id", "last_seq", "last_time", "n_events", "state_bytes", "state", "model", "created_at", "updated_at", "expires_at")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -351,7 +353,7 @@ class ServiceLimits(_message.Message):
     idle_ttl_seconds: float
     def __init__(self, max_events_per_request: _Optional[int] = ..., max_session_id_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_horizon: _Optional[int] = ..., max_num_samples: _Optional[int] = ..., default_num_samples: _Optional[int] = ..., default_top_k: _Optional[int] = ..., idle_ttl_seconds: _Optional[float] = ...) -> None: ...
 
-class ModelInfo(_message.Message):
+class DescribeModelResponse(_message.Message):
     __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]

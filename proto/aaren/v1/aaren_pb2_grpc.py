@@ -49,7 +49,7 @@ class ForecastServiceStub(object):
         self.GetSession = channel.unary_unary(
                 '/aaren.v1.ForecastService/GetSession',
                 request_serializer=aaren_dot_v1_dot_aaren__pb2.GetSessionRequest.SerializeToString,
-                response_deserializer=aaren_dot_v1_dot_aaren__pb2.SessionInfo.FromString,
+                response_deserializer=aaren_dot_v1_dot_aaren__pb2.GetSessionResponse.FromString,
                 _registered_method=True)
         self.EndSession = channel.unary_unary(
                 '/aaren.v1.ForecastService/EndSession',
@@ -59,7 +59,7 @@ class ForecastServiceStub(object):
         self.DescribeModel = channel.unary_unary(
                 '/aaren.v1.ForecastService/DescribeModel',
                 request_serializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelRequest.SerializeToString,
-                response_deserializer=aaren_dot_v1_dot_aaren__pb2.ModelInfo.FromString,
+                response_deserializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelResponse.FromString,
                 _registered_method=True)
 
 
@@ -133,7 +133,7 @@ def add_ForecastServiceServicer_to_server(servicer, server):
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
                     request_deserializer=aaren_dot_v1_dot_aaren__pb2.GetSessionRequest.FromString,
-                    response_serializer=aaren_dot_v1_dot_aaren__pb2.SessionInfo.SerializeToString,
+                    response_serializer=aaren_dot_v1_dot_aaren__pb2.GetSessionResponse.SerializeToString,
             ),
             'EndSession': grpc.unary_unary_rpc_method_handler(
                     servicer.EndSession,
@@ -143,7 +143,7 @@ def add_ForecastServiceServicer_to_server(servicer, server):
             'DescribeModel': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeModel,
                     request_deserializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelRequest.FromString,
-                    response_serializer=aaren_dot_v1_dot_aaren__pb2.ModelInfo.SerializeToString,
+                    response_serializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -228,7 +228,7 @@ class ForecastService(object):
             target,
             '/aaren.v1.ForecastService/GetSession',
             aaren_dot_v1_dot_aaren__pb2.GetSessionRequest.SerializeToString,
-            aaren_dot_v1_dot_aaren__pb2.SessionInfo.FromString,
+            aaren_dot_v1_dot_aaren__pb2.GetSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -282,7 +282,7 @@ class ForecastService(object):
             target,
             '/aaren.v1.ForecastService/DescribeModel',
             aaren_dot_v1_dot_aaren__pb2.DescribeModelRequest.SerializeToString,
-            aaren_dot_v1_dot_aaren__pb2.ModelInfo.FromString,
+            aaren_dot_v1_dot_aaren__pb2.DescribeModelResponse.FromString,
             options,
             channel_credentials,
             insecure,
