@@ -15,7 +15,6 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from aaren.server.auth import AuthError, TokenTable
@@ -23,6 +22,7 @@ from aaren.server.engine import load_engine, resolve_device
 from aaren.server.errors import ConfigError
 from aaren.server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
 from aaren.server.metrics import Metrics
+from aaren.server.reflection import enable_server_reflection
 from aaren.server.runtime import Runtime
 from aaren.server.servicer import ForecastServicer
 from aaren.server.settings import ServerSettings, bundled_checkpoint
@@ -77,9 +77,8 @@ class AarenServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            self._server,
+        enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), self._server
         )
         self.servicer = ForecastServicer(s, self.metrics)
         aaren_pb2_grpc.add_ForecastServiceServicer_to_server(self.servicer, self._server)

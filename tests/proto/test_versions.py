@@ -138,6 +138,7 @@ def test_generated_code_and_service_run_at_both_ends_of_the_supported_range(end)
     assert trip["health"] == "SERVING"
     assert "aaren.v1.ForecastService" in trip["reflection_services"]
     assert trip["reflected_stream_input"] == "aaren.v1.StreamRequest"
+    assert trip["reflection_v1_services"] == trip["reflection_services"]
 
 
 def test_current_tritonclient_installs_beside_aaren():

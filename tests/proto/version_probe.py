@@ -32,11 +32,12 @@ def _stack() -> dict[str, dict[str, str]]:
     return {name: {"version": version(name), "file": str(module.__file__)} for name, module in modules.items()}
 
 
-def _reflect(address: str) -> tuple[list[str], str]:
-    """The services the server lists through reflection, and the Stream rpc's input type, from
-    the descriptors reflection sends."""
+def _reflect(address: str) -> tuple[list[str], str, list[str]]:
+    """The services the server lists through reflection v1alpha, the Stream rpc's input type from
+    the descriptors it sends, and the services listed through reflection v1."""
     import grpc
     from google.protobuf import descriptor_pool
+    from grpc_reflection.v1alpha import reflection_pb2
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
     with grpc.insecure_channel(address) as channel:
@@ -44,7 +45,13 @@ def _reflect(address: str) -> tuple[list[str], str]:
         services = sorted(database.get_services())
         service = descriptor_pool.DescriptorPool(database).FindServiceByName("aaren.v1.ForecastService")
         stream = service.FindMethodByName("Stream")
-        return services, stream.input_type.full_name
+        v1 = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        (listed,) = v1(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=30)
+        return services, stream.input_type.full_name, sorted(s.name for s in listed.list_services_response.service)
 
 
 async def _round_trip() -> dict[str, Any]:
@@ -72,7 +79,7 @@ async def _round_trip() -> dict[str, Any]:
         async with grpc.aio.insecure_channel(address) as channel:
             health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
         # grpc_reflection's client is synchronous: off the loop that serves it.
-        services, stream_input = await asyncio.to_thread(_reflect, address)
+        services, stream_input, v1_services = await asyncio.to_thread(_reflect, address)
         return {
             "model": model.name,
             "forecast_seqs": [f.seq for f in result.forecasts],
@@ -81,6 +88,7 @@ async def _round_trip() -> dict[str, Any]:
             "health": health_pb2.HealthCheckResponse.ServingStatus.Name(health.status),
             "reflection_services": services,
             "reflected_stream_input": stream_input,
+            "reflection_v1_services": v1_services,
         }
     finally:
         await server.stop(1.0)
