@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -84,27 +85,36 @@ def stack_venv(versions: dict[str, str]) -> Path:
     pins = sorted(f"{name}=={version}" for name, version in versions.items())
     key = hashlib.sha256(" ".join([sys.executable, *pins]).encode()).hexdigest()[:16]
     venv = CACHE / f"grpcio{versions['grpcio']}-protobuf{versions['protobuf']}-{key}"
-    done_marker = venv / "aaren-stack-installed"
-    if done_marker.is_file():
+    if venv.is_dir():
         return venv
-    subprocess.run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    # --no-deps: the pins are the whole stack (grpcio and protobuf depend on nothing else we
-    # lack), and pip must not "fix" them by pulling other versions in.
-    done = _pip("--python", str(python), "install", "--quiet", "--no-deps", *pins)
-    assert done.returncode == 0, f"pip could not install {pins}:\n{done.stderr[-4000:]}"
-    site = Path(
-        subprocess.run(
+    # Built aside and renamed into place: an interrupted build, or a second test run building the
+    # same one, never leaves a half-installed venv under the cached name.
+    CACHE.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=CACHE))
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True, timeout=120)
+        python = building / "bin" / "python"
+        # With dependencies: pip must find the pins consistent with each other (health-checking and
+        # reflection state their own grpcio and protobuf ranges) and brings their small deps.
+        done = _pip("--python", str(python), "install", "--quiet", *pins)
+        assert done.returncode == 0, f"pip could not install {pins}:\n{done.stderr[-4000:]}"
+        site = subprocess.run(
             [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.strip()
-    )
-    # addsitedir (not a bare path line) so that this environment's own .pth files (aaren's
-    # editable install) run too; appended, so the venv's own packages come first.
-    (site / "zz-aaren-test-base.pth").write_text(f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
-    done_marker.write_text("\n".join(pins) + "\n")
+        # addsitedir (not a bare path line) so that this environment's own .pth files (aaren's
+        # editable install) run too; appended, so the venv's own packages come first.
+        base = sysconfig.get_path("purelib")
+        (Path(site) / "zz-aaren-test-base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+        try:
+            building.rename(venv)
+        except OSError:  # another run finished the same venv first
+            if not venv.is_dir():
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
     return venv
 
 
