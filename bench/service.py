@@ -413,7 +413,7 @@ def start_service(args: argparse.Namespace, out: Path) -> tuple[Subprocess, int,
     return server, int(server.match.group(1)), metrics_port
 
 
-def start_echo(model: pb.ModelInfo, out: Path) -> tuple[Subprocess, int]:
+def start_echo(model: pb.DescribeModelResponse, out: Path) -> tuple[Subprocess, int]:
     cmd = [
         sys.executable,
         str(ROOT / "bench" / "echo_server.py"),
@@ -434,13 +434,13 @@ def start_echo(model: pb.ModelInfo, out: Path) -> tuple[Subprocess, int]:
     return server, int(server.match.group(1))
 
 
-def describe(address: str) -> pb.ModelInfo:
+def describe(address: str) -> pb.DescribeModelResponse:
     with grpc.insecure_channel(address) as channel:
         grpc.channel_ready_future(channel).result(timeout=60)
         return pb_grpc.ForecastServiceStub(channel).DescribeModel(pb.DescribeModelRequest(), timeout=30)
 
 
-def probe_bytes(address: str, model: pb.ModelInfo, n: int, tag: str) -> tuple[int, int]:
+def probe_bytes(address: str, model: pb.DescribeModelResponse, n: int, tag: str) -> tuple[int, int]:
     """Request and response bytes of one message of ``n`` events of ``n`` new sessions."""
     request = pb.StreamRequest(request_id="probe")
     for k in range(n):
@@ -574,7 +574,7 @@ def run_cell(
     streams: int,
     rnd: int,
     args: argparse.Namespace,
-    model: pb.ModelInfo,
+    model: pb.DescribeModelResponse,
     server_pid: int,
     metrics_port: int | None = None,
     duration: float | None = None,
@@ -728,7 +728,7 @@ def profile_server(
     kind: Kind,
     streams: int,
     args: argparse.Namespace,
-    model: pb.ModelInfo,
+    model: pb.DescribeModelResponse,
     out: Path,
     thread_names: dict[int, str],
 ) -> tuple[Cell, str] | None:

@@ -363,7 +363,7 @@ class ModelInfoOut:
         return self.mark_names[mark] if 0 <= mark < len(self.mark_names) else str(mark)
 
 
-def _datetime(msg: pb.SessionInfo, field: str) -> dt.datetime | None:
+def _datetime(msg: pb.GetSessionResponse, field: str) -> dt.datetime | None:
     if not msg.HasField(field):
         return None
     return getattr(msg, field).ToDatetime(tzinfo=dt.UTC)
@@ -680,7 +680,7 @@ class AarenClient:
 
     async def get_session(self, session_id: str, include_state: bool = False) -> SessionOut:
         """The session's stored state, described (``state`` holds safetensors bytes with ``include_state``)."""
-        r: pb.SessionInfo = await self._unary(
+        r: pb.GetSessionResponse = await self._unary(
             self._stub.GetSession, pb.GetSessionRequest(session_id=session_id, include_state=include_state)
         )
         return SessionOut(
@@ -703,7 +703,7 @@ class AarenClient:
         return EndSessionOut(r.existed, r.last_seq)
 
     async def describe_model(self) -> ModelInfoOut:
-        r: pb.ModelInfo = await self._unary(self._stub.DescribeModel, pb.DescribeModelRequest())
+        r: pb.DescribeModelResponse = await self._unary(self._stub.DescribeModel, pb.DescribeModelRequest())
         lim = r.limits
         return ModelInfoOut(
             r.name,

@@ -7,7 +7,11 @@ The generated modules (``*_pb2.py``, ``*_pb2.pyi``, ``*_pb2_grpc.py``) sit next 
 .proto source and are committed, so that ``from aaren.v1 import aaren_pb2, aaren_pb2_grpc``
 works with ``proto/`` on the import path and without grpcio-tools installed. The output
 depends on the grpcio-tools version, so the check is only meaningful with the version that
-generated the committed files (reported when it differs).
+generated the committed files (reported when it differs): pyproject's dev extra pins exactly
+that one. It is the oldest grpcio-tools whose gencode runs on protobuf 6.30, because the
+generated code refuses older runtimes than its generator's; pinning the generator low is what
+lets aaren install beside clients that need protobuf 6 (tritonclient), while protobuf 7 still
+loads the same code.
 """
 
 from __future__ import annotations

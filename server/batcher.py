@@ -127,6 +127,7 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._in_worker: Callable[..., Awaitable[object]] | None = None
         self._tenant_counts: dict[str, tuple[float, int]] = {}
+        self._counted = self._since_count = 0
         self._io_pause = settings.io_pause_ms / 1000
         self._applied = metrics.events.labels("applied")
         self._duplicates = metrics.events.labels("duplicate")
@@ -560,6 +561,7 @@ class Batcher:
                 ]
                 if started_sessions:
                     self.metrics.sessions_started.inc(len(started_sessions))
+                    self.sessions_changed(len(started_sessions))
                     if self.scope.tenancy:
                         for r in started_sessions:
                             self._count_tenant_session(ids[int(run_sess[r])], +1)
@@ -652,7 +654,20 @@ class Batcher:
             self.metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
 
     async def update_session_gauges(self) -> None:
-        n = await self.store.count()
+        """Count the sessions held (a slow store's count runs now and then, not per batch)."""
+        self._counted = await self.store.count()
+        self._since_count = 0
+        self._set_session_gauges()
+
+    def sessions_changed(self, change: int) -> None:
+        """This server started or ended sessions: between a slow store's counts, the gauges move by
+        what this server did (another replica's sessions show at the next count)."""
+        if not self.store.cheap_count:
+            self._since_count += change
+            self._set_session_gauges()
+
+    def _set_session_gauges(self) -> None:
+        n = max(0, self._counted + self._since_count)
         self.metrics.active_sessions.set(n)
         self.metrics.state_bytes.set(n * self.engine.description.state_bytes_per_session)
 

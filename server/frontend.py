@@ -27,13 +27,13 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from aaren.server.auth import AuthError, TokenTable
 from aaren.server.errors import ConfigError
 from aaren.server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
 from aaren.server.ipc import KEY_ENV, CoreClient
 from aaren.server.metrics import Metrics, families_of
+from aaren.server.reflection import enable_server_reflection
 from aaren.server.servicer import ForecastServicer
 from aaren.server.settings import ServerSettings
 from aaren.v1 import aaren_pb2, aaren_pb2_grpc
@@ -46,6 +46,8 @@ SERVICE_NAME = aaren_pb2.DESCRIPTOR.services_by_name["ForecastService"].full_nam
 SPEC_ENV = "AAREN_FRONTEND_SPEC"
 #: The line a front-end process prints once it listens (its parent reads the port from it).
 READY_PREFIX = "aaren-frontend: listening on port "
+#: How long front ends answer NOT_SERVING / UNAVAILABLE after their core died, before they stop.
+LOST_CORE_LINGER_S = 5.0
 
 
 @dataclasses.dataclass
@@ -74,10 +76,7 @@ class GrpcFrontEnd:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server,
-        )
+        enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
         servicer = ForecastServicer(s, metrics)
         aaren_pb2_grpc.add_ForecastServiceServicer_to_server(servicer, server)
         if credentials is None:
@@ -219,7 +218,7 @@ async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str,
         await front.health.enter_graceful_shutdown()
         front.servicer.draining = True
         front.servicer.close_streams()
-        await asyncio.sleep(min(settings.drain_grace_s, 5.0))
+        await asyncio.sleep(LOST_CORE_LINGER_S)
         await front.stop(0)
         stopped.set()
 

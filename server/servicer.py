@@ -114,8 +114,13 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self._core = core
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> Any:
+        """The core, or UNAVAILABLE while the model loads and once the core is gone."""
+        info = None
         if self._core is None:
             info = catalogue.loading()
+        elif getattr(self._core, "lost", False):
+            info = catalogue.core_unavailable()
+        if info is not None:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, info.message, trailing_metadata=((REASON_METADATA_KEY, info.reason),)
             )
@@ -444,7 +449,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             ],
         )
 
-    async def GetSession(self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext) -> pb.SessionInfo:  # noqa: N802
+    async def GetSession(  # noqa: N802
+        self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSessionResponse:
         core = await self._ready(context)
         view = await self._unary(
             "GetSession",
@@ -452,7 +459,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             core.get_session(request.session_id, request.include_state, current_tenant.get()),
         )
         m = view
-        return pb.SessionInfo(
+        return pb.GetSessionResponse(
             session_id=view.session_id,
             last_seq=m.last_seq,
             last_time=m.last_time,
@@ -474,10 +481,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     async def DescribeModel(  # noqa: N802
         self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInfo:
+    ) -> pb.DescribeModelResponse:
         core = await self._ready(context)
         d, s = core.description, self.settings
-        return pb.ModelInfo(
+        return pb.DescribeModelResponse(
             name=d.name,
             version=d.version,
             backbone=d.backbone,

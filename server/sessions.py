@@ -138,6 +138,7 @@ class SessionCalls:
         if meta is not None:
             self.metrics.sessions_ended.inc()
             self.batcher.session_ended(key)
+            self.batcher.sessions_changed(-1)
             if self.store.cheap_count:
                 await self.batcher.update_session_gauges()
         return None if meta is None else meta.last_seq

@@ -209,7 +209,7 @@ class EchoServicer(pb_grpc.ForecastServiceServicer):
                 trailing_metadata=(("aaren-error-reason", "session_not_found"),),
             )
         last = self.last_seq[request.session_id]
-        return pb.SessionInfo(session_id=request.session_id, last_seq=last, n_events=last, model=MODEL)
+        return pb.GetSessionResponse(session_id=request.session_id, last_seq=last, n_events=last, model=MODEL)
 
 
 async def _serve_and_talk() -> None:

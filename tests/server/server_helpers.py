@@ -128,7 +128,7 @@ def assert_rpc_error(error: grpc.RpcError, code: grpc.StatusCode, reason: str, m
         assert part in (error.details() or ""), f"{part!r} not in details {error.details()!r}"
 
 
-def get_session(stub: aaren_pb2_grpc.ForecastServiceStub, session_id: str) -> pb.SessionInfo | None:
+def get_session(stub: aaren_pb2_grpc.ForecastServiceStub, session_id: str) -> pb.GetSessionResponse | None:
     """The session with its state bytes, or None when there is none: NOT_FOUND, or an id too long
     to name a session (INVALID_ARGUMENT session_id_too_long)."""
     try:
@@ -142,11 +142,11 @@ def get_session(stub: aaren_pb2_grpc.ForecastServiceStub, session_id: str) -> pb
         raise
 
 
-def state_tensors(info: pb.SessionInfo) -> dict[str, torch.Tensor]:
+def state_tensors(info: pb.GetSessionResponse) -> dict[str, torch.Tensor]:
     return load_safetensors(info.state)
 
 
-def assert_states_close(a: pb.SessionInfo, b: pb.SessionInfo, atol: float = 1e-5) -> None:
+def assert_states_close(a: pb.GetSessionResponse, b: pb.GetSessionResponse, atol: float = 1e-5) -> None:
     ta, tb = state_tensors(a), state_tensors(b)
     assert sorted(ta) == sorted(tb)
     for k in ta:

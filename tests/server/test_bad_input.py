@@ -493,6 +493,26 @@ def test_ended_session_is_gone_and_restarts_with_seq_one(start_server):
         stream.close()
 
 
+def test_unspecified_layout_means_rows(start_server):
+    srv = start_server(metrics_port=-1)
+    with grpc.insecure_channel(srv.address) as channel:
+        requests = [
+            pb.StreamRequest(
+                request_id=str(layout),
+                events=[pb.Event(session_id=f"l{layout}", seq=1, time=1.0, values=[0.5, -1.0])],
+                layout=layout,
+            )
+            for layout in (pb.RESPONSE_LAYOUT_UNSPECIFIED, pb.RESPONSE_LAYOUT_ROWS)
+        ]
+        unspecified, rows = stub_for(channel).Stream(iter(requests))
+    for response in (unspecified, rows):
+        assert not response.HasField("forecast_columns") and not response.HasField("request_error")
+        assert [r.WhichOneof("outcome") for r in response.results] == ["forecast"]
+    a, b = unspecified.results[0].forecast, rows.results[0].forecast
+    a.session_id = b.session_id  # the two sessions differ only by name
+    assert a == b
+
+
 def test_unknown_layout_or_forecast_mode_is_refused_whole(start_server):
     srv = start_server()
     with grpc.insecure_channel(srv.address) as channel:
@@ -505,7 +525,7 @@ def test_unknown_layout_or_forecast_mode_is_refused_whole(start_server):
         first, second, third = stub_for(channel).Stream(iter(requests))
     assert first.request_error.code == INVALID and not first.results
     assert first.request_error.reason == "layout_unknown"
-    assert "layout 7 is not one this server knows; expected one of [0, 1]" in first.request_error.message
+    assert "layout 7 is not one this server knows; expected one of [0, 1, 2]" in first.request_error.message
     assert second.request_error.code == INVALID and second.request_error.reason == "forecast_mode_unknown"
     # Nothing of the refused requests was applied: the session starts with the third.
     assert list(third.forecast_columns.seq) == [1] and not third.results

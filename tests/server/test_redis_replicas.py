@@ -52,7 +52,7 @@ def events(session_id: str, n: int, seed: int = 0, start: int = 1, t0: float = 0
     return out
 
 
-def reference(start_server, evs: list[pb.Event]) -> tuple[dict[int, pb.Forecast], pb.SessionInfo]:
+def reference(start_server, evs: list[pb.Event]) -> tuple[dict[int, pb.Forecast], pb.GetSessionResponse]:
     """Forecasts by seq and the final session, from one in-memory server, one event per message."""
     srv = start_server()
     with grpc.insecure_channel(srv.address) as channel:

@@ -52,7 +52,7 @@ def pki(tmp_path_factory):
     }
 
 
-def describe(channel: grpc.Channel, timeout: float = CALL_TIMEOUT_S) -> pb.ModelInfo:
+def describe(channel: grpc.Channel, timeout: float = CALL_TIMEOUT_S) -> pb.DescribeModelResponse:
     return stub_for(channel).DescribeModel(pb.DescribeModelRequest(), timeout=timeout)
 
 
@@ -131,7 +131,7 @@ class TenantClient:
     def stream(self) -> OpenStream:
         return OpenStream(self.stub, metadata=self.metadata)
 
-    def session(self, session_id: str) -> pb.SessionInfo | None:
+    def session(self, session_id: str) -> pb.GetSessionResponse | None:
         try:
             return self.stub.GetSession(
                 pb.GetSessionRequest(session_id=session_id, include_state=True),

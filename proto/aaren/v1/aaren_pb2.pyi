@@ -1,5 +1,3 @@
-import datetime
-
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -18,6 +16,7 @@ class ForecastMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 
 class ResponseLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
+    RESPONSE_LAYOUT_UNSPECIFIED: _ClassVar[ResponseLayout]
     RESPONSE_LAYOUT_ROWS: _ClassVar[ResponseLayout]
     RESPONSE_LAYOUT_COLUMNS: _ClassVar[ResponseLayout]
 
@@ -43,6 +42,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 FORECAST_MODE_UNSPECIFIED: ForecastMode
 FORECAST_MODE_EVERY_EVENT: ForecastMode
 FORECAST_MODE_LAST_PER_SESSION: ForecastMode
+RESPONSE_LAYOUT_UNSPECIFIED: ResponseLayout
 RESPONSE_LAYOUT_ROWS: ResponseLayout
 RESPONSE_LAYOUT_COLUMNS: ResponseLayout
 ERROR_CODE_UNSPECIFIED: ErrorCode
@@ -149,7 +149,7 @@ class EventResult(_message.Message):
     forecast: Forecast
     ack: Ack
     error: EventError
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: _Optional[bool] = ..., forecast: _Optional[_Union[Forecast, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[EventError, _Mapping]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., duplicate: bool = ..., forecast: _Optional[_Union[Forecast, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[EventError, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("last_seq",)
@@ -243,7 +243,7 @@ class ForecastRequest(_message.Message):
     seed: int
     top_k: int
     include_paths: bool
-    def __init__(self, session_id: _Optional[str] = ..., horizon: _Optional[int] = ..., num_samples: _Optional[int] = ..., seed: _Optional[int] = ..., top_k: _Optional[int] = ..., include_paths: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., horizon: _Optional[int] = ..., num_samples: _Optional[int] = ..., seed: _Optional[int] = ..., top_k: _Optional[int] = ..., include_paths: bool = ...) -> None: ...
 
 class SampledEvent(_message.Message):
     __slots__ = ("time", "mark", "values")
@@ -289,9 +289,9 @@ class GetSessionRequest(_message.Message):
     INCLUDE_STATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     include_state: bool
-    def __init__(self, session_id: _Optional[str] = ..., include_state: _Optional[bool] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., include_state: bool = ...) -> None: ...
 
-class SessionInfo(_message.Message):
+class GetSessionResponse(_message.Message):
     __slots__ = ("session_id", "last_seq", "last_time", "n_events", "state_bytes", "state", "model", "created_at", "updated_at", "expires_at")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -313,7 +313,7 @@ class SessionInfo(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
     expires_at: _timestamp_pb2.Timestamp
-    def __init__(self, session_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., last_time: _Optional[float] = ..., n_events: _Optional[int] = ..., state_bytes: _Optional[int] = ..., state: _Optional[bytes] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, session_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., last_time: _Optional[float] = ..., n_events: _Optional[int] = ..., state_bytes: _Optional[int] = ..., state: _Optional[bytes] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -327,7 +327,7 @@ class EndSessionResponse(_message.Message):
     LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
     existed: bool
     last_seq: int
-    def __init__(self, existed: _Optional[bool] = ..., last_seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, existed: bool = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class DescribeModelRequest(_message.Message):
     __slots__ = ()
@@ -353,7 +353,7 @@ class ServiceLimits(_message.Message):
     idle_ttl_seconds: float
     def __init__(self, max_events_per_request: _Optional[int] = ..., max_session_id_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_horizon: _Optional[int] = ..., max_num_samples: _Optional[int] = ..., default_num_samples: _Optional[int] = ..., default_top_k: _Optional[int] = ..., idle_ttl_seconds: _Optional[float] = ...) -> None: ...
 
-class ModelInfo(_message.Message):
+class DescribeModelResponse(_message.Message):
     __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]

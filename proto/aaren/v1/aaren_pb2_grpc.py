@@ -5,7 +5,7 @@ import warnings
 
 from aaren.v1 import aaren_pb2 as aaren_dot_v1_dot_aaren__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.72.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in aaren/v1/aaren_pb2_grpc.py depends on'
+        + f' but the generated code in aaren/v1/aaren_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ForecastServiceStub:
+class ForecastServiceStub(object):
     """Streams events of many sessions in, forecasts out; plus unary calls to forecast, inspect and
     end sessions and to describe the served model.
     """
@@ -49,7 +49,7 @@ class ForecastServiceStub:
         self.GetSession = channel.unary_unary(
                 '/aaren.v1.ForecastService/GetSession',
                 request_serializer=aaren_dot_v1_dot_aaren__pb2.GetSessionRequest.SerializeToString,
-                response_deserializer=aaren_dot_v1_dot_aaren__pb2.SessionInfo.FromString,
+                response_deserializer=aaren_dot_v1_dot_aaren__pb2.GetSessionResponse.FromString,
                 _registered_method=True)
         self.EndSession = channel.unary_unary(
                 '/aaren.v1.ForecastService/EndSession',
@@ -59,11 +59,11 @@ class ForecastServiceStub:
         self.DescribeModel = channel.unary_unary(
                 '/aaren.v1.ForecastService/DescribeModel',
                 request_serializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelRequest.SerializeToString,
-                response_deserializer=aaren_dot_v1_dot_aaren__pb2.ModelInfo.FromString,
+                response_deserializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelResponse.FromString,
                 _registered_method=True)
 
 
-class ForecastServiceServicer:
+class ForecastServiceServicer(object):
     """Streams events of many sessions in, forecasts out; plus unary calls to forecast, inspect and
     end sessions and to describe the served model.
     """
@@ -133,7 +133,7 @@ def add_ForecastServiceServicer_to_server(servicer, server):
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
                     request_deserializer=aaren_dot_v1_dot_aaren__pb2.GetSessionRequest.FromString,
-                    response_serializer=aaren_dot_v1_dot_aaren__pb2.SessionInfo.SerializeToString,
+                    response_serializer=aaren_dot_v1_dot_aaren__pb2.GetSessionResponse.SerializeToString,
             ),
             'EndSession': grpc.unary_unary_rpc_method_handler(
                     servicer.EndSession,
@@ -143,7 +143,7 @@ def add_ForecastServiceServicer_to_server(servicer, server):
             'DescribeModel': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeModel,
                     request_deserializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelRequest.FromString,
-                    response_serializer=aaren_dot_v1_dot_aaren__pb2.ModelInfo.SerializeToString,
+                    response_serializer=aaren_dot_v1_dot_aaren__pb2.DescribeModelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -153,7 +153,7 @@ def add_ForecastServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ForecastService:
+class ForecastService(object):
     """Streams events of many sessions in, forecasts out; plus unary calls to forecast, inspect and
     end sessions and to describe the served model.
     """
@@ -228,7 +228,7 @@ class ForecastService:
             target,
             '/aaren.v1.ForecastService/GetSession',
             aaren_dot_v1_dot_aaren__pb2.GetSessionRequest.SerializeToString,
-            aaren_dot_v1_dot_aaren__pb2.SessionInfo.FromString,
+            aaren_dot_v1_dot_aaren__pb2.GetSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -282,7 +282,7 @@ class ForecastService:
             target,
             '/aaren.v1.ForecastService/DescribeModel',
             aaren_dot_v1_dot_aaren__pb2.DescribeModelRequest.SerializeToString,
-            aaren_dot_v1_dot_aaren__pb2.ModelInfo.FromString,
+            aaren_dot_v1_dot_aaren__pb2.DescribeModelResponse.FromString,
             options,
             channel_credentials,
             insecure,
