@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,10 +49,11 @@ RESTART_BACKOFF_S = 0.5
 
 
 def resolve_frontends(setting: int) -> int:
-    """``-1`` (auto): one front end per core beside the engine core's, at least 1 and at most 8."""
+    """``-1`` (auto): one front end per usable core beside the engine core's, at least 1 and at most
+    8 (the cores this process may run on; a container's CPU quota is not seen: set it there)."""
     if setting >= 0:
         return setting
-    return max(1, min(8, (os.cpu_count() or 1) - 1))
+    return max(1, min(8, len(os.sched_getaffinity(0)) - 1))
 
 
 class AarenServer:
@@ -146,10 +148,14 @@ class AarenServer:
         self.core_server = CoreServer(self.core, os.path.join(self._socket_dir, "core.sock"), self._key)
         await self.core_server.start()
         self.processes = [None] * self.frontends
-        port = int(self.settings.address.rsplit(":", 1)[1])
-        for index in range(self.frontends):
-            port = await self._spawn(index, port)  # the first one picks the port when it is 0
-        self.grpc_port = port
+        host, port = self.settings.address.rsplit(":", 1)
+        # Hold the port (SO_REUSEPORT, bound but not listening: the kernel hands connections only to
+        # listening sockets) so that every front end can start at once on a port known in advance.
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as holder:
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            holder.bind((host.strip("[]"), int(port)))
+            self.grpc_port = holder.getsockname()[1]
+            await asyncio.gather(*(self._spawn(index, self.grpc_port) for index in range(self.frontends)))
         for index in range(self.frontends):
             self._tasks.append(asyncio.create_task(self._supervise(index), name=f"aaren-frontend-{index}"))
 
