@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 # CPU build of torch; on these machines it lies on disk, so this is fast (a bare `torch` pulls CUDA).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint serve bench-core proto
+.PHONY: install system-deps test lint serve bench-core proto
 
 install: $(VENV)/.installed
 
@@ -19,7 +19,27 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: install lint
+# Debian packages the tests run for real, each checked by what a test looks for: redis-server and
+# redis-tools (stores), prometheus (promtool and a real Prometheus server: deploy tests), libfaketime
+# (replicas with frozen wall clocks), g++ (the torch.compile variant). Installs only what is missing,
+# and runs apt-get update only then, so on a machine that has them all it is a no-op.
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing libfaketime"; \
+	{ command -v g++ || command -v c++; } >/dev/null 2>&1 || missing="$$missing g++"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" -ne 0 ]; then \
+	    echo "make system-deps: missing Debian packages:$$missing; run as root, or: sudo apt-get install$$missing" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "make system-deps: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
+	fi
+
+test: system-deps install lint
 	$(PY) -m pytest -q
 
 serve: install

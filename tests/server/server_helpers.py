@@ -229,7 +229,7 @@ def frozen_clock_env(at: float | None = None) -> dict[str, str]:
     agree within float resolution do."""
     libraries = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
     if not libraries:
-        pytest.fail("libfaketime is not installed (make system-deps installs the Debian packages faketime libfaketime)")
+        pytest.fail("libfaketime is not installed (make system-deps installs the Debian package libfaketime)")
     frozen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() if at is None else at))
     # No "@": an absolute FAKETIME stands still instead of ticking on from that moment.
     return {"LD_PRELOAD": libraries[0], "FAKETIME": frozen, "DONT_FAKE_MONOTONIC": "1"}
