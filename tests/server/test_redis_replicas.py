@@ -215,14 +215,15 @@ def test_the_same_message_sent_to_two_replicas_at_once_has_one_winner(
     admin = redis_server.client()
     channels = [grpc.insecure_channel(s.address) for s in servers]
     try:
-        streams = [OpenStream(stub_for(c)) for c in channels]
+        # One call carries all 60 pairs: its deadline only guards against a hang.
+        streams = [OpenStream(stub_for(c), timeout=600) for c in channels]
         lost = [0, 0]
         for e in evs:
             admin.execute_command("CLIENT", "PAUSE", "15000", "WRITE")
             try:
                 for stream in streams:
                     stream.put([e])
-                wait_until(lambda: waiting_loads(admin) == 2, "both replicas' loads to wait in Redis")
+                wait_until(lambda: waiting_loads(admin) == 2, "both replicas' loads to wait in Redis", timeout=14)
             finally:
                 admin.execute_command("CLIENT", "UNPAUSE")
             answers = [stream.next().results[0] for stream in streams]
