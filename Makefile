@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BUF_VERSION ?= 1.75.0
 TOOLS := .tools
 
-.PHONY: install tools test lint serve bench-core proto
+.PHONY: install system-deps tools test lint serve bench-core proto
 
 install: $(VENV)/.installed
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-tools: $(TOOLS)/.buf-$(BUF_VERSION)
+tools: system-deps $(TOOLS)/.buf-$(BUF_VERSION)
 
 $(TOOLS)/.buf-$(BUF_VERSION):
 	npm install --silent --no-audit --no-fund --prefix $(TOOLS) "@bufbuild/buf@$(BUF_VERSION)"
@@ -30,7 +30,29 @@ lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: install lint tools
+# Debian packages the tests run for real, each checked by what a test looks for: redis-server and
+# redis-tools (stores), prometheus (promtool and a real Prometheus server: deploy tests), libfaketime
+# (replicas with frozen wall clocks), g++ (the torch.compile variant), npm (make tools installs buf with
+# it). Installs only what is missing,
+# and runs apt-get update only then, so on a machine that has them all it is a no-op.
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing libfaketime"; \
+	{ command -v g++ || command -v c++; } >/dev/null 2>&1 || missing="$$missing g++"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" -ne 0 ]; then \
+	    echo "make system-deps: missing Debian packages:$$missing; run as root, or: sudo apt-get install$$missing" >&2; \
+	    exit 1; \
+	  fi; \
+	  echo "make system-deps: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
+	fi
+
+test: system-deps install lint tools
 	$(PY) -m pytest -q
 
 serve: install

@@ -55,7 +55,9 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class ServerThread:
     """A real ``AarenServer`` running on its own event loop in a background thread."""
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, start_timeout_s: float = 30, **settings: Any) -> None:
+        """``start_timeout_s`` bounds ``start()`` so that a broken server fails the test instead of
+        hanging it (a server that compiles its model with a cold inductor cache needs minutes)."""
         from aaren.server.app import AarenServer
         from aaren.server.settings import ServerSettings
 
@@ -64,10 +66,11 @@ class ServerThread:
         self.server = AarenServer(self.settings)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+        self.start_timeout_s = start_timeout_s
 
     def __enter__(self) -> ServerThread:
         self._thread.start()
-        self.call(self.server.start())
+        self.call(self.server.start(), timeout=self.start_timeout_s)
         return self
 
     def call(self, coro: Any, timeout: float = 30) -> Any:
@@ -95,7 +98,8 @@ class ServerThread:
 
 @pytest.fixture
 def start_server(tiny_checkpoint: Path) -> Iterator[Callable[..., ServerThread]]:
-    """``start_server(**settings)`` -> a running server with the tiny checkpoint (stopped after the test)."""
+    """``start_server(**settings)`` -> a running server with the tiny checkpoint (stopped after the
+    test); ``start_timeout_s`` (a keyword beside the settings) bounds its start."""
     servers: list[ServerThread] = []
 
     def start(**settings: Any) -> ServerThread:

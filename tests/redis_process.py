@@ -41,7 +41,7 @@ class RedisProcess:
     ) -> None:
         """``tls``: (certificate, key, CA certificate) files; the server then speaks TLS only."""
         if not Path(REDIS_BINARY).exists():
-            pytest.fail("redis-server is not installed (the CI script installs the Debian package redis-server)")
+            pytest.fail("redis-server is not installed (make system-deps installs the Debian package redis-server)")
         self.directory = directory
         self.port = port or free_port()
         self.aof = aof
@@ -153,7 +153,7 @@ class RedisCluster:
             node.start()
         cli = shutil.which("redis-cli")
         if cli is None:
-            pytest.fail("redis-cli is not installed (the CI script installs the Debian package redis-tools)")
+            pytest.fail("redis-cli is not installed (make system-deps installs the Debian package redis-tools)")
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         subprocess.run(
             [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],

@@ -63,7 +63,7 @@ class LoadedBatch:
 class SessionStore(abc.ABC):
     """The interface every backend implements (the contract suite in tests/server runs on each)."""
 
-    #: Whether ``count`` is cheap enough to call after every batch (else the runtime calls it now and then).
+    #: Whether ``count`` is cheap enough to call after every batch (else the engine core calls it now and then).
     cheap_count = True
     #: Whether the backend expires idle sessions by itself (then ``sweep`` finds nothing to do).
     expires_by_itself = False
@@ -109,7 +109,7 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def count_group(self, group: str) -> int:
-        """Sessions whose id starts with ``group + "/"`` (the runtime puts the tenant there)."""
+        """Sessions whose id starts with ``group + "/"`` (the engine core puts the tenant there)."""
 
     @abc.abstractmethod
     async def sweep(self, now: float | None = None) -> int:

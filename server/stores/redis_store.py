@@ -7,8 +7,10 @@ Keys (``{...}`` is a Redis Cluster hash tag, so both keys of a session live in o
 
 Record: ``seq`` as 20 ASCII digits (so Lua can compare it with GETRANGE), then little-endian
 float64 ``last_time, created_at, updated_at``, one byte of model-version length, the model version,
-then the state row: the tensors' raw bytes, fields in layout order. One string rather than a hash:
-a hash with a 584-byte field leaves Redis's compact encoding and costs about 1.4 KB per session.
+the state row (the tensors' raw bytes, fields in layout order), and last the 16-byte write id of
+the save call that wrote it (so Lua reads it with GETRANGE from the end). One string rather than a
+hash: a hash with a 584-byte field leaves Redis's compact encoding and costs about 1.4 KB per
+session. Records written before write ids existed (no id after the state) are still read.
 
 The record expires ``idle_ttl_s`` after its last write (Redis expires it; ``sweep`` has nothing to
 do). The tombstone lives ``tombstone_ttl_s`` longer, so a late event for a session that expired is
@@ -17,8 +19,12 @@ reports the eviction (``on_evict("ttl")``) once for all replicas together.
 
 A write is a Lua script per session, all of a batch's scripts in one pipeline: the script writes
 only if the stored seq equals the seq the step started from (0: no session), so two replicas
-stepping the same session can never both win. A write that already happened (the same record,
-e.g. a retry after a lost reply) answers as written, so a retry never reports a false conflict.
+stepping the same session can never both win. Every save call draws a random write id; redis-py
+resends the same pipeline, id included, when a reply is lost, so a stored record with the seq and
+the write id of this call is this call's own write landed already, and answers as written (a
+retry never reports a false conflict). Equal bytes prove nothing: two replicas stepping the same
+state with the same events at the same wall-clock time write identical records, and the second
+must lose.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import os
 import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
@@ -51,6 +58,8 @@ DEFAULT_PREFIX = "aaren:"
 DEFAULT_TOMBSTONE_TTL_S = 7 * 24 * 3600.0
 DEFAULT_TIMEOUT_S = 2.0
 SEQ_DIGITS = 20
+#: Bytes of random write id that end every record: 128 bits, so two save calls never share one.
+WRITE_ID_BYTES = 16
 #: Sessions per script call on a single Redis: large enough for one call per batch, small enough
 #: that one call never blocks Redis for long (about 1 ms).
 SESSIONS_PER_CALL = 512
@@ -60,8 +69,9 @@ _TIMES = struct.Struct("<ddd")
 # covers a whole batch on a single Redis; on a Cluster each session is its own call (its keys
 # share a slot, another session's may not), all of them still in one pipeline.
 
-# ARGV per session: expected seq (20 digits), record, record expiry (unix ms), tombstone expiry
-# (unix ms). Returns per session 1 if written (or already written by an identical call), else 0.
+# ARGV per session: expected seq (20 digits), record (ending in the call's write id), record expiry
+# (unix ms), tombstone expiry (unix ms). Returns per session 1 if written (or already written by
+# this same call: a resend after a lost reply), else 0. The 16 is WRITE_ID_BYTES.
 SAVE_LUA = """
 local out = {}
 for i = 1, #KEYS / 2 do
@@ -73,7 +83,8 @@ for i = 1, #KEYS / 2 do
     redis.call('SET', key, record, 'PXAT', ARGV[4 * i - 1])
     redis.call('SET', tomb, '1', 'PXAT', ARGV[4 * i])
     out[i] = 1
-  elseif cur == string.sub(record, 1, 20) and redis.call('GET', key) == record then
+  elseif cur == string.sub(record, 1, 20)
+      and redis.call('GETRANGE', key, -16, -1) == string.sub(record, -16) then
     out[i] = 1
   else
     out[i] = 0
@@ -182,7 +193,7 @@ class RedisStore(SessionStore):
         return out
 
     @staticmethod
-    def _record(meta: SessionMeta, state: bytes) -> bytes:
+    def _record(meta: SessionMeta, state: bytes, write_id: bytes) -> bytes:
         model = meta.model_version.encode()
         if len(model) > 255:
             raise ValueError(f"model version {meta.model_version!r} is longer than 255 bytes")
@@ -193,12 +204,13 @@ class RedisStore(SessionStore):
                 bytes([len(model)]),
                 model,
                 state,
+                write_id,
             ]
         )
 
     def _parse(self, record: bytes) -> tuple[SessionMeta, bytes | None]:
         """A record -> its meta and state bytes; state None when they do not fit this layout (the
-        meta's model version then says so, and the runtime refuses or resets the session)."""
+        meta's model version then says so, and the engine core refuses or resets the session)."""
         head = SEQ_DIGITS + _TIMES.size
         try:
             last_time, created, updated = _TIMES.unpack_from(record, SEQ_DIGITS)
@@ -208,10 +220,15 @@ class RedisStore(SessionStore):
         except (struct.error, IndexError, ValueError):
             return SessionMeta(-1, 0.0, 0.0, 0.0, f"(unreadable record of {len(record)} bytes)"), None
         state = record[head + 1 + n :]
-        if len(state) != self._row_nbytes:
-            meta.model_version = f"{model} (unreadable here: {len(state)} state bytes, expected {self._row_nbytes})"
-            return meta, None
-        return meta, state
+        if len(state) == self._row_nbytes + WRITE_ID_BYTES:
+            return meta, state[: self._row_nbytes]
+        if len(state) == self._row_nbytes:  # written before records ended in a write id
+            return meta, state
+        meta.model_version = (
+            f"{model} (unreadable here: {len(state)} state bytes, expected {self._row_nbytes} "
+            f"and a {WRITE_ID_BYTES}-byte write id)"
+        )
+        return meta, None
 
     # -- calls to Redis --------------------------------------------------------------------------
 
@@ -295,13 +312,21 @@ class RedisStore(SessionStore):
         expected_seqs: Sequence[int],
     ) -> list[bool]:
         blobs = self._encode(tensors)
+        # One id per call is enough: its sessions have different keys, and only a resend of this
+        # very pipeline may carry it again.
+        write_id = os.urandom(WRITE_ID_BYTES)
         keys, args = [], []
         tomb_extra_ms = math.ceil(self.tombstone_ttl_s * 1000)
         for sid, blob, meta, expected in zip(session_ids, blobs, metas, expected_seqs, strict=True):
             expires_ms = math.ceil((meta.updated_at + self.idle_ttl_s) * 1000)
             keys.append(self._keys(sid))
             args.append(
-                (f"{expected:0{SEQ_DIGITS}d}", self._record(meta, blob), expires_ms, expires_ms + tomb_extra_ms)
+                (
+                    f"{expected:0{SEQ_DIGITS}d}",
+                    self._record(meta, blob, write_id),
+                    expires_ms,
+                    expires_ms + tomb_extra_ms,
+                )
             )
         answers = await self._guard("save", self._run_per_session(self._save, keys, args))
         written = [int(a) == 1 for a in answers]
@@ -336,7 +361,7 @@ class RedisStore(SessionStore):
         return await self._count(_glob_escape(self.prefix) + "{*}")
 
     async def count_group(self, group: str) -> int:
-        """Sessions of ``group`` (a SCAN of the store's keys: the runtime caches it)."""
+        """Sessions of ``group`` (a SCAN of the store's keys: the engine core caches it)."""
         return await self._count(_glob_escape(self.prefix) + "{" + _glob_escape(group) + "/*}")
 
     async def _count(self, pattern: str) -> int:

@@ -23,7 +23,7 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 def require(binary: str) -> str:
     """The binary's path; the test fails (not skips) when it is missing."""
     if not Path(binary).exists():
-        pytest.fail(f"{binary} is not installed (the CI script installs the Debian package prometheus)")
+        pytest.fail(f"{binary} is not installed (make system-deps installs the Debian package prometheus)")
     return binary
 
 

@@ -37,7 +37,7 @@ from aaren.server.servicer import ForecastServicer
 from aaren.server.settings import ServerSettings
 from aaren.server.stores import SessionMeta, StateLayout
 from aaren.server.stores.memory import MemoryStore
-from aaren.server.stores.redis_store import RedisStore
+from aaren.server.stores.redis_store import WRITE_ID_BYTES, RedisStore
 from aaren.v1 import aaren_pb2 as pb
 from aaren_core.state import StateFormatError, state_from_bytes
 
@@ -100,7 +100,8 @@ def seeds(target: str) -> list[bytes]:
         ]
     state = ENGINE.state_of(LAYOUT.empty(1)).to_bytes(model_version=ENGINE.version)
     meta = SessionMeta(3, 2.5, 1.0, 2.0, ENGINE.version)
-    return [state, RedisStore._record(meta, b"\0" * LAYOUT.row_nbytes)]
+    record = RedisStore._record(meta, b"\0" * LAYOUT.row_nbytes, b"\1" * WRITE_ID_BYTES)
+    return [state, record, record[:-WRITE_ID_BYTES]]  # and a record from before write ids
 
 
 TARGETS = {"requests": fuzz_requests, "state": fuzz_state}

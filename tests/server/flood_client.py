@@ -1,15 +1,21 @@
-"""A hostile client for tests/server/test_flood.py, run as its own process: it floods events on
-several streams and opens more streams than its tenant may, then prints what it got as JSON.
+"""A hostile client for tests/server/test_flood.py and bench/flood.py, run as its own process: it
+floods events on several streams and opens more streams than its tenant may, then prints what it
+got as JSON: ``accepted`` messages, refused ones as ``CODE:reason`` (and ``CODE:reason:retry_after``
+for those that said when to retry), extra streams as ``extra_stream:CODE:reason``.
 
     python flood_client.py ADDRESS TOKEN SECONDS STREAMS EXTRA_STREAMS
+
+The flood stops after SECONDS or when its stdin closes, whichever comes first, so a caller can
+keep it going exactly as long as it measures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-import time
+import threading
 from collections import Counter
 
 import grpc
@@ -19,19 +25,30 @@ from aaren.v1 import aaren_pb2_grpc
 
 
 async def flood(
-    stub: aaren_pb2_grpc.ForecastServiceStub, metadata: tuple, stream: int, until: float, seen: Counter
+    stub: aaren_pb2_grpc.ForecastServiceStub, metadata: tuple, stream: int, stop: asyncio.Event, seen: Counter
 ) -> None:
     """Writes without waiting for answers (every message starts 64 new sessions), so only the
-    server's limits and flow control slow it down; a reader counts what came back. At ``until``
+    server's limits and flow control slow it down; a reader counts what came back. At ``stop``
     the call is cancelled: a flooder does not wait for the answers to what it left queued."""
     call = stub.Stream(metadata=metadata)
 
     async def read() -> None:
         async for response in call:
-            seen[response.request_error.reason if response.HasField("request_error") else "accepted"] += 1
+            if not response.HasField("request_error"):
+                seen["accepted"] += 1
+                continue
+            error = response.request_error
+            refused = f"{pb.ErrorCode.Name(error.code)}:{error.reason}"
+            seen[refused] += 1
+            if error.retry_after_ms > 0:
+                seen[f"{refused}:retry_after"] += 1
+
+    async def cancel_at_stop() -> None:
+        await stop.wait()
+        call.cancel()
 
     reader = asyncio.create_task(read())
-    asyncio.get_running_loop().call_at(until, call.cancel)
+    canceller = asyncio.create_task(cancel_at_stop())
     n = 0
     try:
         while not call.done():
@@ -49,6 +66,7 @@ async def flood(
             seen[f"stream:{exc.code().name}"] += 1
     except asyncio.CancelledError:
         pass
+    canceller.cancel()
 
 
 async def extra_stream(stub: aaren_pb2_grpc.ForecastServiceStub, metadata: tuple, seen: Counter) -> None:
@@ -72,8 +90,18 @@ async def main(address: str, token: str, seconds: float, streams: int, extra: in
     seen: Counter = Counter()
     async with grpc.aio.insecure_channel(address) as channel:
         stub = aaren_pb2_grpc.ForecastServiceStub(channel)
-        until = time.monotonic() + seconds
-        floods = [asyncio.create_task(flood(stub, metadata, i, until, seen)) for i in range(streams)]
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.call_later(seconds, stop.set)
+
+        def wait_for_stdin_eof() -> None:
+            sys.stdin.read()  # returns when the caller closes our stdin
+            with contextlib.suppress(RuntimeError):  # the loop may be gone already
+                loop.call_soon_threadsafe(stop.set)
+
+        # A daemon thread, not the loop's executor: asyncio.run would wait for a read that never ends.
+        threading.Thread(target=wait_for_stdin_eof, daemon=True).start()
+        floods = [asyncio.create_task(flood(stub, metadata, i, stop, seen)) for i in range(streams)]
         await asyncio.sleep(0.3)
         await asyncio.gather(*(extra_stream(stub, metadata, seen) for _ in range(extra)))
         await asyncio.gather(*floods)

@@ -5,7 +5,9 @@ Kept in its own module (not a conftest) so the tests of this folder share it wit
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 import queue
 import re
 import signal
@@ -197,7 +199,7 @@ def hold_model_steps(srv) -> tuple[threading.Event, threading.Event]:
         release.wait(CALL_TIMEOUT_S)
         return apply(*args, **kwargs)
 
-    engine.apply = held_apply  # instance attribute: the runtime looks it up on every batch
+    engine.apply = held_apply  # instance attribute: the batcher looks it up on every batch
     return entered, release
 
 
@@ -233,10 +235,24 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) 
 # ---------------------------------------------------------------- server processes
 
 
+def frozen_clock_env(at: float | None = None) -> dict[str, str]:
+    """Environment that freezes a process's wall clock (``time.time()``) at ``at`` (default: now)
+    with Debian's libfaketime; monotonic clocks keep running, so timeouts and the event loop work.
+    Two processes started with it read identical wall-clock times, as two replicas whose clocks
+    agree within float resolution do."""
+    libraries = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not libraries:
+        pytest.fail("libfaketime is not installed (make system-deps installs the Debian package libfaketime)")
+    frozen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() if at is None else at))
+    # No "@": an absolute FAKETIME stands still instead of ticking on from that moment.
+    return {"LD_PRELOAD": libraries[0], "FAKETIME": frozen, "DONT_FAKE_MONOTONIC": "1"}
+
+
 class ServerProcess:
     """``aaren serve`` in its own process (so a test can SIGKILL it), on free ports."""
 
-    def __init__(self, log_path: Path, **settings: Any) -> None:
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None, **settings: Any) -> None:
+        """``env``: variables added to this environment for the server (e.g. ``frozen_clock_env()``)."""
         defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "drain_grace_s": 1.0, "frontends": 0}
         flags = []
         for name, value in {**defaults, **settings}.items():
@@ -247,6 +263,7 @@ class ServerProcess:
             [sys.executable, "-c", "from aaren.client.cli import app; app()", "serve", *flags],
             stdout=subprocess.PIPE,
             stderr=self._log,
+            env=None if env is None else {**os.environ, **env},
         )
         assert self.process.stdout is not None
         # "aaren: listening on port N, metrics on port M", or "..., metrics off" (--metrics-port -1)

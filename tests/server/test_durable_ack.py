@@ -39,7 +39,7 @@ class BatchGate:
         apply = engine.apply
 
         def held_apply(*args, **kwargs):
-            k = self._calls  # the runtime runs one batch at a time, on one worker thread
+            k = self._calls  # the engine core runs one batch at a time, on one worker thread
             self._calls += 1
             self.entered[k].set()
             self.release[k].wait(CALL_TIMEOUT_S)

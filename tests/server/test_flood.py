@@ -1,9 +1,10 @@
-"""A tenant that floods events and opens too many streams is refused (RESOURCE_EXHAUSTED) while a
-well-behaved tenant on the same server keeps its p99 latency within 2x of its unloaded value.
+"""A tenant that floods events and opens too many streams is refused (RESOURCE_EXHAUSTED, with a
+reason and a retry hint) while a well-behaved tenant on the same server has every event served.
 
-The server and the flooder run in processes of their own (no GIL shared with the measuring client).
-The flooder pipelines its writes (it never waits for an answer), so only the server's limits and
-flow control hold it back. Generous on purpose: exact figures belong to bench/soak.py.
+The server and the flooder run in processes of their own. The flooder pipelines its writes (it
+never waits for an answer), so only the server's limits and flow control hold it back. What is
+asserted is what each tenant was served and refused, never how fast: that cannot flake with the
+machine's load. The latencies under the flood are a benchmark, ``python -m bench.flood``.
 """
 
 from __future__ import annotations
@@ -11,31 +12,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
-import numpy as np
-from server_helpers import OpenStream, ServerProcess, assert_forecast, ev, stub_for
+from server_helpers import OpenStream, ServerProcess, assert_forecast, ev, metric, scrape, stub_for, wait_until
 
 from aaren.server.auth import hash_token, new_token
 
 FLOOD_CLIENT = Path(__file__).with_name("flood_client.py")
+RATE, BURST = 500, 500
+#: The well-behaved tenant's events, one per message, each awaited before the next: fewer than its
+#: burst, so its own quota can never refuse one, however the machine schedules the processes.
+GOOD_EVENTS = 200
 
 
-def p99_of_paced_requests(stream: OpenStream, session: str, start_seq: int, n: int) -> tuple[float, int]:
-    latencies = []
-    for i in range(n):
-        seq = start_seq + i
-        sent = time.perf_counter()
-        result = stream.send([ev(session, seq, float(seq))]).results[0]
-        latencies.append(time.perf_counter() - sent)
-        assert_forecast(result, session, seq)
-        time.sleep(0.01)  # about 100 events/s: well inside the tenant's rate
-    return float(np.percentile(latencies, 99)), start_seq + n
-
-
-def test_flooding_tenant_is_refused_and_others_keep_their_latency(tmp_path, tiny_checkpoint):
+def test_flooding_tenant_is_refused_and_the_other_is_served_in_full(tmp_path, tiny_checkpoint):
     tokens = {"flooder": new_token(), "good": new_token()}
     token_file = tmp_path / "tokens.txt"
     token_file.write_text("".join(f"{t} {hash_token(v)}\n" for t, v in tokens.items()))
@@ -43,35 +34,50 @@ def test_flooding_tenant_is_refused_and_others_keep_their_latency(tmp_path, tiny
         tmp_path / "server.log",
         checkpoint=tiny_checkpoint,
         auth_tokens_file=token_file,
-        tenant_events_per_s=500,
-        tenant_burst_events=500,
+        tenant_events_per_s=RATE,
+        tenant_burst_events=BURST,
         max_streams_per_tenant=4,
     )
+    flooder = None
     try:
+        # Runs until its stdin closes (120 s only bounds a test that broke off).
+        flooder = subprocess.Popen(
+            [sys.executable, str(FLOOD_CLIENT), server.address, tokens["flooder"], "120", "4", "6"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+        def rate_limited() -> float:
+            return metric(scrape(server.metrics_url), "aaren_limit_refusals_total", limit="tenant_rate_limited")
+
+        # The good tenant starts once the flood is over its rate, and the flood goes on until it is done.
+        wait_until(lambda: rate_limited() > 0, "the flooder to be rate limited", timeout=60)
         with grpc.insecure_channel(server.address) as channel:
             good = OpenStream(stub_for(channel), metadata=[("authorization", f"Bearer {tokens['good']}")])
-            p99_of_paced_requests(good, "g", 1, 30)  # warm up
-            unloaded, seq = p99_of_paced_requests(good, "g", 31, 150)
-
-            flooder = subprocess.Popen(
-                [sys.executable, str(FLOOD_CLIENT), server.address, tokens["flooder"], "4", "4", "6"],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            time.sleep(0.5)
-            loaded, _ = p99_of_paced_requests(good, "g", seq, 150)
-            out, _ = flooder.communicate(timeout=60)
+            for seq in range(1, GOOD_EVENTS + 1):
+                response = good.send([ev("g", seq, float(seq))])
+                assert not response.HasField("request_error"), f"the good tenant was refused: {response}"
+                assert_forecast(response.results[0], "g", seq)
             good.close()
+            assert flooder.poll() is None, "the flood ended before the good tenant was done"
+            out, _ = flooder.communicate("", timeout=60)  # closes its stdin: the flood stops
         seen = json.loads(out)
+        samples = scrape(server.metrics_url)
     finally:
+        if flooder is not None and flooder.poll() is None:
+            flooder.kill()
         server.stop()
 
-    print(f"unloaded p99 {unloaded * 1e3:.2f} ms, loaded {loaded * 1e3:.2f} ms, flooder {seen}")
-    assert seen.get("tenant_rate_limited", 0) > 0, seen
-    assert seen.get("accepted", 0) > 0, seen
+    print(f"flooder saw {seen}")
+    assert seen.get("accepted", 0) > 0, seen  # limited, not shut out
+    refused = seen.get("ERROR_CODE_RESOURCE_EXHAUSTED:tenant_rate_limited", 0)
+    assert refused > 0, seen
+    assert seen.get("ERROR_CODE_RESOURCE_EXHAUSTED:tenant_rate_limited:retry_after", 0) == refused, seen
     assert seen.get("extra_stream:RESOURCE_EXHAUSTED:tenant_stream_limit", 0) == 6, seen
-    # The floor absorbs scheduling noise of three busy processes on two cores (seen: 9 -> 20 ms in a
-    # CI run of an earlier, gentler flooder). Without the limits this flood puts the p99 at 50-60 ms
-    # against 3 ms unloaded (measured), so the bound still tells a fair server from an unfair one.
-    bound = 2 * max(unloaded, 0.015)
-    assert loaded <= bound, f"p99 {loaded * 1e3:.2f} ms under the flood vs {unloaded * 1e3:.2f} ms unloaded"
+    refusal_reasons = {key.split(":")[1] for key in seen if key.startswith("ERROR_CODE_")}
+    assert refusal_reasons <= {"tenant_rate_limited", "tenant_pending_limit"}, seen
+    # Every refusal the server counted was the flooder's: the good tenant's quota was never touched.
+    # (>=: answers to what the flooder left queued when it stopped may never have reached it.)
+    assert metric(samples, "aaren_limit_refusals_total", limit="tenant_rate_limited") >= refused
+    assert metric(samples, "aaren_limit_refusals_total", limit="server_busy") == 0

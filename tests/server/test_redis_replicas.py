@@ -23,6 +23,7 @@ from server_helpers import (
     assert_forecasts_close,
     assert_states_close,
     ev,
+    frozen_clock_env,
     get_session,
     hold_model_steps,
     layouts_of,
@@ -196,6 +197,63 @@ def test_concurrent_writers_one_wins_each_seq_and_conflicts_are_counted(start_se
     _, expected_session = reference(start_server, accepted)
     assert final.last_seq == 8
     assert_states_close(final, expected_session)
+
+
+def waiting_loads(admin) -> int:
+    """Clients whose script call a write-paused Redis holds (flag ``b``: postponed by CLIENT PAUSE)."""
+    clients = admin.execute_command("CLIENT", "LIST").decode().splitlines()
+    fields = [dict(part.split("=", 1) for part in line.split() if "=" in part) for line in clients]
+    return sum("b" in f.get("flags", "") and f.get("cmd") == "evalsha" for f in fields)
+
+
+def test_the_same_message_sent_to_two_replicas_at_once_has_one_winner(
+    tmp_path, tiny_checkpoint, redis_server, redis_url, start_server
+):
+    """A hedging client sends each message to two replicas whose wall clocks read the same time
+    (frozen with libfaketime), so both compute byte-identical records. Redis holds both loads (a
+    write pause: scripts wait, CLIENT LIST does not) until both wait, so both replicas step from
+    the same stored seq every time: exactly one must win, the other is told state_conflict."""
+    evs = events("hedge", 60, seed=11)
+    expected, expected_session = reference(start_server, evs)
+    env = frozen_clock_env()
+    # A long store timeout: a load waits in the paused Redis until the other replica's load arrives.
+    url = redis_url + "&timeout_s=15"
+    servers = [
+        ServerProcess(tmp_path / f"hedge{i}.log", env=env, checkpoint=tiny_checkpoint, store_url=url) for i in range(2)
+    ]
+    admin = redis_server.client()
+    channels = [grpc.insecure_channel(s.address) for s in servers]
+    try:
+        # One call carries all 60 pairs: its deadline only guards against a hang.
+        streams = [OpenStream(stub_for(c), timeout=600) for c in channels]
+        lost = [0, 0]
+        for e in evs:
+            admin.execute_command("CLIENT", "PAUSE", "15000", "WRITE")
+            try:
+                for stream in streams:
+                    stream.put([e])
+                wait_until(lambda: waiting_loads(admin) == 2, "both replicas' loads to wait in Redis", timeout=14)
+            finally:
+                admin.execute_command("CLIENT", "UNPAUSE")
+            answers = [stream.next().results[0] for stream in streams]
+            winners = [i for i, r in enumerate(answers) if outcome(r) == "forecast"]
+            assert len(winners) == 1, f"seq {e.seq}: {len(winners)} winners: {answers}"
+            loser = 1 - winners[0]
+            assert_forecasts_close(assert_forecast(answers[winners[0]], "hedge", e.seq), expected[e.seq])
+            assert_event_error(answers[loser], pb.ERROR_CODE_ABORTED, "state_conflict", ["resend from your last"])
+            lost[loser] += 1
+        for stream in streams:
+            stream.close()
+        session = get_session(stub_for(channels[0]), "hedge")
+        conflicts = [metric(scrape(s.metrics_url), "aaren_state_conflicts_total") for s in servers]
+    finally:
+        for c in channels:
+            c.close()
+        for s in servers:
+            s.stop()
+    assert conflicts == lost, "each replica counts the conflicts it answered"
+    assert session.last_seq == 60
+    assert_states_close(session, expected_session)
 
 
 def test_redis_killed_mid_stream_then_restarted_loses_nothing(start_server, tmp_path):

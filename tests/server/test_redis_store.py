@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 
 import pytest
@@ -99,7 +100,33 @@ def test_record_layout_one_string_and_a_tombstone_per_session(redis_server, redi
     record = client.get(key)
     assert record[:20] == b"%020d" % 4, "seq leads the record as 20 digits"
     assert 0 < client.pttl(key) <= 3600_000 < client.pttl(key + b":t")
-    assert len(record) == 20 + 24 + 1 + len(b"v1") + LAYOUT.row_nbytes
+    assert len(record) == 20 + 24 + 1 + len(b"v1") + LAYOUT.row_nbytes + 16, "a 16-byte write id ends it"
+
+    m = meta(4)
+
+    async def same_again(store):  # another save call with the same bytes: a different write id
+        await store.delete("s{1}")
+        await store.save(["s{1}"], rows(3.0), [m], [0])
+
+    with_store(redis_url, same_again)
+    first = client.get(key)
+    with_store(redis_url, same_again)
+    assert client.get(key)[:-16] == first[:-16] and client.get(key)[-16:] != first[-16:]
+
+
+def test_a_record_written_before_write_ids_is_still_read(redis_server, redis_url):
+    prefix = redis_url.split("prefix=")[1]
+    state = rows(5.0)
+    old = b"%020d" % 7 + struct.pack("<ddd", 7.0, 1.0, 2.0) + b"\x02v1" + state["m"].numpy().tobytes()
+    old += state["n"].numpy().tobytes()
+    redis_server.client().set(f"{prefix}{{old}}", old)
+
+    async def body(store):
+        return await store.get("old"), await store.save(["old"], rows(6.0), [meta(8)], [7])
+
+    (m, r), written = with_store(redis_url, body)
+    assert (m.last_seq, m.last_time, m.created_at, m.updated_at, m.model_version) == (7, 7.0, 1.0, 2.0, "v1")
+    assert (r["m"] == 5.0).all() and (r["n"] == 5).all() and written == [True]
 
 
 def test_unreadable_record_is_reported_as_a_foreign_state_not_a_crash(redis_server, redis_url):
@@ -114,21 +141,77 @@ def test_unreadable_record_is_reported_as_a_foreign_state_not_a_crash(redis_serv
     loaded = with_store(redis_url, body)
     short, wrong, fine = loaded.metas
     assert short is not None and "unreadable record" in short.model_version
-    assert wrong is not None and wrong.last_seq == 3 and "5 state bytes, expected" in wrong.model_version
+    assert (
+        wrong is not None
+        and wrong.last_seq == 3
+        and "5 state bytes, expected" in wrong.model_version
+        and "write id" in wrong.model_version
+    )
     assert fine is None
     assert torch.isneginf(loaded.tensors["m"]).all(), "unreadable rows load as fresh rows"
 
 
-def test_a_retried_write_that_already_landed_is_not_a_conflict(redis_url):
-    async def body(store):
-        first = await store.save(["a"], rows(1.0), [meta(1)], [0])
-        m = meta(1)
-        again = [await store.save(["b"], rows(1.0), [m], [0]) for _ in range(2)]
-        different = await store.save(["b"], rows(9.0), [m], [0])
-        return first, again, different
+class ReplyLosingProxy:
+    """A TCP proxy in front of Redis that, once armed, lets a request through to Redis, drops
+    Redis's reply and closes the client's connection: a reply lost after the write landed."""
 
-    first, again, different = with_store(redis_url, body)
-    assert first == [True] and again == [[True], [True]] and different == [False]
+    def __init__(self, redis_port: int) -> None:
+        self.redis_port = redis_port
+        self.armed = False
+        self.lost = 0
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        redis_r, redis_w = await asyncio.open_connection("127.0.0.1", self.redis_port)
+
+        async def up() -> None:
+            while data := await client_r.read(65536):
+                redis_w.write(data)
+                await redis_w.drain()
+            redis_w.close()
+
+        async def down() -> None:
+            while data := await redis_r.read(65536):
+                if self.armed:
+                    self.armed, self.lost = False, self.lost + 1
+                    break
+                client_w.write(data)
+                await client_w.drain()
+            client_w.close()
+            redis_w.close()
+
+        await asyncio.gather(up(), down(), return_exceptions=True)
+
+    async def close(self) -> None:
+        self.server.close()
+
+
+def test_a_write_resent_after_its_reply_was_lost_answers_written(redis_server):
+    """redis-py resends a pipeline whose connection died before the reply came; the script then
+    finds this very call's write (its seq and write id) and answers written, not a conflict."""
+    proxy = ReplyLosingProxy(redis_server.port)
+
+    async def body():
+        port = await proxy.start()
+        store = open_store(
+            f"redis://127.0.0.1:{port}/0?prefix=lost{time.time_ns()}:", LAYOUT, capacity=10, idle_ttl_s=3600
+        )
+        try:
+            # Connection, handshake and script in place, so the next reply is the save's own.
+            assert await store.save(["warm"], rows(1.0), [meta(1)], [0]) == [True]
+            proxy.armed = True
+            resent = await store.save(["a"], rows(2.0), [meta(1)], [0])
+            return resent, await store.get("a")
+        finally:
+            await store.close()
+            await proxy.close()
+
+    resent, (m, r) = asyncio.run(body())
+    assert proxy.lost == 1, "the proxy never lost a reply: the test did not test a resend"
+    assert resent == [True] and m.last_seq == 1 and (r["m"] == 2.0).all()
 
 
 def test_script_cache_flushed_by_redis_is_reloaded(redis_server, redis_url):

@@ -105,6 +105,22 @@ def test_compare_and_set_refuses_stale_writes(store_factory):
     assert m.last_seq == 2 and (r["m"] == 2.0).all()
 
 
+def test_two_writers_of_identical_bytes_have_one_winner(store_factory):
+    """Two replicas stepping the same state with the same events at the same wall-clock time save
+    byte-identical rows and metas from the same expected seq: only the first write wins."""
+    store = store_factory()
+    same = meta(1, updated=1_900_000_000.0)
+
+    async def go():
+        first = await store.save(["a"], rows(1, 3.0), [same], [0])
+        second = await store.save(["a"], rows(1, 3.0), [same], [0])
+        return first, second, await store.get("a")
+
+    first, second, (m, r) = run_on(store, go())
+    assert first == [True] and second == [False]
+    assert m.last_seq == 1 and (r["m"] == 3.0).all()
+
+
 def test_mixed_batch_writes_only_the_rows_that_match(store_factory):
     store = store_factory()
 
