@@ -52,9 +52,6 @@ class State:
         """The fields by name, in declaration order."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-    def replace(self, **changes: Tensor) -> Self:
-        return dataclasses.replace(self, **changes)
-
     @property
     def batch_size(self) -> int:
         return int(self.n_events.shape[0])  # type: ignore[attr-defined]
@@ -70,9 +67,6 @@ class State:
 
     def to(self, device: torch.device | str) -> Self:
         return type(self)(**{k: t.to(device) for k, t in self.tensors().items()})
-
-    def detach(self) -> Self:
-        return type(self)(**{k: t.detach() for k, t in self.tensors().items()})
 
     def select(self, index: Tensor | Sequence[int] | slice) -> Self:
         """Rows ``index`` of the batch (a gather; the result owns no storage with ``self`` for an index tensor)."""

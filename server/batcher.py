@@ -26,11 +26,12 @@ import torch
 
 from aaren.server.admission import Admission
 from aaren.server.columns import ACK, DUPLICATE, ERROR, FORECAST, CoreRequest, Outcomes
-from aaren.server.engine import Engine, RunColumns
+from aaren.server.engine import RunColumns
 from aaren.server.errors import ErrorInfo, catalogue
 from aaren.server.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.tasks import Task
 
 __all__ = ["Batcher", "Scope"]
 
@@ -109,7 +110,7 @@ class Batcher:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Task,
         store: SessionStore,
         settings: ServerSettings,
         metrics: Metrics,

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from aaren.server.columns import ModelDescription
+from aaren.server.tasks import Outputs
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.event_model import EventModel, EventModelConfig
 from aaren_core.state import State
@@ -38,8 +39,6 @@ FEATURES = "features"
 COMPILE_WARMUP_TOP_K = 3
 #: The event task's output columns, each ``[F, ...]`` over F forecasts.
 OUTPUT_NAMES = ("time_mean", "time_quantiles", "top_marks", "top_probs", "value_mean", "value_std")
-#: A task's outputs: name -> numpy array ``[F, ...]``.
-Outputs = dict[str, np.ndarray]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -80,7 +79,8 @@ class RunColumns:
 
 
 class Engine:
-    """Wraps an ``EventModel`` with a constant-size state for serving."""
+    """The event task (``aaren.server.tasks.Task``): an ``EventModel`` with a constant-size state
+    per session, stepped and scanned in batches; outputs ``OUTPUT_NAMES``."""
 
     def __init__(
         self,

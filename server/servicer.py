@@ -294,7 +294,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             self._stream_latency.observe(time.perf_counter() - started)
             return
 
-        def done(outcomes: Outcomes) -> None:
+        def encode(outcomes: Outcomes) -> None:
             try:
                 response = self._response(request, outcomes)
             except Exception:  # a bug must cost this request, not the stream
@@ -302,11 +302,17 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 response = pb.StreamResponse(
                     request_id=request.request_id, request_error=self._error(catalogue.internal())
                 )
-            if outcomes.request_error is not None and outcomes.request_error.retry_after_s:
-                stream.pause_s = max(stream.pause_s, outcomes.request_error.retry_after_s)
             stream.finished(slot, response)
             self._stream_latency.observe(time.perf_counter() - started)
 
+        def done(outcomes: Outcomes) -> None:
+            """The core's answer: encoded on a later turn of the loop, so that the core's batcher
+            never builds protos (the reply path is one way: columns out, protos in the front end)."""
+            if outcomes.request_error is not None and outcomes.request_error.retry_after_s:
+                stream.pause_s = max(stream.pause_s, outcomes.request_error.retry_after_s)
+            loop.call_soon(encode, outcomes)
+
+        loop = asyncio.get_running_loop()
         try:
             core.submit(self.core_request(request, tenant), done)
         except Exception:  # a bug must cost this request, not the stream
