@@ -4,7 +4,8 @@
 # data root (images and build cache, kept between runs so rebuilds are warm), exec root, pidfile
 # and socket, so it never collides with another engine on the same machine.
 #
-#   deploy/docker/dockerd.sh start   # idempotent; prints the DOCKER_HOST to use
+#   deploy/docker/dockerd.sh start    # idempotent; prints the DOCKER_HOST to use
+#   deploy/docker/dockerd.sh status   # exit 0 when it answers
 #   deploy/docker/dockerd.sh stop
 #
 # Networking is kept off the host's shared state: no default bridge (--bridge=none) and no
@@ -24,6 +25,11 @@ up() { "$DOCKER" version >/dev/null 2>&1; }
 
 start() {
   if up; then echo "$DOCKER_HOST"; return; fi
+  mkdir -p "$ROOT"
+  # Two callers at once (make image beside a test run) must not start two engines on one root.
+  exec 9>"$ROOT/start.lock"
+  flock 9
+  if up; then echo "$DOCKER_HOST"; return; fi
   if [ ! -x "$DOCKERD" ]; then
     echo "dockerd.sh: no $DOCKERD: apt-get install -y docker.io (Debian's Docker engine)" >&2
     exit 1
@@ -34,7 +40,7 @@ start() {
   nohup "$DOCKERD" \
     --data-root "$ROOT/data" --exec-root "$ROOT/exec" --pidfile "$PIDFILE" --host "$DOCKER_HOST" \
     --bridge=none --iptables=false --ip-masq=false --mtu "$mtu" \
-    >"$ROOT/dockerd.log" 2>&1 &
+    >"$ROOT/dockerd.log" 2>&1 9>&- &
   for _ in $(seq 1 120); do
     if up; then echo "$DOCKER_HOST"; return; fi
     if ! kill -0 $! 2>/dev/null; then break; fi
@@ -55,6 +61,7 @@ stop() {
 
 case "${1:-start}" in
   start) start ;;
+  status) up ;;
   stop) stop ;;
   *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac
