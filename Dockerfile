@@ -11,7 +11,7 @@
 #   deploy/docker/wheels  wheels to prefer, e.g. a CPU torch wheel: pip takes TORCH_SPEC from
 #                there when it is there (empty in git; a fixed folder, since the engine's built-in
 #                frontend expands no variables in RUN --mount)
-#   TORCH_INDEX  the index for torch's own dependencies then, e.g. https://pypi.org/simple
+#   TORCH_INDEX  empty: pip's default index (PyPI), for torch's own dependencies then
 #   secret extra_ca  PEM certificates to trust besides the system's, for a TLS-inspecting proxy:
 #                --secret id=extra_ca,src=FILE; only pip in the build stage sees it, no layer keeps it
 
@@ -31,7 +31,8 @@ RUN --mount=type=secret,id=extra_ca --mount=type=tmpfs,target=/run/ca \
       cat /etc/ssl/certs/ca-certificates.crt /run/secrets/extra_ca >/run/ca/bundle.pem; \
       export PIP_CERT=/run/ca/bundle.pem; \
     fi; \
-    /opt/aaren/venv/bin/pip install --index-url "${TORCH_INDEX}" --find-links /wheels "${TORCH_SPEC}"
+    if [ -n "${TORCH_INDEX}" ]; then set -- --index-url "${TORCH_INDEX}"; fi; \
+    /opt/aaren/venv/bin/pip install "$@" --find-links /wheels "${TORCH_SPEC}"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY aaren_core ./aaren_core

@@ -32,7 +32,10 @@ if [ -z "$mirror" ]; then
     awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i; break}}' |
     grep -E '/debian/?$' | head -n 1 || true)"
 fi
-mirror="${mirror:-http://deb.debian.org/debian}"
+if [ -z "$mirror" ]; then
+  echo "base-image.sh: no Debian mirror in apt's sources; set DEBIAN_MIRROR" >&2
+  exit 1
+fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/aaren-base.XXXXXX")"
 trap 'rm -rf "$work"' EXIT

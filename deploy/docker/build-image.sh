@@ -5,7 +5,8 @@
 #   BASE_IMAGE   base with python3 + python3-venv; the default is made by base-image.sh once
 #   TORCH_SPEC   the torch the image gets; pip downloads it here with the host's own configuration
 #                (its find-links hold the CPU wheel), so the build installs that file
-#   TORCH_INDEX  index for torch's dependencies (PyPI; the Dockerfile's default is PyTorch's)
+#   TORCH_INDEX  index for torch's dependencies; empty: pip's default (PyPI), as on the host
+#                (the Dockerfile's own default is PyTorch's CPU index, unreachable here)
 #   EXTRA_CA_DIR the host's extra CA certificates (as update-ca-certificates took them), passed
 #                as the build secret extra_ca so pip trusts a TLS-inspecting proxy
 set -euo pipefail
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/../.."
 IMAGE="${IMAGE:-aaren:latest}"
 BASE_IMAGE="${BASE_IMAGE:-aaren-base:bookworm}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0+cpu}"
-TORCH_INDEX="${TORCH_INDEX:-https://pypi.org/simple}"
+TORCH_INDEX="${TORCH_INDEX-}"
 EXTRA_CA_DIR="${EXTRA_CA_DIR:-/usr/local/share/ca-certificates}"
 DOCKER="${DOCKER:-/usr/bin/docker}"
 ROOT="${AAREN_DOCKER_ROOT:-${TMPDIR:-/tmp}/aaren-docker}"

@@ -55,7 +55,12 @@ stop() {
   if [ -f "$PIDFILE" ]; then
     pid="$(cat "$PIDFILE")"
     kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  fi
+  # The engine leaves the host's network namespace mounted in its exec root; a later start or an
+  # `rm -r` of the folder would trip over it.
+  if mountpoint -q "$ROOT/exec/netns/default" 2>/dev/null; then
+    umount "$ROOT/exec/netns/default" || true
   fi
 }
 
