@@ -13,7 +13,7 @@
 #                frontend expands no variables in RUN --mount)
 #   TORCH_INDEX  empty: pip's default index (PyPI), for torch's own dependencies then
 #   secret extra_ca  PEM certificates to trust besides the system's, for a TLS-inspecting proxy:
-#                --secret id=extra_ca,src=FILE; only pip in the build stage sees it, no layer keeps it
+#                --secret id=extra_ca,src=FILE; only the pip steps see it, no layer keeps it
 
 ARG BASE_IMAGE=python:3.12-slim-bookworm
 

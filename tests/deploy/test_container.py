@@ -10,6 +10,7 @@ need as root on Debian, as `make image` does); they never skip for want of an en
 from __future__ import annotations
 
 import csv
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -224,8 +225,13 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
-    """The image built by `make image`, and the engine that built it (stopped after, if we started it:
-    its data root, with the build cache, stays for the next run)."""
+    """The image built by `make image`, and the engine that built it, stopped after if this run
+    started it and no other run uses it (its data root, with the build cache, stays)."""
+    root = Path(os.environ.get("AAREN_DOCKER_ROOT") or Path(os.environ.get("TMPDIR") or "/tmp") / "aaren-docker")
+    root.mkdir(parents=True, exist_ok=True)
+    # Every run using the engine holds this lock shared; a run that gets it alone after is the last.
+    users = (root / "users.lock").open("w")
+    fcntl.flock(users, fcntl.LOCK_SH)
     was_up = subprocess.run([ENGINE, "status"], capture_output=True, timeout=60).returncode == 0
     # Cold, this installs Debian's Docker tools, debootstraps the base and builds (minutes).
     done = subprocess.run(["make", "image", f"IMAGE={IMAGE}"], cwd=ROOT, capture_output=True, text=True, timeout=2400)
@@ -235,8 +241,13 @@ def engine() -> Iterator[Engine]:
     )
     host = subprocess.run([ENGINE, "start"], capture_output=True, text=True, timeout=120, check=True).stdout.strip()
     yield Engine(env={**os.environ, "DOCKER_HOST": host})
-    if not was_up:
-        subprocess.run([ENGINE, "stop"], capture_output=True, timeout=120)
+    with users:
+        try:
+            fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        if not was_up:
+            subprocess.run([ENGINE, "stop"], capture_output=True, timeout=120)
 
 
 @pytest.fixture
