@@ -63,3 +63,12 @@ bench-core: install
 
 proto: install
 	$(PY) proto/generate.py
+
+# The container image (README "Containers"). deploy/docker/build-image.sh brings Debian's Docker
+# engine up privately (no registry of images or PyTorch index is reachable on these machines),
+# makes a Debian base once and hands the host's CPU torch wheel to the build.
+IMAGE ?= aaren:latest
+
+.PHONY: image
+image:
+	IMAGE="$(IMAGE)" deploy/docker/build-image.sh
