@@ -317,8 +317,22 @@ class Batcher:
         outputs: dict[str, np.ndarray] = {}
 
         if len(applied):
-            outputs = await self._apply(pieces, cols, ids, sess, seq, times, verdict, applied, stored, loaded,
-                                        kind, last_seq, errors, forecast_row)  # fmt: skip
+            outputs = await self._apply(
+                pieces,
+                cols,
+                ids,
+                sess,
+                seq,
+                times,
+                verdict,
+                applied,
+                stored,
+                loaded,
+                kind,
+                last_seq,
+                errors,
+                forecast_row,
+            )
         self._settle(pieces, kind, last_seq, errors, forecast_row, outputs)
 
     async def _plan(
@@ -354,8 +368,9 @@ class Batcher:
                 elif gap[i]:
                     errors[i] = catalogue.seq_gap(shown(key), int(seq[i]), int(s_seq[i]))
                 else:
-                    errors[i] = catalogue.time_before_last(shown(key), int(seq[i]), float(times[i]),
-                                                           float(stored.last_time[u]))  # fmt: skip
+                    errors[i] = catalogue.time_before_last(
+                        shown(key), int(seq[i]), float(times[i]), float(stored.last_time[u])
+                    )
         if not single.all():
             dup_seq = dup_seq.copy()
             multi = np.flatnonzero(~single)
@@ -692,8 +707,12 @@ class Batcher:
         for u, meta in enumerate(loaded.metas):
             if meta is None or meta.model_version == self.engine.version:
                 continue
-            log.warning("session %r was written by model %s; resetting it for %s", ids[u], meta.model_version,
-                        self.engine.version)  # fmt: skip
+            log.warning(
+                "session %r was written by model %s; resetting it for %s",
+                ids[u],
+                meta.model_version,
+                self.engine.version,
+            )
             for name, row in self.store.layout.rows.items():
                 loaded.tensors[name][u] = row
             loaded.metas[u] = dataclasses.replace(meta, model_version=self.engine.version)

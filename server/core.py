@@ -45,8 +45,9 @@ class EngineCore:
         d = engine.description
         self.checker = EventChecker(d.num_marks, d.value_names, settings.max_session_id_bytes)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aaren-model")
-        self.sessions = SessionCalls(engine, store, settings, metrics, self.batcher, self.checker, self.scope,
-                                     self._executor)  # fmt: skip
+        self.sessions = SessionCalls(
+            engine, store, settings, metrics, self.batcher, self.checker, self.scope, self._executor
+        )
         if settings.model_thread:
             executor = self._executor
             self.batcher.set_worker(lambda fn, *args: asyncio.get_running_loop().run_in_executor(executor, fn, *args))

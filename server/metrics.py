@@ -187,8 +187,13 @@ class AggregatedCollector(Collector):
                     values[key] += value
 
         for family in self.own.collect():
-            add(family.name, family.type, family.documentation, family.unit,
-                ((s.name, s.labels, s.value) for s in family.samples))  # fmt: skip
+            add(
+                family.name,
+                family.type,
+                family.documentation,
+                family.unit,
+                ((s.name, s.labels, s.value) for s in family.samples),
+            )
         for families in self.remote():
             for name, kind, doc, unit, samples in families:
                 add(name, kind, doc, unit, samples)

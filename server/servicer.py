@@ -174,10 +174,18 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _forecast_message(self, future: SampledFuture) -> pb.Forecast:
         out = pb.Forecast()
         o, k = future.outputs, self._top_k(future.top_k)
-        self._fill_forecast(out, future.session_id, future.seq, future.last_time, float(o["time_mean"][0]),
-                            o["time_quantiles"][0].tolist(), o["top_marks"][0, :k].tolist(),
-                            o["top_probs"][0, :k].tolist(), o["value_mean"][0].tolist(),
-                            o["value_std"][0].tolist())  # fmt: skip
+        self._fill_forecast(
+            out,
+            future.session_id,
+            future.seq,
+            future.last_time,
+            float(o["time_mean"][0]),
+            o["time_quantiles"][0].tolist(),
+            o["top_marks"][0, :k].tolist(),
+            o["top_probs"][0, :k].tolist(),
+            o["value_mean"][0].tolist(),
+            o["value_std"][0].tolist(),
+        )
         return out
 
     def _top_k(self, request_top_k: int) -> int:
@@ -208,8 +216,18 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             event = events[i]
             if kind == FORECAST:
                 result = results.add(session_id=event.session_id, seq=event.seq)
-                self._fill_forecast(result.forecast, event.session_id, event.seq, event.time, means[f],
-                                    quantiles[f], marks[f], probs[f], value_means[f], value_stds[f])  # fmt: skip
+                self._fill_forecast(
+                    result.forecast,
+                    event.session_id,
+                    event.seq,
+                    event.time,
+                    means[f],
+                    quantiles[f],
+                    marks[f],
+                    probs[f],
+                    value_means[f],
+                    value_stds[f],
+                )
                 f += 1
             else:
                 self._add_result(results, event, outcomes, i, kind)
