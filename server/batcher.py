@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from aaren.server.admission import Admission
-from aaren.server.columns import ACK, DUPLICATE, ERROR, FORECAST, CoreRequest, Outcomes
+from aaren.server.columns import ACK, DUPLICATE, ERROR, FORECAST, CoreRequest, EventColumns, Outcomes
 from aaren.server.engine import RunColumns
 from aaren.server.errors import ErrorInfo, catalogue
 from aaren.server.metrics import Metrics
@@ -316,23 +316,9 @@ class Batcher:
         forecast_row = np.full(n_events, -1, dtype=np.int64)
         outputs: dict[str, np.ndarray] = {}
 
+        work = _Work(pieces, cols, ids, sess, seq, times, stored, loaded, verdict, errors, kind, last_seq, forecast_row)
         if len(applied):
-            outputs = await self._apply(
-                pieces,
-                cols,
-                ids,
-                sess,
-                seq,
-                times,
-                verdict,
-                applied,
-                stored,
-                loaded,
-                kind,
-                last_seq,
-                errors,
-                forecast_row,
-            )
+            outputs = await self._apply(work, applied)
         self._settle(pieces, kind, last_seq, errors, forecast_row, outputs)
 
     async def _plan(
@@ -479,25 +465,12 @@ class Batcher:
                         self.scope.shown(key), int(seq[i]), self.store.was_evicted(key)
                     )
 
-    async def _apply(
-        self,
-        pieces: list[tuple[_Accepted, int, int]],
-        cols: list,
-        ids: list[str],
-        sess: np.ndarray,
-        seq: np.ndarray,
-        times: np.ndarray,
-        verdict: np.ndarray,
-        applied: np.ndarray,
-        stored: _StoredColumns,
-        loaded: LoadedBatch,
-        kind: np.ndarray,
-        last_seq: np.ndarray,
-        errors: dict[int, ErrorInfo],
-        forecast_row: np.ndarray,
-    ) -> dict[str, np.ndarray]:
+    async def _apply(self, work: _Work, applied: np.ndarray) -> dict[str, np.ndarray]:
         """Run the model on the applied events, store the new states, and fill in the applied
         events' outcomes (and the batch duplicates'). Returns the forecasts' output columns."""
+        pieces, cols, ids, sess, seq, times = work.pieces, work.cols, work.ids, work.sess, work.seq, work.times
+        verdict, stored, loaded, errors = work.verdict, work.stored, work.loaded, work.errors
+        kind, last_seq, forecast_row = work.kind, work.last_seq, work.forecast_row
         # Applied events grouped by session (stable: each session's in order).
         if len(applied) > 1 and (np.diff(sess[applied]) < 0).any():
             applied = applied[np.argsort(sess[applied], kind="stable")]
@@ -728,6 +701,28 @@ class _Batch:
     keys: list[str]
     sess: np.ndarray
     ids: list[str]
+
+
+@dataclasses.dataclass(slots=True)
+class _Work:
+    """One batch in flight: its ``E`` events' columns and what becomes of each. ``cols`` are the
+    pieces' ``(events, start, end)``; ``verdict``, ``kind``, ``last_seq`` and ``forecast_row`` (the
+    row of a forecast in the batch's output columns, -1 for none) are ``[E]``; ``errors`` by batch
+    position."""
+
+    pieces: list[tuple[_Accepted, int, int]]
+    cols: list[tuple[EventColumns, int, int]]
+    ids: list[str]
+    sess: np.ndarray
+    seq: np.ndarray
+    times: np.ndarray
+    stored: _StoredColumns
+    loaded: LoadedBatch
+    verdict: np.ndarray
+    errors: dict[int, ErrorInfo]
+    kind: np.ndarray
+    last_seq: np.ndarray
+    forecast_row: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
