@@ -299,7 +299,8 @@ class FusedEventModel:
         probabilities ``[B, k]``, value means and stds ``[B, V]``; as ``EventModel.forecast``.
 
         Gap mean ``sum_k pi_k exp(mu_k + sigma_k^2 / 2)``, computed in float64 as
-        ``exp(logsumexp(log pi + mu + sigma^2 / 2))``.
+        ``sum_k exp(log pi_k + mu_k + sigma_k^2 / 2)``: no logsumexp is needed, as a term overflows
+        only where the mean itself does (every term is at most the mean).
         """
         k, m, v = self.n_components, self.num_marks, self.value_width
         out = torch.addcmul(
@@ -312,7 +313,7 @@ class FusedEventModel:
         time = out[:, : 3 * k].double()  # [B, 3K]
         log_weights = torch.log_softmax(time[:, :k], dim=-1)
         variance = torch.exp(time[:, 2 * k :] * 2)  # sigma^2
-        log_mean = torch.logsumexp(torch.add(log_weights + time[:, k : 2 * k], variance, alpha=0.5), dim=-1)
+        mean = torch.exp(torch.add(log_weights + time[:, k : 2 * k], variance, alpha=0.5)).sum(-1)
 
         constants = self._constants.get((levels, y.dtype))
         if constants is None:
@@ -320,4 +321,4 @@ class FusedEventModel:
         weights = torch.softmax(out[:, :k], dim=-1)
         quantiles = mixture_quantiles(weights, out[:, k : 2 * k], scales[:, :k], constants)
         value_std = scales[:, k:] * self.value_std
-        return torch.exp(log_mean), quantiles, top.indices, top.values, out[:, 3 * k + v + m :], value_std
+        return mean, quantiles, top.indices, top.values, out[:, 3 * k + v + m :], value_std
