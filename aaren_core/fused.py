@@ -37,13 +37,26 @@ from aaren_core.heads import MAX_LOG_SCALE, MAX_TIME_LOC, MAX_TIME_LOG_SCALE, MI
 if TYPE_CHECKING:
     from aaren_core.event_model import EventModel
 
-__all__ = ["FusedEventModel", "FusedLayer", "SearchConstants", "mixture_quantiles"]
+__all__ = ["FusedEventModel", "FusedLayer", "SearchConstants", "mixture_quantiles", "search_schedule"]
 
 #: The quantile search: ``QUANTILE_STAGES`` grid stages of ``QUANTILE_GRID`` cells each, then
 #: ``QUANTILE_NEWTON`` Newton steps from the last cell's midpoint (see ``mixture_quantiles``).
 QUANTILE_STAGES = 3
 QUANTILE_GRID = 16
 QUANTILE_NEWTON = 2
+#: ``(stages, grid)`` by the number of rows searched on CPU, where a wide grid's elements cost more
+#: than its fewer ops past a few dozen rows (bench/step.py). Each ends in cells of 1/4096 of the
+#: bracket, so all are as accurate; elsewhere (GPU: launches cost, elements barely) the default.
+CPU_SCHEDULE = ((16, (3, 16)), (256, (4, 8)), (None, (6, 4)))
+
+
+def search_schedule(rows: int, device: torch.device) -> tuple[int, int]:
+    """``(stages, grid)`` for a search over ``rows`` mixtures on ``device``."""
+    if device.type != "cpu":
+        return QUANTILE_STAGES, QUANTILE_GRID
+    return next(schedule for limit, schedule in CPU_SCHEDULE if limit is None or rows <= limit)
+
+
 _SQRT1_2 = math.sqrt(0.5)
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
@@ -171,7 +184,7 @@ class FusedEventModel:
     head_shift: Tensor  # [P]
     exp_sign: Tensor  # [K + V]: -1 on log scales (1 / sigma wanted), +1 on value log stds (std / value_std)
     value_std: Tensor  # [V]
-    _constants: dict[tuple[tuple[float, ...], torch.dtype], SearchConstants] = dataclasses.field(
+    _constants: dict[tuple[tuple[float, ...], torch.dtype, tuple[int, int]], SearchConstants] = dataclasses.field(
         default_factory=dict, repr=False
     )
 
@@ -315,9 +328,12 @@ class FusedEventModel:
         variance = torch.exp(time[:, 2 * k :] * 2)  # sigma^2
         mean = torch.exp(torch.add(log_weights + time[:, k : 2 * k], variance, alpha=0.5)).sum(-1)
 
-        constants = self._constants.get((levels, y.dtype))
+        schedule = search_schedule(y.shape[0], y.device)
+        constants = self._constants.get((levels, y.dtype, schedule))
         if constants is None:
-            constants = self._constants[(levels, y.dtype)] = SearchConstants.make(levels, y.dtype, y.device)
+            stages, grid = schedule
+            constants = SearchConstants.make(levels, y.dtype, y.device, stages=stages, grid=grid)
+            self._constants[(levels, y.dtype, schedule)] = constants
         weights = torch.softmax(out[:, :k], dim=-1)
         quantiles = mixture_quantiles(weights, out[:, k : 2 * k], scales[:, :k], constants)
         value_std = scales[:, k:] * self.value_std

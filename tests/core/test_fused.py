@@ -7,7 +7,7 @@ import torch
 
 from aaren_core.backbones import BackboneConfig
 from aaren_core.event_model import EventModel, EventModelConfig
-from aaren_core.fused import FusedEventModel, SearchConstants, mixture_quantiles
+from aaren_core.fused import CPU_SCHEDULE, FusedEventModel, SearchConstants, mixture_quantiles
 from aaren_core.heads import LogNormalMixture
 
 LEVELS = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -71,6 +71,16 @@ def test_fused_steps_equal_model_steps(batch, n_heads, value_width):
     assert torch.equal(got[2], ref.top_marks)  # the same softmax and topk
 
 
+@pytest.mark.parametrize("rows", [2, 40, 300])  # each of CPU_SCHEDULE's searches
+def test_fused_forecast_equals_model_forecast_at_every_search_schedule(rows):
+    model = model_of()
+    y = torch.randn(rows, 16, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        ref, got = model.forecast(y, LEVELS, top_k=5), FusedEventModel.from_model(model).forecast(y, LEVELS)
+    assert rel_err(got[0], ref.time_mean) < 1e-5 and rel_err(got[1], ref.time_quantiles) < 1e-5
+    assert rel_err(got[3], ref.top_probs) < 1e-6
+
+
 def test_fused_step_leaves_its_inputs_alone():
     model = model_of()
     fused = FusedEventModel.from_model(model)
@@ -129,33 +139,38 @@ def random_mixture(n, k, seed, min_log_scale):
     )
 
 
-def fast_quantiles(mix: LogNormalMixture, levels, dtype=torch.float32):
+SCHEDULES = [schedule for _, schedule in CPU_SCHEDULE]
+
+
+def fast_quantiles(mix: LogNormalMixture, levels, dtype=torch.float32, schedule=(3, 16)):
     mix = LogNormalMixture(*(t.to(dtype) for t in (mix.logits, mix.loc, mix.log_scale)))
-    constants = SearchConstants.make(levels, dtype)
+    constants = SearchConstants.make(levels, dtype, stages=schedule[0], grid=schedule[1])
     return mixture_quantiles(torch.softmax(mix.logits, -1), mix.loc, torch.exp(-mix.log_scale), constants)
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize(("k", "seed"), [(1, 0), (3, 1), (8, 2)])
-def test_mixture_quantiles_against_float64_bisection(k, seed):
+def test_mixture_quantiles_against_float64_bisection(k, seed, schedule):
     """Spreads sigma in [e^-1.5, e^0.5] (trained models: about e^-1 to e^0.5). Float32: 1e-7 to 1e-6
     relative typically; at worst a few 1e-5 where the level falls where the CDF is flat (float32's
     CDF then fixes the root no better; LogNormalMixture.quantiles, the old search, measured alike).
     Float64 shows the search itself is exact to about 1e-9 there."""
     mix = random_mixture(4000, k, seed, min_log_scale=-1.5)
     want = bisection_quantiles(mix, LEVELS)
-    err32 = ((fast_quantiles(mix, LEVELS).double() - want) / want).abs()
-    err64 = ((fast_quantiles(mix, LEVELS, torch.float64) - want) / want).abs()
+    err32 = ((fast_quantiles(mix, LEVELS, schedule=schedule).double() - want) / want).abs()
+    err64 = ((fast_quantiles(mix, LEVELS, torch.float64, schedule) - want) / want).abs()
     assert err32.max() < 1e-4 and err32.median() < 5e-7, (err32.max(), err32.median())
     assert err64.max() < 1e-9, err64.max()
-    assert (fast_quantiles(mix, LEVELS).diff(dim=-1) >= 0).all()
+    assert (fast_quantiles(mix, LEVELS, schedule=schedule).diff(dim=-1) >= 0).all()
 
 
-def test_mixture_quantiles_error_is_bounded_for_narrow_components():
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_mixture_quantiles_error_is_bounded_for_narrow_components(schedule):
     """Components down to sigma = e^-7 (the heads' floor): the grid bounds the error by its last cell,
     whatever Newton does inside it; no worse than LogNormalMixture.quantiles, the old search."""
     mix = random_mixture(4000, 8, 3, min_log_scale=-7.0)
     want = bisection_quantiles(mix, LEVELS)
-    err = ((fast_quantiles(mix, LEVELS).double() - want) / want).abs()
+    err = ((fast_quantiles(mix, LEVELS, schedule=schedule).double() - want) / want).abs()
     old = ((mix.quantiles(torch.tensor(LEVELS)).double() - want) / want).abs()
     assert err.max() <= old.max() and err.median() < 1e-6, (err.max(), old.max(), err.median())
 
