@@ -149,7 +149,7 @@ def mixture_quantiles(weights: Tensor, loc: Tensor, inv_scale: Tensor, constants
     return torch.exp(z)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class FusedLayer:
     """One ``AarenLayer``'s weights: the norms, the folded score/value map ``[H + d, d]``, the
     output map and the feed-forward."""
@@ -163,7 +163,7 @@ class FusedLayer:
     eps: tuple[float, float]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class FusedEventModel:
     """An ``EventModel``'s weights folded for serving (see the module docstring). Build with ``from_model``."""
 
