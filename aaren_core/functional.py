@@ -70,9 +70,10 @@ def combine(a: ScanState, b: ScanState) -> ScanState:
     trailing dim than ``m`` and ``u``. An empty segment (``m = -inf``) gets weight 0.
     """
     m = torch.maximum(a.m, b.m)
-    # Only where both segments are empty is m = -inf; subtracting 0 there instead keeps
-    # -inf - -inf = nan out of the values and the gradients (exp(-inf - 0) = 0).
-    shift = torch.where(torch.isneginf(m), 0.0, m)
+    # Only where both segments are empty is m = -inf; subtracting the lowest finite float there
+    # instead keeps -inf - -inf = nan out of the values and the gradients (exp(-inf - x) = 0).
+    # One clamp rather than isneginf + where: it changes no finite m, nor its gradient.
+    shift = m.clamp_min(torch.finfo(m.dtype).min)
     ca = torch.exp(a.m - shift)
     cb = torch.exp(b.m - shift)
     return ScanState(
@@ -252,7 +253,7 @@ def attention_step(s_t: Tensor, v_t: Tensor, state: ScanState) -> tuple[Tensor, 
         s_t, v_t, m, u, w = s_t.to(cdt), v_t.to(cdt), m.to(cdt), u.to(cdt), w.to(cdt)
     # combine(state, (s_t, 1, v_t)) written out for one token: this runs once per event per layer.
     m_new = torch.maximum(m, s_t)
-    shift = torch.where(torch.isneginf(m_new), 0.0, m_new)
+    shift = m_new.clamp_min(torch.finfo(m_new.dtype).min)  # as in combine
     c_old = torch.exp(m - shift)  # [B, H]
     c_new = torch.exp(s_t - shift)
     u_new = torch.addcmul(c_new, u, c_old)

@@ -8,6 +8,7 @@ output after its last event, so a forecast needs no recomputation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from aaren.server.columns import ModelDescription
 from aaren.server.tasks import Outputs
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.event_model import EventModel, EventModelConfig
+from aaren_core.fused import FusedEventModel
 from aaren_core.state import State
 
 __all__ = [
@@ -81,6 +83,10 @@ class RunColumns:
 class Engine:
     """The event task (``aaren.server.tasks.Task``): an ``EventModel`` with a constant-size state
     per session, stepped and scanned in batches; outputs ``OUTPUT_NAMES``."""
+
+    #: Step and forecast eagerly with ``aaren_core.fused`` (the weights folded once; the engine never
+    #: changes them); False runs the module-by-module reference, ``EventModel.step`` and ``forecast``.
+    fused: bool = True
 
     def __init__(
         self,
@@ -156,11 +162,11 @@ class Engine:
 
         def compiled_forecast(features: Tensor, top_k: int) -> tuple[Tensor, ...]:
             try:
-                time_mean, quantiles, marks, probs, values = forecast(features, every_mark)
+                time_mean, quantiles, marks, probs, value_mean, value_std = forecast(features, every_mark)
             except Exception as exc:
                 self._uncompile(exc)
                 return self._forecast_tensors(features, top_k)
-            return time_mean, quantiles, marks[:, :top_k], probs[:, :top_k], values
+            return time_mean, quantiles, marks[:, :top_k], probs[:, :top_k], value_mean, value_std
 
         self._step, self._forecast = compiled_step, compiled_forecast
         rows = self.layout_rows()
@@ -180,16 +186,26 @@ class Engine:
         log.warning("torch.compile failed (%s: %s); serving the model uncompiled", type(exc).__name__, reason)
         self._step, self._forecast = self._step_tensors, self._forecast_tensors
 
+    @functools.cached_property
+    def _fused_model(self) -> FusedEventModel:
+        return FusedEventModel.from_model(self.model)
+
     def _step_tensors(self, dt: Tensor, marks: Tensor, values: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
         """``model.step`` on plain tensors: ``(y [B, d_model], *new state tensors)``."""
+        # torch.compile traces the modules instead: the fused path is the eager one.
+        if self.fused and not torch.compiler.is_compiling() and self._fused_model.has_step:
+            return self._fused_model.step(dt, marks, values, *state)
         old = self._state_type(**dict(zip(self._state_fields, state, strict=True)))
         y, new = self.model.step(dt, marks, values, old)
         return (y, *new.tensors().values())
 
     def _forecast_tensors(self, features: Tensor, top_k: int) -> tuple[Tensor, ...]:
-        """``model.forecast`` on plain tensors: gap mean, gap quantiles, top marks and probabilities, values."""
+        """``model.forecast`` on plain tensors: gap mean, gap quantiles, top marks and probabilities,
+        value means and stds."""
+        if self.fused and not torch.compiler.is_compiling():
+            return self._fused_model.forecast(features, self.quantiles, top_k)
         f = self.model.forecast(features, self.quantiles, top_k)
-        return f.time_mean, f.time_quantiles, f.top_marks, f.top_probs, torch.stack([f.value_mean, f.value_std], dim=-1)
+        return f.time_mean, f.time_quantiles, f.top_marks, f.top_probs, f.value_mean, f.value_std
 
     def layout_rows(self) -> dict[str, Tensor]:
         """The fresh row of every per-session tensor (state fields and features), on the device."""
@@ -283,16 +299,8 @@ class Engine:
     def forecast_outputs(self, features: Tensor, top_k: int) -> Outputs:
         """Forecasts from ``features [F, d_model]`` as numpy columns (``OUTPUT_NAMES``): gap mean ``[F]``
         and quantiles ``[F, Q]``, top marks and probabilities ``[F, k]``, value means and stds ``[F, V]``."""
-        time_mean, time_quantiles, top_marks, top_probs, values = self._forecast(features, top_k)
-        values = values.cpu().numpy()
-        return {
-            "time_mean": time_mean.cpu().numpy(),
-            "time_quantiles": time_quantiles.cpu().numpy(),
-            "top_marks": top_marks.cpu().numpy(),
-            "top_probs": top_probs.cpu().numpy(),
-            "value_mean": values[..., 0],
-            "value_std": values[..., 1],
-        }
+        columns = self._forecast(features, top_k)
+        return {name: t.cpu().numpy() for name, t in zip(OUTPUT_NAMES, columns, strict=True)}
 
     @torch.inference_mode()
     def sample(

@@ -1,0 +1,36 @@
+"""The engine's fused step and forecast (the default) equal its module-by-module reference
+(``Engine.fused = False``): output columns and new rows, over a session's events and batch sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aaren.server.engine import OUTPUT_NAMES, RunColumns, load_engine
+
+
+@pytest.mark.parametrize("batch", [1, 5, 33])
+def test_fused_engine_equals_reference_engine(batch):
+    fused = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+    reference = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+    reference.fused = False
+    width = fused.description.value_width
+    rows = {k: torch.stack([t] * batch) for k, t in fused.layout_rows().items()}
+    rows_ref = dict(rows)
+    rng = np.random.default_rng(batch)
+    for event in range(8):
+        dt = rng.exponential(10.0, batch) if event else np.zeros(batch)
+        runs = RunColumns.single(
+            dt.tolist(), rng.integers(0, 16, batch).tolist(), rng.normal(size=(batch, width)).tolist()
+        )
+        rows, got = fused.apply(rows, runs, 16)
+        rows_ref, want = reference.apply(rows_ref, runs, 16)
+        assert got.keys() == want.keys() == set(OUTPUT_NAMES)
+        for name in OUTPUT_NAMES:
+            assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, name
+            if name != "top_marks":
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for name, t in rows.items():
+        torch.testing.assert_close(t, rows_ref[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert fused.forecast_outputs(rows["features"], 3)["top_marks"].shape == (batch, 3)
