@@ -229,8 +229,7 @@ class Engine:
         dt, marks, values = self._inputs(runs)  # [A], [A], [A, V]
         n_runs = len(runs.lengths)
         if len(runs.dt) == n_runs:  # every run is one event: one batched step, no gather or scatter
-            state = self.state_of(rows)
-            y, *stepped = self._step(dt, marks, values, *state.tensors().values())  # y [R, d]
+            y, *stepped = self._step(dt, marks, values, *(rows[k] for k in self._state_fields))  # y [R, d]
             new = dict(zip(self._state_fields, stepped, strict=True))
             new[FEATURES] = y
             features = y
