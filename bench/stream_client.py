@@ -75,9 +75,7 @@ def forecasts_in(response: pb.StreamResponse, layout: int) -> tuple[int, str | N
         if result.HasField("forecast"):
             n += 1
         elif first is None:
-            first = (
-                f"{result.error.reason}: {result.error.message}" if result.HasField("error") else "ack, no forecast"
-            )
+            first = f"{result.error.reason}: {result.error.message}" if result.HasField("error") else "ack, no forecast"
     return n, first
 
 
@@ -142,10 +140,11 @@ async def one_stream(stub: pb_grpc.ForecastServiceStub, s: int, a: argparse.Name
         sid = f"{a.tag}-r{s}"
         reqs = [
             pb.StreamRequest(
-                events=make_events(sid, k * b + 1, times[k * b : (k + 1) * b], marks[k * b : (k + 1) * b],
-                                   values[k * b : (k + 1) * b]),
+                events=make_events(
+                    sid, k * b + 1, times[k * b : (k + 1) * b], marks[k * b : (k + 1) * b], values[k * b : (k + 1) * b]
+                ),
                 layout=a.layout_value,
-            )  # fmt: skip
+            )
             for k in range(m)
         ]
     await a.start.wait()
@@ -188,10 +187,7 @@ async def run(a: argparse.Namespace) -> dict[str, object]:
         if a.mode == "single":
             t0 = time.perf_counter()
             await asyncio.gather(
-                *[
-                    one_session(stubs[i % len(stubs)], f"{a.tag}-s{i}", i, a, tally)
-                    for i in range(a.sessions)
-                ]
+                *[one_session(stubs[i % len(stubs)], f"{a.tag}-s{i}", i, a, tally) for i in range(a.sessions)]
             )
         else:
             tasks = [asyncio.create_task(one_stream(stubs[s % len(stubs)], s, a, tally)) for s in range(a.streams)]
