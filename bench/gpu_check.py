@@ -204,12 +204,13 @@ def summarize(checks: list[dict[str, object]]) -> list[dict[str, object]]:
     """One row per (phase, pair): the largest error of each group of columns, and whether all passed."""
     rows: dict[tuple[object, object], dict[str, object]] = {}
     for c in checks:
-        row = rows.setdefault((c["phase"], c["pair"]), {"phase": c["phase"], "pair": c["pair"], "events": c["events"],
-                                                         "ok": True})  # fmt: skip
+        row = rows.setdefault(
+            (c["phase"], c["pair"]), {"phase": c["phase"], "pair": c["pair"], "events": c["events"], "ok": True}
+        )
         row["ok"] = bool(row["ok"]) and bool(c["ok"])
         for label, columns in SUMMARY:
             if c["column"] in columns:
-                row[label] = max(float(row.get(label, 0.0)), float(c["error"]))  # type: ignore[arg-type]
+                row[label] = max(float(row.get(label, 0.0)), float(c["error"]))
         if c["column"] == "state.n_events":
             row["event counts"] = "equal" if c["ok"] else "DIFFER"
     return list(rows.values())
@@ -320,9 +321,17 @@ def throughput(engine: Engine, sizes: Sizes, seed: int) -> list[dict[str, object
                 if kind == "step":
                     runs = dataclasses.replace(runs, want=np.zeros(len(runs.dt), dtype=bool))
                 per_call = timed(cycle(engine, pool, chunks, runs), device, sizes.min_time_s)
-                table.append(dict(pool=n, pool_mb=round(pool_bytes / 2**20, 1), kind=kind, batch=b, events=b * length,
-                                  ms_per_batch=round(per_call * 1e3, 3),
-                                  events_per_s=round(b * length / per_call)))  # fmt: skip
+                table.append(
+                    dict(
+                        pool=n,
+                        pool_mb=round(pool_bytes / 2**20, 1),
+                        kind=kind,
+                        batch=b,
+                        events=b * length,
+                        ms_per_batch=round(per_call * 1e3, 3),
+                        events_per_s=round(b * length / per_call),
+                    )
+                )
         del pool, perm
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -341,10 +350,29 @@ def end_to_end(device: str, sizes: Sizes, out: Path) -> list[dict[str, object]]:
             for mode in ("batch", "run"):
                 batch = sizes.batch if mode == "batch" else 64
                 clients = sizes.clients(frontends)
-                cmd = [sys.executable, "-m", "bench.stream_client", "--target", server.address, "--mode", mode,
-                       "--streams", str(sizes.streams), "--batch", str(batch), "--messages", str(sizes.messages),
-                       "--layout", "columns", "--channels", str(max(1, min(frontends, sizes.streams))),
-                       "--num-marks", str(model.num_marks), "--value-width", str(model.value_width)]  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "bench.stream_client",
+                    "--target",
+                    server.address,
+                    "--mode",
+                    mode,
+                    "--streams",
+                    str(sizes.streams),
+                    "--batch",
+                    str(batch),
+                    "--messages",
+                    str(sizes.messages),
+                    "--layout",
+                    "columns",
+                    "--channels",
+                    str(max(1, min(frontends, sizes.streams))),
+                    "--num-marks",
+                    str(model.num_marks),
+                    "--value-width",
+                    str(model.value_width),
+                ]
                 started = time.perf_counter()
                 procs = [
                     subprocess.Popen(
@@ -356,12 +384,20 @@ def end_to_end(device: str, sizes: Sizes, out: Path) -> list[dict[str, object]]:
                 forecasts = sum(int(r["forecasts"]) for r in results)
                 events = sum(int(r["events"]) for r in results)
                 wall = max(float(r["wall_s"]) for r in results)
-                table.append(dict(frontends=frontends, clients=clients, message=(
-                    f"{batch} sessions x 1 event" if mode == "batch" else "64-event history of 1 session"),
-                    events=events, forecasts=forecasts, errors=sum(int(r["errors"]) for r in results),
-                    wall_s=round(wall, 3), events_per_s=round(forecasts / wall) if wall else 0,
-                    msg_p50_ms=max(r["msg_p50_ms"] or 0 for r in results),
-                    client_s=round(time.perf_counter() - started, 1)))  # fmt: skip
+                table.append(
+                    dict(
+                        frontends=frontends,
+                        clients=clients,
+                        message=(f"{batch} sessions x 1 event" if mode == "batch" else "64-event history of 1 session"),
+                        events=events,
+                        forecasts=forecasts,
+                        errors=sum(int(r["errors"]) for r in results),
+                        wall_s=round(wall, 3),
+                        events_per_s=round(forecasts / wall) if wall else 0,
+                        msg_p50_ms=max(r["msg_p50_ms"] or 0 for r in results),
+                        client_s=round(time.perf_counter() - started, 1),
+                    )
+                )
         finally:
             server.stop()
     return table
@@ -463,9 +499,18 @@ def main(argv: list[str] | None = None) -> int:
             f"(c) end to end: aaren serve --device {device}, batched messages, columns layout "
             f"({'every event forecast' if e2e_ok else 'SOME EVENTS NOT FORECAST'})",
             e2e,
-            ("frontends", "clients", "message", "events", "forecasts", "errors", "wall_s", "events_per_s",
-             "msg_p50_ms"),
-        )  # fmt: skip
+            (
+                "frontends",
+                "clients",
+                "message",
+                "events",
+                "forecasts",
+                "errors",
+                "wall_s",
+                "events_per_s",
+                "msg_p50_ms",
+            ),
+        )
         print("\n".join(part), flush=True)
         lines += part
     result["ok"] = ok

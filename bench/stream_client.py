@@ -178,7 +178,10 @@ def _pct(values: list[float], q: float) -> float | None:
 
 async def run(a: argparse.Namespace) -> dict[str, object]:
     tally = Tally()
-    channels = [grpc.aio.insecure_channel(a.target, options=CHANNEL_OPTIONS) for _ in range(max(1, a.channels))]
+    streams = a.sessions if a.mode == "single" else a.streams
+    channels = [
+        grpc.aio.insecure_channel(a.target, options=CHANNEL_OPTIONS) for _ in range(max(1, min(a.channels, streams)))
+    ]
     try:
         for ch in channels:
             await asyncio.wait_for(ch.channel_ready(), 30)
@@ -249,7 +252,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=64, help="batch/run: events per message")
     ap.add_argument("--messages", type=int, default=50, help="batch/run: messages per stream")
     ap.add_argument("--layout", choices=("rows", "columns"), default="rows")
-    ap.add_argument("--channels", type=int, default=1, help="connections the streams are spread over")
+    ap.add_argument(
+        "--channels", type=int, default=1, help="connections the streams are spread over (at most one each)"
+    )
     ap.add_argument("--num-marks", type=int, default=16, help="the model's marks (events use 0..N-1)")
     ap.add_argument("--value-width", type=int, default=0, help="values per event (the model's width)")
     ap.add_argument("--tag", default=None, help="session id prefix (default: unique per run)")
