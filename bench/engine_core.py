@@ -7,8 +7,9 @@ front end builds it) and handed to ``EngineCore.submit``; a round submits ``--in
 of disjoint sessions at once and waits for all their outcomes (as that many streams of a front
 end would), and the next round continues the same sessions one seq (or one run) further.
 
-Kinds (``--kind``): ``b64`` 64 sessions x 1 event per request, ``b256`` 256 x 1, ``run64`` one
-64-event history of one session per request (the parallel scan). One JSON line per kind:
+Kinds (``--kind``): ``b1`` one session x 1 event, one request at a time (the core's share of a
+one-session round trip: nothing to amortize), ``b64`` 64 sessions x 1 event per request, ``b256``
+256 x 1, ``run64`` one 64-event history of one session per request (the parallel scan). One JSON line per kind:
 ``ev_per_s``, ``us_per_event``, ``forecasts``, ``events``, ``errors``.
 
     python -m bench.engine_core --kind b64,b256,run64 --rounds 50
@@ -37,7 +38,7 @@ from aaren.server.validation import EventChecker
 __all__ = ["KINDS", "main"]
 
 #: kind -> (sessions per request, events per session per request, requests in flight)
-KINDS = {"b64": (64, 1, 4), "b256": (256, 1, 2), "run64": (1, 64, 8)}
+KINDS = {"b1": (1, 1, 1), "b64": (64, 1, 4), "b256": (256, 1, 2), "run64": (1, 64, 8)}
 
 
 def build_requests(
@@ -123,13 +124,14 @@ async def measure(kind: str, rounds: int, warmup: int) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kind", default="b64,b256,run64", help=f"comma list of {', '.join(KINDS)}")
+    p.add_argument("--kind", default="b1,b64,b256,run64", help=f"comma list of {', '.join(KINDS)}")
     p.add_argument("--rounds", type=int, default=50, help="measured rounds per kind")
     p.add_argument("--warmup", type=int, default=5, help="unmeasured rounds first")
     a = p.parse_args(argv)
     bad = 0
     for kind in a.kind.split(","):
-        res = asyncio.run(measure(kind, a.rounds, a.warmup))
+        rounds = a.rounds * 8 if kind == "b1" else a.rounds  # one event a round: more rounds
+        res = asyncio.run(measure(kind, rounds, a.warmup))
         print(json.dumps(res), flush=True)
         bad += int(res["errors"]) > 0 or res["forecasts"] != res["events"]
     return 1 if bad else 0

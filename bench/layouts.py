@@ -63,7 +63,12 @@ AIM_BATCHED = 100_000
 #: Connections each aaren / echo client spreads its streams over (at most one per stream).
 CHANNELS = 8
 BATCHED_KINDS = (("batch", "64 sessions x 1 event/msg"), ("run", "64-event history of 1 session/msg"))
-CORE_KINDS = (("b64", "64 sessions x 1 event"), ("b256", "256 sessions x 1 event"), ("run64", "64-event run"))
+CORE_KINDS = (
+    ("b1", "1 session x 1 event"),
+    ("b64", "64 sessions x 1 event"),
+    ("b256", "256 sessions x 1 event"),
+    ("run64", "64-event run"),
+)
 
 
 def layout_name(frontends: int) -> str:

@@ -28,6 +28,6 @@ def test_gpu_check_runs_on_cpu(tmp_path):
     assert {c["pair"] for c in checks} >= {"device vs float64", "CPU float32 vs float64"}
     assert {r["kind"] for r in result["throughput"]} == {"step", "step + forecast", "64-event scan + forecast"}
     e2e = result["e2e"]
-    assert [r["frontends"] for r in e2e] == [2, 2]
+    assert [(r["frontends"], r["clients"]) for r in e2e] == [(2, 2), (2, 2)]
     assert all(r["errors"] == 0 and r["forecasts"] == r["events"] > 0 for r in e2e)
     assert "(a) equality" in (tmp_path / "gpu_check.md").read_text()
