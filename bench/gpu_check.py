@@ -367,7 +367,7 @@ def end_to_end(device: str, sizes: Sizes, out: Path) -> list[dict[str, object]]:
                     "--layout",
                     "columns",
                     "--channels",
-                    str(max(1, min(frontends, sizes.streams))),
+                    str(sizes.streams),
                     "--num-marks",
                     str(model.num_marks),
                     "--value-width",

@@ -42,6 +42,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import socket
 import subprocess
 import sys
@@ -189,7 +190,7 @@ class Bench:
             "--target",
             target.address,
             "--channels",
-            "2",
+            str(CHANNELS),
             "--num-marks",
             str(m.num_marks),
             "--value-width",
@@ -546,8 +547,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def stop_on_signal(signum: int, frame: object) -> None:
+    """SIGTERM / SIGINT end the run through ``finally``, so every server started here is stopped."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop_on_signal)
     a.out.mkdir(parents=True, exist_ok=True)
     layouts = [int(x) for x in a.layouts.split(",") if x.strip()]
     levels = [int(x) for x in a.levels.split(",") if x.strip()]
