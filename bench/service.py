@@ -4,7 +4,8 @@ What it measures, in one run so that the ratio service/echo compares like with l
 shared machines:
 
 - **Servers**, each a subprocess with its own Python interpreter: the real service
-  (``aaren serve --address 127.0.0.1:0 --device cpu``, ``--checkpoint DIR`` when given; a random
+  (``aaren serve --address 127.0.0.1:0 --device cpu --frontends 0``: one process, its CPU read from
+  ``/proc`` per thread; ``--frontends N`` to change it), ``--checkpoint DIR`` when given; a random
   tiny model when no checkpoint exists) and ``bench/echo_server.py``, a server on the same proto
   and grpc.aio options whose ``Stream`` answers every message at once with one dummy forecast per
   event, of the service's shape (same response bytes; no model, no store).
@@ -398,7 +399,7 @@ class Subprocess:
 def start_service(args: argparse.Namespace, out: Path) -> tuple[Subprocess, int, int | None]:
     exe = Path(sys.executable).parent / "aaren"
     cmd = [str(exe)] if exe.exists() else [shutil.which("aaren") or "aaren"]
-    cmd += ["serve", "--address", "127.0.0.1:0", "--device", "cpu"]
+    cmd += ["serve", "--address", "127.0.0.1:0", "--device", "cpu", "--frontends", str(args.frontends)]
     cmd += ["--metrics-port", "0" if args.server_metrics else "-1"]
     if args.checkpoint:
         cmd += ["--checkpoint", str(args.checkpoint)]
@@ -991,6 +992,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--py-spy", type=int, default=0, help="seconds to profile the server with py-spy (0: off)")
     p.add_argument(
         "--torch-threads", type=int, default=0, help="OMP/MKL_NUM_THREADS for the service (0: inherit, torch's default)"
+    )
+    p.add_argument(
+        "--frontends",
+        type=int,
+        default=0,
+        help="the service's front-end processes (0: one process, the layout whose CPU and threads this "
+        "benchmark reads from /proc; bench/layouts.py compares the layouts)",
     )
     p.add_argument("--py-spy-native", action="store_true", help="py-spy --native: C/C++ frames too (slower)")
     p.add_argument(
