@@ -113,7 +113,7 @@ class AarenServer:
             self.front.servicer.attach(self.core)
         else:
             await self._start_frontends()
-            registry = CollectorRegistry(auto_describe=True)
+            registry = CollectorRegistry()
             registry.register(AggregatedCollector(self.metrics.registry, self._remote_metrics))
         if s.metrics_port >= 0:
             self._http = start_http_server(s.metrics_port, addr=s.metrics_address, registry=registry)
@@ -198,6 +198,9 @@ class AarenServer:
         """The front ends' metric families, fetched on the core's loop (called by the HTTP thread)."""
         if self.core_server is None or self._loop is None:
             return []
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is self._loop:
+                return []  # called on the loop itself: waiting for it would only time out
         future = asyncio.run_coroutine_threadsafe(self.core_server.collect_metrics(), self._loop)
         try:
             return future.result(timeout=5)

@@ -60,6 +60,18 @@ def write_frame(writer: asyncio.StreamWriter, frame: tuple[Any, ...]) -> None:
 
 # ---------------------------------------------------------------------- packing
 
+RawArray = tuple[str, tuple[int, ...], bytes]
+
+
+def _raw(a: np.ndarray) -> RawArray:
+    """An array as (dtype, shape, bytes): pickled about twice as fast as the array itself."""
+    return a.dtype.str, a.shape, a.tobytes()
+
+
+def _array(raw: RawArray) -> np.ndarray:
+    dtype, shape, data = raw
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
 
 def pack_requests(items: list[tuple[int, CoreRequest]]) -> dict[str, Any]:
     """Requests (with their ids) as one set of concatenated columns."""
@@ -72,12 +84,12 @@ def pack_requests(items: list[tuple[int, CoreRequest]]) -> dict[str, Any]:
         "m": sizes,
         "meta": [(r.top_k, r.last_only, r.tenant, r.model) for r in requests],
         "errors": [r.errors for r in requests],
-        "index": np.concatenate([r.index for r in requests]),
+        "index": _raw(np.concatenate([r.index for r in requests])),
         "session_ids": [s for e in events for s in e.session_ids],
-        "seq": np.concatenate([e.seq for e in events]),
-        "time": np.concatenate([e.time for e in events]),
-        "mark": np.concatenate([e.mark for e in events]),
-        "values": np.concatenate([e.values for e in events]),
+        "seq": _raw(np.concatenate([e.seq for e in events])),
+        "time": _raw(np.concatenate([e.time for e in events])),
+        "mark": _raw(np.concatenate([e.mark for e in events])),
+        "values": _raw(np.concatenate([e.values for e in events])),
     }
 
 
@@ -85,18 +97,13 @@ def unpack_requests(packed: dict[str, Any]) -> list[tuple[int, CoreRequest]]:
     out = []
     at = 0
     ids, sids = packed["ids"], packed["session_ids"]
+    index, seq, time, mark, values = (_array(packed[k]) for k in ("index", "seq", "time", "mark", "values"))
     for k, (n, m, (top_k, last_only, tenant, model), errors) in enumerate(
         zip(packed["n"], packed["m"], packed["meta"], packed["errors"], strict=True)
     ):
         end = at + m
-        events = EventColumns(
-            sids[at:end],
-            packed["seq"][at:end],
-            packed["time"][at:end],
-            packed["mark"][at:end],
-            packed["values"][at:end],
-        )
-        out.append((ids[k], CoreRequest(n, packed["index"][at:end], events, errors, top_k, last_only, tenant, model)))
+        events = EventColumns(sids[at:end], seq[at:end], time[at:end], mark[at:end], values[at:end])
+        out.append((ids[k], CoreRequest(n, index[at:end], events, errors, top_k, last_only, tenant, model)))
         at = end
     return out
 
@@ -112,17 +119,18 @@ def pack_outcomes(items: list[tuple[int, Outcomes]]) -> dict[str, Any]:
         "f": [len(o.forecast_index) for o in outcomes],
         "errors": [o.errors for o in outcomes],
         "request_errors": [o.request_error for o in outcomes],
-        "kind": np.concatenate([o.kind for o in outcomes]),
-        "last_seq": np.concatenate([o.last_seq for o in outcomes]),
-        "forecast_index": np.concatenate([o.forecast_index for o in outcomes]),
-        "outputs": {k: np.concatenate([o.outputs[k] for o in with_outputs]) for k in names},
+        "kind": _raw(np.concatenate([o.kind for o in outcomes])),
+        "last_seq": _raw(np.concatenate([o.last_seq for o in outcomes])),
+        "forecast_index": _raw(np.concatenate([o.forecast_index for o in outcomes])),
+        "outputs": {k: _raw(np.concatenate([o.outputs[k] for o in with_outputs])) for k in names},
     }
 
 
 def unpack_outcomes(packed: dict[str, Any]) -> list[tuple[int, Outcomes]]:
     out = []
     at = fat = 0
-    outputs = packed["outputs"]
+    outputs = {name: _array(raw) for name, raw in packed["outputs"].items()}
+    kind, last_seq, forecast_index = (_array(packed[k]) for k in ("kind", "last_seq", "forecast_index"))
     for k, (n, f, errors, request_error) in enumerate(
         zip(packed["n"], packed["f"], packed["errors"], packed["request_errors"], strict=True)
     ):
@@ -131,14 +139,7 @@ def unpack_outcomes(packed: dict[str, Any]) -> list[tuple[int, Outcomes]]:
         out.append(
             (
                 packed["ids"][k],
-                Outcomes(
-                    packed["kind"][at:end],
-                    packed["last_seq"][at:end],
-                    errors,
-                    packed["forecast_index"][fat:fend],
-                    columns,
-                    request_error,
-                ),
+                Outcomes(kind[at:end], last_seq[at:end], errors, forecast_index[fat:fend], columns, request_error),
             )
         )
         at, fat = end, fend

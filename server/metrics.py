@@ -168,6 +168,11 @@ class AggregatedCollector(Collector):
         self.own = own
         self.remote = remote
 
+    def describe(self) -> Iterable[Metric]:
+        """Nothing up front: a registry would otherwise collect (ask the front ends) when this
+        collector is registered."""
+        return []
+
     def collect(self) -> Iterable[Metric]:
         merged: dict[str, tuple[str, str, str, dict[tuple[str, tuple[tuple[str, str], ...]], float]]] = {}
         order: list[str] = []
