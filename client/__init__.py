@@ -1,7 +1,8 @@
 """Typed Python client of the aaren service, and the ``aaren`` command line.
 
-``AarenClient`` (``aaren.client.client``) is the async client; ``aaren.client.events_file`` reads event files
-and the built-in ``flights`` data; ``aaren.client.replay`` streams events through a server at scale.
+``AarenClient`` (``aaren.client.client``) is the async client, ``SyncClient`` (alias ``Client``;
+``aaren.client.sync``) the blocking one for scripts and notebooks; ``aaren.client.events_file`` reads event
+files and the built-in ``flights`` data; ``aaren.client.replay`` streams events through a server at scale.
 """
 
 from aaren.client.client import (
@@ -20,11 +21,16 @@ from aaren.client.client import (
     StreamClosedError,
     StreamResult,
 )
+from aaren.client.sync import SyncClient
+
+#: The blocking client under a short name (``aaren.Client``).
+Client = SyncClient
 
 __all__ = [
     "AarenClient",
     "AarenError",
     "AckOut",
+    "Client",
     "EndSessionOut",
     "EventErrorOut",
     "EventIn",
@@ -36,4 +42,5 @@ __all__ = [
     "SessionOut",
     "StreamClosedError",
     "StreamResult",
+    "SyncClient",
 ]
