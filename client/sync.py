@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -25,6 +25,9 @@ from aaren.client.client import (
     SessionOut,
     StreamResult,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["SyncClient"]
 
@@ -164,3 +167,9 @@ class SyncClient:
             stream = self._stream = self._client.stream()
             stream.open()
         return await stream.apply(events, **kwargs)
+
+    def apply_frame(self, events: pd.DataFrame, *, restart: bool = False, top_k: int = 0) -> pd.DataFrame:
+        """``aaren.client.frames.apply_frame``: a DataFrame of events in, one of outcomes and forecasts out."""
+        from aaren.client.frames import apply_frame
+
+        return self.run(apply_frame(self._client, events, restart=restart, top_k=top_k, apply=self._apply))

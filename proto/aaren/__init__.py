@@ -15,7 +15,7 @@ and pulls in neither the server nor torch::
         ...
 
     with aaren.Client("127.0.0.1:50051") as client:  # blocking: scripts and notebooks
-        client.apply([aaren.EventIn("user-1", 1, 10.0)])
+        forecasts = client.apply_frame(events)  # a pandas DataFrame in, one out
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ _CLIENT_NAMES = (
     "StreamClosedError",
     "StreamResult",
     "SyncClient",
+    "apply_frame",
 )
 
 __all__ = ["__version__", *_CLIENT_NAMES]
