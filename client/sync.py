@@ -95,6 +95,10 @@ class SyncClient:
         return self._run(coro, timeout)
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            # Waiting on the loop from its own thread would block it forever.
+            raise RuntimeError("a SyncClient method was called from its own event loop; await client.aio instead")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def close(self) -> None:
@@ -118,6 +122,9 @@ class SyncClient:
             await self._client.close()
 
     def _stop_loop(self) -> None:
+        if threading.current_thread() is self._thread:
+            self._loop.call_soon(self._loop.stop)
+            return
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)

@@ -98,3 +98,15 @@ def test_sync_client_to_a_dead_address_fails_cleanly():
     with SyncClient("127.0.0.1:1", timeout=2) as client, pytest.raises(AarenError) as info:
         client.wait_ready(0.5)
     assert info.value.code == "UNAVAILABLE"
+
+
+def test_sync_client_called_from_its_own_loop_says_so_instead_of_hanging(start_server):
+    srv = start_server()
+    with SyncClient(srv.address) as client:
+
+        async def inside() -> None:
+            client.describe_model()
+
+        with pytest.raises(RuntimeError, match="its own event loop"):
+            client.run(inside())
+        assert client.describe_model().num_marks == 5
