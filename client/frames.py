@@ -1,8 +1,9 @@
 """pandas in and out: a DataFrame of events to the server, a DataFrame of its forecasts back.
 
-Events: one row per event with ``session_id``, ``time`` (in the model's time unit), optionally
-``mark`` (a number, or a name from the model's ``mark_names``; default 0), one column per value
-named as the model's ``value_names``, and optionally ``seq``. Without ``seq`` each session's
+Events: one row per event with ``session_id``, ``time`` (numbers in the model's time unit, or
+datetimes, read as ``aaren train`` reads them: that unit since the Unix epoch, naive ones as UTC),
+optionally ``mark`` (a number, or a name from the model's ``mark_names``; default 0), one column
+per value named as the model's ``value_names``, and optionally ``seq``. Without ``seq`` each session's
 events are numbered in frame order from the server's ``last_seq + 1`` (1 for a new session), so a
 cell that streams a session's next events can run again and again.
 
@@ -66,6 +67,25 @@ def _marks(column: pd.Series, model: ModelInfoOut) -> list[int]:
     return marks
 
 
+#: Seconds per model time unit (as aaren_core.data reads datetimes for training).
+_UNIT_SECONDS = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
+
+
+def _times(column: pd.Series, model: ModelInfoOut) -> list[float]:
+    """Numbers as they are; datetimes (or ISO strings) in the model's time unit since the Unix epoch,
+    naive ones read as UTC: the way ``aaren train`` reads them, so the model sees the times it was
+    trained on."""
+    import pandas as pd
+
+    if pd.api.types.is_numeric_dtype(column):
+        return column.astype(float).tolist()
+    unit = _UNIT_SECONDS.get(model.time_unit)
+    if unit is None:
+        raise ValueError(f"datetimes need a time unit in {sorted(_UNIT_SECONDS)}; the model's is {model.time_unit!r}")
+    seconds = (pd.to_datetime(column, utc=True, format="ISO8601") - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
+    return (seconds / unit).tolist()
+
+
 def events_from_frame(
     frame: pd.DataFrame, model: ModelInfoOut, last_seqs: dict[str, int] | None = None
 ) -> list[EventIn]:
@@ -85,7 +105,7 @@ def events_from_frame(
         seqs = [int(s) for s in start + sessions.groupby(sessions, sort=False).cumcount()]
     marks = _marks(frame["mark"], model) if "mark" in frame.columns else [0] * len(frame)
     values = frame[value_columns(model)].astype(float).values.tolist() if model.value_width else [[]] * len(frame)
-    times = frame["time"].astype(float).tolist()
+    times = _times(frame["time"], model)
     return [
         EventIn(sid, seq, t, mark, v)
         for sid, seq, t, mark, v in zip(sessions.tolist(), seqs, times, marks, values, strict=True)

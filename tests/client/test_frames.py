@@ -127,3 +127,17 @@ def test_events_from_frame_checks_names(start_server):
         events_from_frame(events(marks=("m1", "m9", "m0")), model)
     with pytest.raises(ValueError, match=r"missing columns \['b'\]"):
         events_from_frame(events().drop(columns="b"), model)
+
+
+def test_datetimes_are_read_as_training_reads_them(start_server):
+    """The tiny model's unit is minutes: datetimes become minutes since the Unix epoch (naive = UTC)."""
+    srv = start_server()
+    with SyncClient(srv.address) as client:
+        model = client.describe_model()
+    stamps = pd.to_datetime(["1970-01-01 00:01", "1970-01-01 00:03:30", "1970-01-02"], format="ISO8601")
+    naive = events("d").assign(time=stamps)
+    assert [e.time for e in events_from_frame(naive, model)] == [1.0, 3.5, 1440.0]
+    aware = naive.assign(time=naive["time"].dt.tz_localize("UTC").dt.tz_convert("Europe/Paris"))
+    assert [e.time for e in events_from_frame(aware, model)] == [1.0, 3.5, 1440.0]
+    iso = naive.assign(time=["1970-01-01T00:01:00Z", "1970-01-01T01:03:30+01:00", "1970-01-02T00:00:00"])
+    assert [e.time for e in events_from_frame(iso, model)] == [1.0, 3.5, 1440.0]
