@@ -357,9 +357,11 @@ def evaluate_checkpoint(
     data: EventData | None = None,
     batch_size: int = 64,
     plots: bool = True,
+    data_path: str | None = None,
 ) -> dict[str, Any]:
     """Score a training checkpoint and the baselines on ``split``; write ``report.md``, ``metrics.json``
     and (with ``plots``) PNGs to ``out_dir`` when given. Returns the ``metrics.json`` content.
+    ``data_path`` replaces the events file of the checkpoint's train config (moved, or other events).
     """
     ckpt = load_checkpoint(checkpoint)
     if not isinstance(ckpt.model, EventModel):
@@ -367,6 +369,8 @@ def evaluate_checkpoint(
     if "train_config" not in ckpt.metadata:
         raise ValueError(f"{checkpoint}: no train_config in its metadata; evaluate needs a checkpoint from training")
     config = TrainConfig.from_dict(ckpt.metadata["train_config"])
+    if data_path is not None:
+        config = config.replace(data=data_path)
     ev = EvalSplit.from_config(config, split, data)
     model = ckpt.model.eval()
     pred = ev.score(model_predictor(model), batch_size)
@@ -378,6 +382,7 @@ def evaluate_checkpoint(
         "name": ckpt.metadata.get("name", ""),
         "model_version": ckpt.model_version,
         "split": split,
+        "num_marks": model.config.num_marks,
         "parameters": sum(p.numel() for p in model.parameters()),
         "model": compute_metrics(pred, names),
         "no_history": compute_metrics(base_pred, names),
@@ -397,6 +402,34 @@ def evaluate_checkpoint(
         comparison = "comparison.md" if (out / "comparison.md").is_file() else None
         (out / "report.md").write_text(_report(result, ev, figures, comparison))
     return result
+
+
+def shows_top3(result: dict[str, Any]) -> bool:
+    """Top-3 accuracy is shown only with more than 3 marks (with 3 or fewer it is always 1)."""
+    return result.get("num_marks", math.inf) > 3
+
+
+def point_forecast_verdict(rmse_change: float, mae_change: float) -> str:
+    """The report's sentence on the point forecast of the next gap: ``rmse_change`` is the predicted
+    mean's RMSE relative to the best constant's minus 1, ``mae_change`` the predicted median's MAE's.
+    A model worse than the constant is called worse, however small the margin."""
+    numbers = (
+        f"the predicted mean's RMSE is {rmse_change:+.1%} and the predicted median's MAE {mae_change:+.1%} "
+        "against the best constant's (the median is the MAE-optimal point forecast, the mean the RMSE-optimal one)."
+    )
+    worse = [name for name, change in (("mean", rmse_change), ("median", mae_change)) if change > 0]
+    if len(worse) == 2:
+        head = "History does not help the point forecast of the next gap; the model is worse than a constant"
+    elif worse:
+        head = (
+            "History does not reliably help the point forecast of the next gap; "
+            f"its predicted {worse[0]} is worse than a constant"
+        )
+    elif min(rmse_change, mae_change) > -0.1:
+        head = "History helps the point forecast of the next gap only a little"
+    else:
+        head = "History helps the point forecast of the next gap"
+    return f"{head}: {numbers}"
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -436,7 +469,10 @@ def _report(result: dict[str, Any], ev: EvalSplit, figures: list[str], compariso
         f"| NLL mark | {_fmt(m['nll_mark'], 4)} | {_fmt(b['nll_mark'], 4)} |",
         f"| NLL values | {_fmt(m['nll_value'], 4)} | {_fmt(b['nll_value'], 4)} |",
         f"| mark accuracy | {_fmt(m['mark_acc'])} | {_fmt(b['mark_acc'])} |",
-        f"| mark top-3 accuracy | {_fmt(m['top3_acc'])} | {_fmt(b['top3_acc'])} |",
+    ]
+    if shows_top3(result):
+        lines.append(f"| mark top-3 accuracy | {_fmt(m['top3_acc'])} | {_fmt(b['top3_acc'])} |")
+    lines += [
         f"| fraction of gaps under q10 (ideal 0.1) | {_fmt(m['calib_q10'])} | {_fmt(b['calib_q10'])} |",
         f"| fraction of gaps under q50 (ideal 0.5) | {_fmt(m['calib_q50'])} | {_fmt(b['calib_q50'])} |",
         f"| fraction of gaps under q90 (ideal 0.9) | {_fmt(m['calib_q90'])} | {_fmt(b['calib_q90'])} |",
@@ -474,15 +510,10 @@ def _report(result: dict[str, Any], ev: EvalSplit, figures: list[str], compariso
         )
     best_rmse = min(c["time_rmse"] for c in const.values())
     best_mae = min(c["time_mae"] for c in const.values())
-    verdict = [
-        f"the predicted mean's RMSE is {m['time_rmse'] / best_rmse - 1:+.1%} against the best constant's",
-        f"the predicted median's MAE is {m['time_mae_median'] / best_mae - 1:+.1%} against the best constant's "
-        "(the median is the MAE-optimal point forecast, the mean the RMSE-optimal one)",
-    ]
     lines += [
         "",
-        "History helps the point forecast of the next gap only a little: " + "; ".join(verdict) + ". "
-        f"Largest predicted mean gap: {m['max_mean_gap']:.4g} {unit}.",
+        point_forecast_verdict(m["time_rmse"] / best_rmse - 1, m["time_mae_median"] / best_mae - 1)
+        + f" Largest predicted mean gap: {m['max_mean_gap']:.4g} {unit}.",
         "",
     ]
     if comparison:

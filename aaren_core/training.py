@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
 from aaren_core.data import (
+    TIME_UNITS,
     DataError,
     EventData,
     EventSequence,
@@ -96,6 +97,8 @@ class TrainConfig:
     time of their first event: the earliest ``1 - val_fraction - test_fraction`` train, then val,
     then test. ``jitter`` is the resolution of the recorded times in the data's time unit (the
     width of the dequantization noise); 0 turns dequantization off (then no gap may be 0).
+    ``max_minutes`` is a wall-clock budget for the epochs of one call (0: none; see ``train``).
+    ``SET_KEYS`` says what each key means.
 
     Early stopping watches an exponential moving average of the validation NLL
     (``smoothed = smoothing * smoothed + (1 - smoothing) * val``; epoch-to-epoch noise of a few
@@ -139,6 +142,7 @@ class TrainConfig:
     device: str = "auto"
     threads: int = 0
     progress: bool = True
+    max_minutes: float = 0.0
 
     def __post_init__(self) -> None:
         BackboneConfig(self.backbone, self.d_model, self.n_layers, self.n_heads, self.d_ff, self.dropout)  # type: ignore[arg-type]
@@ -159,6 +163,8 @@ class TrainConfig:
             and self.test_fraction > 0
             and self.val_fraction + self.test_fraction < 1,
             "threads >= 0": self.threads >= 0,
+            f"time_unit in {sorted(TIME_UNITS)}": self.time_unit in TIME_UNITS,
+            "max_minutes >= 0": self.max_minutes >= 0 and math.isfinite(self.max_minutes),
         }
         failed = [k for k, ok in checks.items() if not ok]
         if failed:
@@ -204,7 +210,45 @@ class TrainConfig:
 
 
 #: Config keys that ``aaren train`` takes as flags of their own; the rest go through ``--set KEY=VALUE``.
-CLI_FLAGS = ("backbone", "d_model", "n_layers", "n_heads", "data", "epochs", "batch_size", "lr", "seed", "out_dir")
+CLI_FLAGS = (
+    "backbone",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "data",
+    "time_unit",
+    "epochs",
+    "batch_size",
+    "lr",
+    "seed",
+    "out_dir",
+)
+
+#: What each of the other keys means (``aaren train --help`` lists them; a test keeps this complete).
+SET_KEYS: dict[str, str] = {
+    "d_ff": "feed-forward width of the backbone (0: 4 x d_model)",
+    "dropout": "dropout probability in the backbone",
+    "n_components": "log-normal mixture components of the next-gap distribution",
+    "time_features": "sinusoidal features of the previous gap fed to the model (an even number)",
+    "value_columns": "comma-separated value columns of --data (default: every column but session_id, time, mark)",
+    "val_fraction": "fraction of sessions (by first event time) held out for validation",
+    "test_fraction": "fraction of sessions (the latest) held out for testing",
+    "jitter": "resolution of the recorded times, in --time-unit: width of the dequantization noise (0: off)",
+    "eval_seed": "seed of the one fixed jitter draw for validation and test",
+    "eval_batch_size": "sessions per validation batch",
+    "weight_decay": "AdamW weight decay",
+    "warmup_steps": "optimizer steps of linear learning-rate warmup",
+    "min_lr_ratio": "floor of the cosine decay, as a fraction of --lr",
+    "grad_clip": "gradient-norm clip (0: none)",
+    "patience": "epochs without improvement of the smoothed validation NLL before stopping early",
+    "min_delta": "smallest improvement of the smoothed validation NLL that counts",
+    "smoothing": "weight of the past in the smoothed validation NLL (0: none)",
+    "name": "model name in the checkpoint (default: <backbone>-<data file stem>)",
+    "device": "auto, cpu, cuda or cuda:N",
+    "threads": "torch CPU threads (0: torch's default)",
+    "progress": "show a progress bar on a terminal (true/false)",
+    "max_minutes": "time budget in minutes: no new epoch starts once it is spent; best/ keeps the best (0: none)",
+}
 
 
 def command_line(config: TrainConfig) -> str:
@@ -539,7 +583,9 @@ def _json_safe(x: Any) -> Any:
 
 
 _RESUME_KEYS = tuple(
-    f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("out_dir", "device", "threads", "progress")
+    f.name
+    for f in dataclasses.fields(TrainConfig)
+    if f.name not in ("out_dir", "device", "threads", "progress", "max_minutes")
 )
 
 
@@ -554,10 +600,11 @@ def train(
     """Train a model as ``config`` says; see the module docstring.
 
     ``data`` replaces ``load_data(config)`` (tests, notebooks). ``resume`` continues from
-    ``<out_dir>/last`` (the config must match the one it was written with, ``epochs`` aside).
-    ``stop_after_epochs`` ends this call after that many epochs in total, as an interruption
-    would (the schedule still spans ``config.epochs``). Epoch summaries go to ``log`` (default:
-    stderr) on rank 0.
+    ``<out_dir>/last`` (the config must match the one it was written with, ``epochs`` and
+    ``max_minutes`` aside). ``stop_after_epochs`` ends this call after that many epochs in total,
+    as an interruption would (the schedule still spans ``config.epochs``); so does a spent
+    ``max_minutes`` budget, checked after each epoch (an epoch once started is finished), so
+    ``resume`` can go on later. Epoch summaries go to ``log`` (default: stderr) on rank 0.
     """
     ctx, device, created_group = _setup_distributed(config)
     try:
@@ -639,7 +686,9 @@ def _train(
     )
     last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
     epoch = start_epoch
-    while epoch < last_epoch and not stopped_early:
+    budget_t0 = time.perf_counter()
+    out_of_time = False
+    while epoch < last_epoch and not stopped_early and not out_of_time:
         t0 = time.perf_counter()
         # Everything random in this epoch derives from (seed, epoch): resuming replays it exactly.
         torch.manual_seed(config.seed * 1_000_003 + epoch)
@@ -729,6 +778,12 @@ def _train(
             )
             (out_dir / HISTORY_FILE).write_text(json.dumps(_json_safe(history), indent=1) + "\n")
         ctx.barrier()
+        if config.max_minutes:
+            # Every rank must take the same decision, so rank 0's clock decides for all.
+            spent = float(time.perf_counter() - budget_t0 >= config.max_minutes * 60) if main_rank else 0.0
+            out_of_time = bool(ctx.all_reduce(torch.tensor(spent, dtype=torch.float64, device=device)) > 0)
+            if out_of_time and epoch < last_epoch and not stopped_early:
+                say(f"time budget of {config.max_minutes:g} min spent after epoch {epoch}; best epoch {best_epoch}")
     return TrainResult(
         out_dir=out_dir,
         best_dir=best_dir,

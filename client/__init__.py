@@ -1,6 +1,8 @@
 """Typed Python client of the aaren service, and the ``aaren`` command line.
 
-``AarenClient`` (``aaren.client.client``) is the async client; ``aaren.client.events_file`` reads event files
+``AarenClient`` (``aaren.client.client``) is the async client, ``SyncClient`` (alias ``Client``;
+``aaren.client.sync``) the blocking one for scripts and notebooks; ``aaren.client.frames`` sends pandas
+DataFrames of events and returns DataFrames of forecasts; ``aaren.client.events_file`` reads event files
 and the built-in ``flights`` data; ``aaren.client.replay`` streams events through a server at scale.
 """
 
@@ -20,11 +22,17 @@ from aaren.client.client import (
     StreamClosedError,
     StreamResult,
 )
+from aaren.client.frames import apply_frame, events_from_frame, forecasts_frame
+from aaren.client.sync import SyncClient
+
+#: The blocking client under a short name (``aaren.Client``).
+Client = SyncClient
 
 __all__ = [
     "AarenClient",
     "AarenError",
     "AckOut",
+    "Client",
     "EndSessionOut",
     "EventErrorOut",
     "EventIn",
@@ -36,4 +44,8 @@ __all__ = [
     "SessionOut",
     "StreamClosedError",
     "StreamResult",
+    "SyncClient",
+    "apply_frame",
+    "events_from_frame",
+    "forecasts_frame",
 ]

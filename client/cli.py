@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import typer.core
 
 app = typer.Typer(help="aaren: streaming event forecasting with Aaren (attention as an RNN).", no_args_is_help=True)
 
@@ -34,7 +35,28 @@ def serve(ctx: typer.Context) -> None:
 
 # train and evaluate reach into aaren_core: the CLI is the one module where the rooms meet, so
 # aaren_core is imported inside these functions only and the client commands never load torch.
-@app.command()
+class _TrainCommand(typer.core.TyperCommand):
+    """``aaren train --help`` ends with the ``--set`` keys, read from aaren_core when help is shown."""
+
+    def format_help(self, ctx: typer.Context, formatter: typer.core.click.HelpFormatter) -> None:
+        from aaren_core.training import SET_KEYS, TrainConfig
+
+        defaults = TrainConfig().to_dict()
+        keys = "\n".join(f"  {k}: {text} [default: {_shown(defaults[k])}]" for k, text in SET_KEYS.items())
+        self.epilog = f"Keys for --set KEY=VALUE (or a --config file):\n\n{keys}"
+        super().format_help(ctx, formatter)
+
+
+def _shown(value: object) -> str:
+    return "none" if value is None else repr(value) if value == "" else str(value).lower()
+
+
+def _data_path(data: str) -> str:
+    """``--data`` as stored in the checkpoint: absolute, so evaluate works from any directory."""
+    return data if data == "flights" else str(Path(data).expanduser().resolve())
+
+
+@app.command(cls=_TrainCommand)
 def train(
     config: Annotated[Path | None, typer.Option(help="a .json or .toml train config (flags override it)")] = None,
     backbone: Annotated[str | None, typer.Option(help="aaren, transformer or gru")] = None,
@@ -43,6 +65,9 @@ def train(
     n_heads: Annotated[int | None, typer.Option(help="attention heads")] = None,
     data: Annotated[
         str | None, typer.Option(help="`flights` or a .csv/.parquet of session_id,time,mark[,values]")
+    ] = None,
+    time_unit: Annotated[
+        str | None, typer.Option(help="unit of numeric times in --data: seconds, minutes, hours or days")
     ] = None,
     epochs: Annotated[int | None, typer.Option(help="most epochs (early stopping may end sooner)")] = None,
     batch_size: Annotated[int | None, typer.Option(help="sessions per global batch")] = None,
@@ -56,6 +81,7 @@ def train(
     resume: Annotated[bool, typer.Option(help="continue from <out_dir>/last")] = False,
 ) -> None:
     """Train a forecaster (also under `torchrun --nproc_per_node=N`, with DistributedDataParallel)."""
+    from aaren_core.data import DataError
     from aaren_core.training import TrainConfig
     from aaren_core.training import train as run_training
 
@@ -66,6 +92,7 @@ def train(
         "n_layers": n_layers,
         "n_heads": n_heads,
         "data": data,
+        "time_unit": time_unit,
         "epochs": epochs,
         "batch_size": batch_size,
         "lr": lr,
@@ -80,9 +107,13 @@ def train(
         changes[key.strip().replace("-", "_")] = value
     try:
         cfg = base.replace(**changes)
+        cfg = cfg.replace(data=_data_path(cfg.data))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    result = run_training(cfg, resume=resume)
+    try:
+        result = run_training(cfg, resume=resume)
+    except DataError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--data") from None
     if os.environ.get("RANK", "0") == "0":  # under torchrun, one line, not one per process
         typer.echo(f"best checkpoint: {result.best_dir} (val NLL {result.best_val:.4f}, epoch {result.best_epoch})")
 
@@ -91,19 +122,34 @@ def train(
 def evaluate(
     checkpoint: Annotated[Path, typer.Argument(help="a checkpoint directory written by `aaren train`")],
     split: Annotated[str, typer.Option(help="train, val or test")] = "test",
+    data: Annotated[
+        str | None,
+        typer.Option(help="the events file to split and score [default: the one the checkpoint was trained on]"),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="report directory [default: the checkpoint directory]")] = None,
     plots: Annotated[bool, typer.Option(help="draw PNG plots")] = True,
 ) -> None:
     """Score a checkpoint and the no-history/constant baselines; write report.md, metrics.json, plots."""
-    from aaren_core.evaluation import evaluate_checkpoint
+    from aaren_core.data import DataError
+    from aaren_core.evaluation import evaluate_checkpoint, shows_top3
 
     if split not in ("train", "val", "test"):
         raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
-    result = evaluate_checkpoint(checkpoint, split=split, out_dir=out or checkpoint, plots=plots)
+    try:
+        result = evaluate_checkpoint(
+            checkpoint,
+            split=split,
+            out_dir=out or checkpoint,
+            plots=plots,
+            data_path=None if data is None else _data_path(data),
+        )
+    except DataError as exc:
+        raise typer.BadParameter(f"{exc} (give the events file with --data)", param_hint="--data") from None
     m, b = result["model"], result["no_history"]
+    top3 = f" (top-3 {m['top3_acc']:.3f})" if shows_top3(result) else ""
     typer.echo(
         f"{result['name']} on {split}: NLL {m['nll_total']:.4f} (no-history {b['nll_total']:.4f}), "
-        f"mark acc {m['mark_acc']:.3f} (top-3 {m['top3_acc']:.3f}), time RMSE {m['time_rmse']:.3f}, "
+        f"mark acc {m['mark_acc']:.3f}{top3}, time RMSE {m['time_rmse']:.3f}, "
         f"q10/q50/q90 {m['calib_q10']:.3f}/{m['calib_q50']:.3f}/{m['calib_q90']:.3f}; report in {out or checkpoint}"
     )
 

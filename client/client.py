@@ -441,6 +441,11 @@ class EventStream:
         """Why the stream ended, if it ended with a non-OK status."""
         return self._error
 
+    @property
+    def finished(self) -> bool:
+        """No more sends: the stream has ended, was half-closed or was cancelled."""
+        return self._finished or self._writing_done
+
     async def send(
         self,
         events: Sequence[EventIn],

@@ -13,6 +13,9 @@ and pulls in neither the server nor torch::
     import aaren
     async with aaren.AarenClient("127.0.0.1:50051") as client:
         ...
+
+    with aaren.Client("127.0.0.1:50051") as client:  # blocking: scripts and notebooks
+        forecasts = client.apply_frame(events)  # a pandas DataFrame in, one out
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ _CLIENT_NAMES = (
     "AarenClient",
     "AarenError",
     "AckOut",
+    "Client",
     "EndSessionOut",
     "EventErrorOut",
     "EventIn",
@@ -42,6 +46,8 @@ _CLIENT_NAMES = (
     "SessionOut",
     "StreamClosedError",
     "StreamResult",
+    "SyncClient",
+    "apply_frame",
 )
 
 __all__ = ["__version__", *_CLIENT_NAMES]

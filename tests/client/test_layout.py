@@ -10,8 +10,8 @@ from pathlib import Path
 def test_client_imports_no_core_server_or_torch():
     code = (
         "import sys, aaren, aaren.client, aaren.client.cli, aaren.client.client, aaren.client.commands, "
-        "aaren.client.events_file, aaren.client.replay\n"
-        "print(sorted({m for m in sys.modules if m.split('.')[0] in ('torch', 'aaren_core', 'numpy')"
+        "aaren.client.events_file, aaren.client.replay, aaren.client.sync, aaren.client.frames\n"
+        "print(sorted({m for m in sys.modules if m.split('.')[0] in ('torch', 'aaren_core', 'numpy', 'pandas')"
         " or m.startswith('aaren.server')}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,7 +18,9 @@ from aaren_core.evaluation import (
     evaluate_checkpoint,
     fit_lognormal_mixture,
     model_predictor,
+    point_forecast_verdict,
     score,
+    shows_top3,
 )
 from aaren_core.heads import HeadOutput, LogNormalMixture
 from aaren_core.training import build_model, train
@@ -171,3 +173,17 @@ def test_evaluate_checkpoint_writes_report_metrics_and_plots(tmp_path):
         assert needle in report
     for png in ("gap_distribution.png", "calibration.png", "timeline.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_point_forecast_verdict_calls_a_model_worse_than_the_constant_worse():
+    worse = point_forecast_verdict(0.263, 0.01)
+    assert worse.startswith("History does not help the point forecast of the next gap; the model is worse")
+    assert "+26.3%" in worse and "+1.0%" in worse and "only a little" not in worse
+    mixed = point_forecast_verdict(0.05, -0.2)
+    assert mixed.startswith("History does not reliably help") and "predicted mean is worse" in mixed
+    assert point_forecast_verdict(-0.02, -0.05).startswith("History helps the point forecast of the next gap only a")
+    assert point_forecast_verdict(-0.3, -0.2).startswith("History helps the point forecast of the next gap: ")
+
+
+def test_top3_accuracy_is_shown_only_with_more_than_three_marks():
+    assert [shows_top3({"num_marks": k}) for k in (2, 3, 4)] == [False, False, True]

@@ -216,6 +216,11 @@ def test_config_from_toml_json_and_strings(tmp_path):
         config.replace(epochs="many")
     with pytest.raises(ValueError, match="backbone"):
         config.replace(backbone="lstm")
+    with pytest.raises(ValueError, match=r"time_unit in \['days', 'hours', 'minutes', 'seconds'\]"):
+        config.replace(time_unit="hour")
+    with pytest.raises(ValueError, match="max_minutes >= 0"):
+        config.replace(max_minutes="-1")
+    assert config.replace(max_minutes="2.5").max_minutes == 2.5
     assert TrainConfig().run_name == "aaren-flights"
 
 
