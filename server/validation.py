@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aaren.server.columns import MAX_SEQ, CoreRequest, EventColumns
+from aaren.server.columns import MAX_SEQ, NEXT_SEQ, CoreRequest, EventColumns
 from aaren.server.errors import ErrorInfo, catalogue
 
 __all__ = ["EventChecker"]
@@ -45,10 +45,13 @@ class EventChecker:
         times: Sequence[float],
         marks: Sequence[int],
         values: Sequence[Sequence[float]],
+        *,
+        next_seq: bool = False,
         **fields: object,
     ) -> CoreRequest:
         """``n`` events as parallel sequences (``values[i]`` the values of event ``i``) -> a
-        ``CoreRequest`` holding the valid ones as columns; ``fields`` go to the request as they are."""
+        ``CoreRequest`` holding the valid ones as columns; ``fields`` go to the request as they are.
+        ``next_seq``: ``seqs`` may hold ``NEXT_SEQ`` (0), "the session's next seq"."""
         n = len(session_ids)
         seq = np.fromiter(seqs, dtype=np.uint64, count=n)
         time = np.fromiter(times, dtype=np.float64, count=n)
@@ -67,11 +70,12 @@ class EventChecker:
                     value_ok[i] = bool(np.isfinite(flat[i]).all())
         fast = self._fast_id_chars
         id_ok = np.fromiter((0 < len(s) <= fast for s in session_ids), dtype=bool, count=n)
-        ok = id_ok & (seq >= 1) & np.isfinite(time) & (mark < self.num_marks) & value_ok
+        seq_ok = (seq >= 1) | (seq == NEXT_SEQ) if next_seq else seq >= 1
+        ok = id_ok & seq_ok & np.isfinite(time) & (mark < self.num_marks) & value_ok
         errors: dict[int, ErrorInfo] = {}
         if not ok.all():
             for i in np.flatnonzero(~ok).tolist():
-                error = self.explain(session_ids[i], int(seq[i]), float(time[i]), int(mark[i]), values[i])
+                error = self.explain(session_ids[i], int(seq[i]), float(time[i]), int(mark[i]), values[i], next_seq)
                 if error is None:  # a long id within the byte limit
                     ok[i] = True
                 else:
@@ -86,12 +90,14 @@ class EventChecker:
         columns = EventColumns(ids, np.minimum(seq, MAX_SEQ).astype(np.int64), time, mark, flat)
         return CoreRequest(n, index, columns, errors, **fields)  # type: ignore[arg-type]
 
-    def explain(self, sid: str, seq: int, time: float, mark: int, values: Sequence[float]) -> ErrorInfo | None:
+    def explain(
+        self, sid: str, seq: int, time: float, mark: int, values: Sequence[float], next_seq: bool = False
+    ) -> ErrorInfo | None:
         """What is wrong with one event (None when nothing is), checks in a fixed order."""
         error = self.session_id_error(sid)
         if error is not None:
             return error
-        if seq < 1:
+        if seq < 1 and not (next_seq and seq == NEXT_SEQ):
             return catalogue.seq_zero(sid, seq)
         if not math.isfinite(time):
             return catalogue.time_not_finite(sid, seq, time)
