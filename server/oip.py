@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -46,7 +47,8 @@ REASON_METADATA_KEY = "aaren-error-reason"
 EXTENSIONS = ("sequence", "sequence(string_id)", "model_configuration", "parameters", "statistics")
 _CLOSE = object()
 _STATUS = {status.value[0]: status for status in grpc.StatusCode}
-_NUMPY = {"FP64": "<f8", "FP32": "<f4", "INT64": "<i8", "INT32": "<i4"}
+_STRUCT = {"FP64": "d", "FP32": "f", "INT64": "q", "INT32": "i"}
+_INT64, _FP64 = struct.Struct("<q"), struct.Struct("<d")
 _TYPED = {"FP64": "fp64_contents", "FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}
 _CONFIG_TYPE = {"FP64": mc.TYPE_FP64, "FP32": mc.TYPE_FP32, "INT64": mc.TYPE_INT64, "INT32": mc.TYPE_INT32}
 # The inputs of the event task: name -> (accepted datatypes, the first one declared).
@@ -75,6 +77,12 @@ class _Tensors:
         if self.width:
             self.inputs.append(("VALUES", "FP32", [self.width]))
         self.input_names = [name for name, _, _ in self.inputs]
+        #: (name, datatype) -> (the little-endian struct of its data, its element count, its typed field)
+        self.layouts: dict[tuple[str, str], tuple[struct.Struct, int, str]] = {}
+        for name, _, shape in self.inputs:
+            for datatype in _INPUT_TYPES[name]:
+                code = _STRUCT[datatype]
+                self.layouts[(name, datatype)] = (struct.Struct(f"<{shape[0]}{code}"), shape[0], _TYPED[datatype])
         self.outputs: list[tuple[str, str, list[int]]] = [
             ("SEQ", "INT64", [1]),
             ("MEAN_GAP", "FP64", [1]),
@@ -108,17 +116,19 @@ class _Tensors:
     def encode(self, names: tuple[str, ...], k: int, seq: int, time_: float, out: dict[str, np.ndarray]) -> list[bytes]:
         """The raw bytes of the requested outputs of one forecast (row 0 of ``out``), in declared order."""
         mean = float(out["time_mean"][0])
-        columns = {
-            "SEQ": lambda: np.int64(seq).tobytes(),
-            "MEAN_GAP": lambda: np.float64(mean).tobytes(),
-            "EXPECTED_TIME": lambda: np.float64(time_ + mean).tobytes(),
-            "GAP_QUANTILES": lambda: out["time_quantiles"][0].astype("<f8").tobytes(),
-            "TOP_MARKS": lambda: out["top_marks"][0, :k].astype("<i8").tobytes(),
-            "TOP_PROBS": lambda: out["top_probs"][0, :k].astype("<f8").tobytes(),
-            "VALUE_MEAN": lambda: out["value_mean"][0].astype("<f8").tobytes(),
-            "VALUE_STD": lambda: out["value_std"][0].astype("<f8").tobytes(),
-        }
-        return [columns[name]() for name in self.output_names if name in names]
+        columns = [
+            _INT64.pack(seq),
+            _FP64.pack(mean),
+            _FP64.pack(time_ + mean),
+            out["time_quantiles"][0].astype("<f8").tobytes(),
+            out["top_marks"][0, :k].astype("<i8").tobytes(),
+            out["top_probs"][0, :k].astype("<f8").tobytes(),
+        ]
+        if self.width:
+            columns += [out["value_mean"][0].astype("<f8").tobytes(), out["value_std"][0].astype("<f8").tobytes()]
+        if len(names) == len(columns):
+            return columns
+        return [c for c, name in zip(columns, self.output_names, strict=True) if name in names]
 
 
 class _Event:
@@ -294,36 +304,36 @@ class OipServicer:
         t = self._tensors
         assert t is not None
         raw = request.raw_input_contents
-        seen: dict[str, np.ndarray] = {}
+        seen: dict[str, tuple[float, ...] | tuple[int, ...]] = {}
         for i, tensor in enumerate(request.inputs):
-            name = tensor.name
-            if name not in t.input_names:
-                raise _RefusedError(catalogue.input_unknown(name, t.model_name, t.input_names))
-            accepted = _INPUT_TYPES[name]
-            if tensor.datatype not in accepted:
-                raise _RefusedError(catalogue.input_datatype(name, tensor.datatype, t.model_name, list(accepted)))
-            expected = [t.width] if name == "VALUES" else [1]
-            shape = list(tensor.shape)
-            if shape != expected:
-                raise _RefusedError(catalogue.input_shape(name, shape, t.model_name, expected))
-            dtype = np.dtype(_NUMPY[tensor.datatype])
+            name, datatype = tensor.name, tensor.datatype
+            layout = t.layouts.get((name, datatype))
+            if layout is None:
+                if name not in t.input_names:
+                    raise _RefusedError(catalogue.input_unknown(name, t.model_name, t.input_names))
+                accepted = list(_INPUT_TYPES[name])
+                raise _RefusedError(catalogue.input_datatype(name, datatype, t.model_name, accepted))
+            unpack, count, typed = layout
+            shape = tensor.shape
+            if len(shape) != 1 or shape[0] != count:
+                raise _RefusedError(catalogue.input_shape(name, list(shape), t.model_name, [count]))
             if raw:
                 data = raw[i] if i < len(raw) else b""
-                if len(data) != dtype.itemsize * expected[0]:
-                    raise _RefusedError(catalogue.input_size(name, len(data), dtype.itemsize * expected[0]))
-                seen[name] = np.frombuffer(data, dtype)
+                if len(data) != unpack.size:
+                    raise _RefusedError(catalogue.input_size(name, len(data), unpack.size))
+                seen[name] = unpack.unpack(data)
             else:
-                typed = getattr(tensor.contents, _TYPED[tensor.datatype])
-                if len(typed) != expected[0]:
-                    size = len(typed) * dtype.itemsize
-                    raise _RefusedError(catalogue.input_size(name, size, dtype.itemsize * expected[0]))
-                seen[name] = np.asarray(typed, dtype)
-        for name in t.input_names:
-            if name not in seen:
-                raise _RefusedError(catalogue.input_missing(name, t.model_name, t.input_names))
+                contents = getattr(tensor.contents, typed)
+                if len(contents) != count:
+                    size = len(contents) * unpack.size // max(count, 1)
+                    raise _RefusedError(catalogue.input_size(name, size, unpack.size))
+                seen[name] = tuple(contents)
+        if len(seen) != len(t.input_names):
+            missing = next(name for name in t.input_names if name not in seen)
+            raise _RefusedError(catalogue.input_missing(missing, t.model_name, t.input_names))
         event.time = float(seen["TIME"][0])
         event.mark = int(seen["MARK"][0])
-        event.values = seen["VALUES"].tolist() if t.width else []
+        event.values = list(seen["VALUES"]) if t.width else []
 
     def _core_request(self, event: _Event, tenant: str) -> CoreRequest:
         assert self._checker is not None
@@ -337,8 +347,10 @@ class OipServicer:
             tenant=tenant,
         )
 
-    def _answer(self, event: _Event, outcomes: Outcomes) -> pb.ModelInferResponse | ErrorInfo:
-        """The response of one answered event, or why it was refused."""
+    def _answer(
+        self, event: _Event, outcomes: Outcomes, response: pb.ModelInferResponse
+    ) -> pb.ModelInferResponse | ErrorInfo:
+        """The answer of one event written into ``response`` (returned), or why it was refused."""
         t = self._tensors
         assert t is not None
         if outcomes.request_error is not None:
@@ -350,7 +362,6 @@ class OipServicer:
                     event.session_id, t.model_name, error.reason == "session_evicted"
                 )
             return error
-        response = pb.ModelInferResponse()
         response.CopyFrom(t.template(event.k, event.names))
         response.id = event.request_id
         response.raw_output_contents.extend(
@@ -363,13 +374,19 @@ class OipServicer:
             await core.end_session(session_id, tenant)
 
     def _infer(
-        self, core: Any, event: _Event, tenant: str, finish: Callable[[pb.ModelInferResponse | ErrorInfo], None]
+        self,
+        core: Any,
+        event: _Event,
+        tenant: str,
+        finish: Callable[[pb.ModelInferResponse | ErrorInfo], None],
+        response: pb.ModelInferResponse,
     ) -> None:
-        """Submit the event; ``finish`` gets its answer (after END's end of the session)."""
+        """Submit the event; ``finish`` gets its answer, written into ``response`` (a message in place
+        inside its parent: cheaper than copying it there), after END's end of the session."""
 
         def done(outcomes: Outcomes) -> None:
             try:
-                answer = self._answer(event, outcomes)
+                answer = self._answer(event, outcomes, response)
             except Exception:  # a bug must cost this request, not the stream
                 log.exception("encoding the answer of request %r failed", event.request_id)
                 answer = catalogue.internal()
@@ -511,7 +528,8 @@ class OipServicer:
         if event.start:
             await self._end_session(core, event.session_id, tenant)
         answered: asyncio.Future[pb.ModelInferResponse | ErrorInfo] = asyncio.get_running_loop().create_future()
-        self._infer(core, event, tenant, lambda answer: answered.done() or answered.set_result(answer))
+        finish = lambda answer: answered.done() or answered.set_result(answer)  # noqa: E731
+        self._infer(core, event, tenant, finish, pb.ModelInferResponse())
         answer = await answered
         self._stats.record(not isinstance(answer, ErrorInfo), started)
         self._latency["ModelInfer"].observe(time.perf_counter() - started)
@@ -547,14 +565,13 @@ class OipServicer:
             )
 
         def finisher(
-            slot: list, request_id: str, started: float
+            response: pb.ModelStreamInferResponse, slot: list, request_id: str, started: float
         ) -> Callable[[pb.ModelInferResponse | ErrorInfo], None]:
             def finish(answer: pb.ModelInferResponse | ErrorInfo) -> None:
                 ok = not isinstance(answer, ErrorInfo)
                 self._stats.record(ok, started)
                 latency.observe(time.perf_counter() - started)
-                response = pb.ModelStreamInferResponse(infer_response=answer) if ok else refused(request_id, answer)
-                stream.finished(slot, response)
+                stream.finished(slot, response if ok else refused(request_id, answer))
 
             return finish
 
@@ -575,7 +592,9 @@ class OipServicer:
                         await self._end_session(core, event.session_id, tenant)
                     slot = stream.started()
                     try:
-                        self._infer(core, event, tenant, finisher(slot, request.id, started))
+                        response = pb.ModelStreamInferResponse()
+                        finish = finisher(response, slot, request.id, started)
+                        self._infer(core, event, tenant, finish, response.infer_response)
                     except Exception:  # a bug must cost this request, not the stream
                         log.exception("request %r failed", request.id)
                         stream.finished(slot, refused(request.id, catalogue.internal()))
