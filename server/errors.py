@@ -358,6 +358,6 @@ class catalogue:  # noqa: N801 - a namespace of constructors, used as ``catalogu
         return ErrorInfo(
             Code.UNIMPLEMENTED,
             "rpc_unimplemented",
-            f"aaren does not implement {method} of inference.GRPCInferenceService (it has no model repository, "
-            f"shared memory, tracing or log settings); it serves {', '.join(served)}",
+            f"aaren does not implement {method} of inference.GRPCInferenceService (it loads no models at run time, "
+            f"has no shared memory, tracing or log settings); it serves {', '.join(served)}",
         )

@@ -489,6 +489,16 @@ class OipServicer:
         )
         return pb.ModelConfigResponse(config=config)
 
+    async def RepositoryIndex(  # noqa: N802
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        """The served model (read-only: loading and unloading are not served)."""
+        core = await self._ready(context)
+        d = core.description
+        state = "READY" if self.serving and not self.draining else "UNAVAILABLE"
+        model = pb.RepositoryIndexResponse.ModelIndex(name=d.name, version=d.version, state=state)
+        return pb.RepositoryIndexResponse(models=[model])
+
     async def ModelStatistics(  # noqa: N802
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:

@@ -108,10 +108,12 @@ def test_health_metadata_config_and_unimplemented(start_server):
 
         with pytest.raises(InferenceServerException, match="Request for unknown model: 'other' is not found"):
             client.get_model_metadata("other")
+        index = client.get_model_repository_index().models
+        assert [(m.name, m.version, m.state) for m in index] == [(MODEL, version, "READY")]
         with pytest.raises(InferenceServerException) as unimplemented:
-            client.get_model_repository_index()
+            client.load_model(MODEL)
         assert unimplemented.value.status() == "StatusCode.UNIMPLEMENTED"
-        assert "does not implement RepositoryIndex" in unimplemented.value.message()
+        assert "does not implement RepositoryModelLoad" in unimplemented.value.message()
         assert "ModelStreamInfer" in unimplemented.value.message()
 
         client.infer(MODEL, inputs(1.0, 0), sequence_id=1, sequence_start=True)
