@@ -14,6 +14,8 @@ from server_helpers import CALL_TIMEOUT_S, OpenStream, assert_forecasts, ev, lay
 from tritonclient.utils import InferenceServerException
 
 from aaren.oip.v2 import grpc_service_pb2 as oip
+from aaren.server.auth import hash_token, new_token
+from aaren.v1 import aaren_pb2 as pb
 
 MODEL = "tiny"
 
@@ -261,3 +263,35 @@ def test_typed_contents_and_int32_marks_through_the_raw_protocol(start_server):
         top = np.frombuffer(response.raw_output_contents[names.index("TOP_MARKS")], "<i8")
         assert sorted(top.tolist()) == [0, 1, 2, 3, 4]  # the top_k parameter: all five marks
         assert list(response.outputs[names.index("TOP_MARKS")].shape) == [5]
+
+
+def test_sequences_are_sessions_of_the_callers_tenant(start_server, tmp_path):
+    """The bearer token scopes a sequence id as it scopes an aaren.v1 session id; a session is the
+    same one over both protocols; no token, no OIP call."""
+    tokens = {"tenant-a": new_token(), "tenant-b": new_token()}
+    path = tmp_path / "tokens.txt"
+    path.write_text("".join(f"{tenant} {hash_token(token)}\n" for tenant, token in tokens.items()))
+    srv = start_server(metrics_port=-1, auth_tokens_file=path)
+    headers = {tenant: {"authorization": f"Bearer {token}"} for tenant, token in tokens.items()}
+    with triton.InferenceServerClient(srv.address) as client, grpc.insecure_channel(srv.address) as channel:
+        with pytest.raises(InferenceServerException) as refused:
+            client.is_server_live()
+        assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+
+        a = client.infer(MODEL, inputs(1.0, 0), sequence_id=1, sequence_start=True, headers=headers["tenant-a"])
+        a = client.infer(MODEL, inputs(2.0, 0), sequence_id=1, headers=headers["tenant-a"])
+        assert a.as_numpy("SEQ").tolist() == [2]
+        # Tenant b has no sequence 1.
+        with pytest.raises(InferenceServerException, match="must specify the START flag"):
+            client.infer(MODEL, inputs(2.0, 0), sequence_id=1, headers=headers["tenant-b"])
+        # Tenant a's aaren.v1 session "1" is that sequence: it goes on at seq 3.
+        stub = stub_for(channel)
+        metadata = [("authorization", headers["tenant-a"]["authorization"])]
+        session = stub.GetSession(pb.GetSessionRequest(session_id="1"), metadata=metadata, timeout=CALL_TIMEOUT_S)
+        assert session.last_seq == 2
+        v1 = OpenStream(stub, metadata=metadata)
+        assert_forecasts(v1.send([ev("1", 3, 3.0)]), [("1", 3)])
+        v1.close()
+        assert client.infer(MODEL, inputs(4.0, 0), sequence_id=1, headers=headers["tenant-a"]).as_numpy(
+            "SEQ"
+        ).tolist() == [4]
