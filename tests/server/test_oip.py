@@ -10,7 +10,16 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from server_helpers import CALL_TIMEOUT_S, OpenStream, assert_forecasts, ev, layouts_of, stub_for
+from server_helpers import (
+    CALL_TIMEOUT_S,
+    OpenStream,
+    assert_forecasts,
+    ev,
+    get_session,
+    layouts_of,
+    stub_for,
+    wait_until,
+)
 from tritonclient.utils import InferenceServerException
 
 from aaren.oip.v2 import grpc_service_pb2 as oip
@@ -295,3 +304,25 @@ def test_sequences_are_sessions_of_the_callers_tenant(start_server, tmp_path):
         assert client.infer(MODEL, inputs(4.0, 0), sequence_id=1, headers=headers["tenant-a"]).as_numpy(
             "SEQ"
         ).tolist() == [4]
+
+
+def test_an_idle_sequence_is_evicted_and_a_stream_ends_on_drain(start_server):
+    srv = start_server(metrics_port=-1, idle_ttl_s=0.3)
+    with triton.InferenceServerClient(srv.address) as client, grpc.insecure_channel(srv.address) as channel:
+        assert client.infer(MODEL, inputs(1.0, 0), sequence_id="idle", sequence_start=True).as_numpy("SEQ") == [1]
+        wait_until(lambda: get_session(stub_for(channel), "idle") is None, "the idle sequence to be evicted")
+        stream = TritonStream(client)
+        stream.send(2.0, sequence_id="idle", request_id="late")
+        result, error = stream.next()
+        assert result is None
+        assert "inference request for sequence idle to model 'tiny' must specify the START flag on the first " \
+               "request of the sequence (it was evicted after being idle or for capacity)" in str(error)  # fmt: skip
+        stream.send(3.0, sequence_id="idle", sequence_start=True, request_id="again")
+        result, error = stream.next()
+        assert error is None and result.as_numpy("SEQ").tolist() == [1]
+
+        # Draining: the open stream ends UNAVAILABLE once what it sent is answered.
+        srv.stop(grace=1.0)
+        result, error = stream.next()
+        assert result is None and "StatusCode.UNAVAILABLE" in str(error)
+        stream.close()
