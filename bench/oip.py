@@ -170,8 +170,9 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append((sessions, cell))
     finally:
         server.stop()
-    print(f"\n`python -m bench.oip --sessions {args.sessions} --duration {args.duration}` (one event per request, "
-          "each session on its own stream, closed loop)\n")  # fmt: skip
+    layout = f" --frontends {args.frontends}" if args.frontends is not None else ""
+    print(f"\n`python -m bench.oip --sessions {args.sessions} --duration {args.duration}{layout}` (one event per "
+          "request, each session on its own stream, closed loop)\n")  # fmt: skip
     print("| sessions | aaren.v1 events/s | p50 ms | p99 ms | OIP events/s | p50 ms | p99 ms | OIP / v1 | errors |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for sessions, cell in rows:
