@@ -110,7 +110,7 @@ class AarenServer:
         await self.core.start()
         registry = self.metrics.registry
         if self.front is not None:
-            self.front.servicer.attach(self.core)
+            self.front.attach(self.core)
         else:
             await self._start_frontends()
             registry = CollectorRegistry()
@@ -252,7 +252,7 @@ class AarenServer:
                 await task
         if self.front is not None:
             await self.front.health.enter_graceful_shutdown()
-            self.front.servicer.draining = True
+            self.front.draining = True
         if self.core is not None:
             self.core.draining = True
         if self.core_server is not None:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from aaren.server.admission import Admission
-from aaren.server.columns import ACK, DUPLICATE, ERROR, FORECAST, CoreRequest, EventColumns, Outcomes
+from aaren.server.columns import ACK, DUPLICATE, ERROR, FORECAST, NEXT_SEQ, CoreRequest, EventColumns, Outcomes
 from aaren.server.engine import RunColumns
 from aaren.server.errors import ErrorInfo, catalogue
 from aaren.server.metrics import Metrics
@@ -296,6 +296,8 @@ class Batcher:
         cols = [(a.request.events, s, s + c) for a, s, c in pieces]
         seq = _cat([e.seq[s:t] for e, s, t in cols])
         times = _cat([e.time[s:t] for e, s, t in cols])
+        if (seq == NEXT_SEQ).any():
+            seq = seq.copy()  # the plan resolves them in place; the request's own columns stay as sent
 
         try:
             loaded = await self._timed("load", self.store.load(ids))
@@ -326,7 +328,8 @@ class Batcher:
     ) -> tuple[np.ndarray, dict[int, ErrorInfo], np.ndarray]:
         """Each event's verdict against its session's stored state, in order (the applied events'
         seqs are consecutive per session). Returns verdicts ``[E]``, errors by batch position, and
-        the last seq a duplicate is acknowledged with ``[E]``."""
+        the last seq a duplicate is acknowledged with ``[E]``. A ``NEXT_SEQ`` in ``seq`` becomes the
+        seq after its session's last applied one, in place (a refused event takes none)."""
         n = len(sess)
         errors: dict[int, ErrorInfo] = {}
         dup_seq = stored.last_seq[sess]
@@ -336,8 +339,12 @@ class Batcher:
         # One event of its session in this batch: every check at once.
         foreign = stored.foreign[sess] & single
         s_seq = dup_seq
-        duplicate = single & ~foreign & (seq <= s_seq)
-        missing = single & ~foreign & ~stored.exists[sess] & (seq > 1)
+        auto = seq == NEXT_SEQ
+        next_of_stored = single & auto & stored.exists[sess]
+        if next_of_stored.any():  # (seq is then a copy: columns from the IPC are read-only)
+            seq[next_of_stored] = s_seq[next_of_stored] + 1
+        duplicate = single & ~foreign & ~auto & (seq <= s_seq)
+        missing = single & ~foreign & ~stored.exists[sess] & ((seq > 1) | auto)
         gap = single & ~foreign & stored.exists[sess] & (seq > s_seq + 1)
         early = single & ~(foreign | duplicate | missing | gap) & (times < stored.last_time[sess])
         verdict[duplicate] = _DUP
@@ -392,7 +399,12 @@ class Batcher:
         last_time = float(stored.last_time[u])
         for i in positions.tolist():
             s, t = int(seq[i]), float(times[i])
-            if s <= stored_seq:
+            if s == NEXT_SEQ and last_seq:
+                s = last_seq + 1
+                seq[i] = s
+            if s == NEXT_SEQ:
+                verdict[i], errors[i] = _ERR, catalogue.session_missing(shown, s, self.store.was_evicted(key))
+            elif s <= stored_seq:
                 verdict[i], dup_seq[i] = _DUP, stored_seq
             elif s <= last_seq:
                 verdict[i] = _DUP_OF_BATCH

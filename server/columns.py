@@ -21,6 +21,7 @@ __all__ = [
     "DUPLICATE",
     "ERROR",
     "FORECAST",
+    "NEXT_SEQ",
     "CoreRequest",
     "EventColumns",
     "ModelDescription",
@@ -34,6 +35,10 @@ __all__ = [
 FORECAST, ACK, DUPLICATE, ERROR = 0, 1, 2, 3
 #: Seqs above this are clipped to it in the columns: no session gets there, so they stay gaps.
 MAX_SEQ = 2**62
+#: An event's seq meaning "the session's next one" (its last applied seq + 1, resolved by the engine
+#: core, which alone knows it): for protocols without seqs (OIP). Such an event continues a session
+#: and never starts one: for a session without state it is refused like any seq > 1.
+NEXT_SEQ = 0
 
 
 @dataclasses.dataclass(slots=True)

@@ -271,3 +271,93 @@ class catalogue:  # noqa: N801 - a namespace of constructors, used as ``catalogu
             "num_samples_too_large",
             f"num_samples {n} is too large; expected at most {limit}",
         )
+
+    # The Open Inference Protocol front end (aaren.server.oip); Triton's wording where Triton has one.
+
+    @staticmethod
+    def sequence_id_missing(model: str) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "sequence_id_missing",
+            f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID (the "
+            "sequence_id parameter, an int64 or a string): every request of this model belongs to a sequence",
+        )
+
+    @staticmethod
+    def sequence_not_started(sequence_id: str, model: str, evicted: bool) -> ErrorInfo:
+        """A request without START for a sequence without state (never started, ended, or evicted)."""
+        why = " (it was evicted after being idle or for capacity)" if evicted else ""
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "session_evicted" if evicted else "session_not_found",
+            f"inference request for sequence {sequence_id} to model '{model}' must specify the START flag on the "
+            f"first request of the sequence{why}",
+        )
+
+    @staticmethod
+    def model_unknown(model: str, version: str) -> ErrorInfo:
+        shown = f"'{model}' version {version}" if version else f"'{model}'"
+        return ErrorInfo(Code.NOT_FOUND, "model_unknown", f"Request for unknown model: {shown} is not found")
+
+    @staticmethod
+    def input_missing(name: str, model: str, expected: list[str]) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "input_missing",
+            f"expected inputs {expected} for model '{model}'; input '{name}' is missing",
+        )
+
+    @staticmethod
+    def input_unknown(name: str, model: str, expected: list[str]) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "input_unknown",
+            f"unexpected inference input '{name}' for model '{model}'; expected inputs {expected}",
+        )
+
+    @staticmethod
+    def input_datatype(name: str, datatype: str, model: str, expected: list[str]) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "input_datatype",
+            f"inference input '{name}' data-type is '{datatype}', but model '{model}' expects "
+            + " or ".join(f"'{d}'" for d in expected),
+        )
+
+    @staticmethod
+    def input_shape(name: str, shape: list[int], model: str, expected: list[int]) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "input_shape",
+            f"unexpected shape for input '{name}' for model '{model}'. Expected {expected}, got {shape}",
+        )
+
+    @staticmethod
+    def input_size(name: str, got: int, expected: int) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "input_size",
+            f"input '{name}' has {got} bytes of data (raw_input_contents or typed contents); its datatype and "
+            f"shape need {expected}",
+        )
+
+    @staticmethod
+    def output_unknown(name: str, model: str, known: list[str]) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "output_unknown",
+            f"unexpected inference output '{name}' for model '{model}'; it has outputs {known}",
+        )
+
+    @staticmethod
+    def parameter_type(name: str, expected: str) -> ErrorInfo:
+        return ErrorInfo(Code.INVALID_ARGUMENT, "parameter_type", f"parameter '{name}' must be {expected}")
+
+    @staticmethod
+    def rpc_unimplemented(method: str, served: list[str]) -> ErrorInfo:
+        return ErrorInfo(
+            Code.UNIMPLEMENTED,
+            "rpc_unimplemented",
+            f"aaren does not implement {method} of inference.GRPCInferenceService (it loads no models at run time, "
+            f"has no shared memory, tracing or log settings); it serves {', '.join(served)}",
+        )

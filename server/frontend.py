@@ -33,6 +33,7 @@ from aaren.server.errors import ConfigError
 from aaren.server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
 from aaren.server.ipc import KEY_ENV, CoreClient
 from aaren.server.metrics import Metrics, families_of
+from aaren.server.oip import OipServicer, add_oip_servicer_to_server
 from aaren.server.reflection import enable_server_reflection
 from aaren.server.servicer import ForecastServicer
 from aaren.server.settings import ServerSettings
@@ -56,6 +57,8 @@ class GrpcFrontEnd:
     health: health_aio.HealthServicer
     servicer: ForecastServicer
     port: int
+    #: The Open Inference Protocol (Triton's GRPCInferenceService) on the same port.
+    oip: OipServicer
 
     @classmethod
     async def start(cls, settings: ServerSettings, metrics: Metrics, *, reuse_port: bool = False) -> GrpcFrontEnd:
@@ -79,6 +82,8 @@ class GrpcFrontEnd:
         enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
         servicer = ForecastServicer(s, metrics)
         aaren_pb2_grpc.add_ForecastServiceServicer_to_server(servicer, server)
+        oip = OipServicer(s, metrics)
+        add_oip_servicer_to_server(oip, server)
         if credentials is None:
             port = server.add_insecure_port(s.address)
         else:
@@ -86,15 +91,30 @@ class GrpcFrontEnd:
         if port == 0:
             raise OSError(f"could not bind the gRPC address {s.address!r}")
         await server.start()
-        return cls(server, health, servicer, port)
+        return cls(server, health, servicer, port, oip)
+
+    def attach(self, core: Any) -> None:
+        """Serve every protocol through ``core`` (an ``EngineCore`` or a client of one)."""
+        self.servicer.attach(core)
+        self.oip.attach(core)
+
+    @property
+    def draining(self) -> bool:
+        return self.servicer.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.servicer.draining = self.oip.draining = value
 
     async def set_serving(self, serving: bool) -> None:
+        self.oip.serving = serving
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)  # ignored once draining: health stays NOT_SERVING
 
     async def stop(self, grace: float) -> None:
         self.servicer.close_streams()
+        self.oip.close_streams()
         await self.server.stop(grace)
 
 
@@ -199,7 +219,7 @@ async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str,
         if stopped.is_set():
             return
         await front.health.enter_graceful_shutdown()
-        front.servicer.draining = True
+        front.draining = True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(settings.drain_grace_s):
                 while client.pending:
@@ -216,15 +236,16 @@ async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str,
         exit_code = 1
         log.error("the engine core is gone: health NOT_SERVING, requests UNAVAILABLE; front end %d stops", index)
         await front.health.enter_graceful_shutdown()
-        front.servicer.draining = True
+        front.draining = True
         front.servicer.close_streams()
+        front.oip.close_streams()
         await asyncio.sleep(LOST_CORE_LINGER_S)
         await front.stop(0)
         stopped.set()
 
     client = CoreClient(socket_path, key, index, on_serving, on_lost, drain, lambda: families_of(metrics.registry))
     await client.connect()
-    front.servicer.attach(client)
+    front.attach(client)
     await front.set_serving(client.serving)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -69,6 +69,7 @@ def _raw(a: np.ndarray) -> RawArray:
 
 
 def _array(raw: RawArray) -> np.ndarray:
+    """The array back, read-only (a view of the frame's bytes)."""
     dtype, shape, data = raw
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 

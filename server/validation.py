@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from aaren.server.columns import MAX_SEQ, CoreRequest, EventColumns
+from aaren.server.columns import MAX_SEQ, NEXT_SEQ, CoreRequest, EventColumns
 from aaren.server.errors import ErrorInfo, catalogue
 
 __all__ = ["EventChecker"]
@@ -45,10 +45,13 @@ class EventChecker:
         times: Sequence[float],
         marks: Sequence[int],
         values: Sequence[Sequence[float]],
+        *,
+        next_seq: bool = False,
         **fields: object,
     ) -> CoreRequest:
         """``n`` events as parallel sequences (``values[i]`` the values of event ``i``) -> a
         ``CoreRequest`` holding the valid ones as columns; ``fields`` go to the request as they are.
+        ``next_seq``: ``seqs`` may hold ``NEXT_SEQ`` (0), "the session's next seq".
 
         The checks run on plain lists first (a sum of floats is finite only if every term is), so
         a request of valid events costs a few builtins and one array per column; only a request
@@ -62,7 +65,7 @@ class EventChecker:
         valid = (
             len(flat) == n * width
             and all(len(v) == width for v in values)
-            and min(seqs) >= 1
+            and min(seqs) >= (NEXT_SEQ if next_seq else 1)
             and max(seqs) <= MAX_SEQ
             and max(marks) < self.num_marks
             and math.isfinite(math.fsum(times) if n > 1 else times[0])
@@ -81,7 +84,7 @@ class EventChecker:
         errors: dict[int, ErrorInfo] = {}
         keep: list[int] = []
         for i in range(n):
-            error = self.explain(session_ids[i], int(seqs[i]), float(times[i]), int(marks[i]), values[i])
+            error = self.explain(session_ids[i], int(seqs[i]), float(times[i]), int(marks[i]), values[i], next_seq)
             if error is None:
                 keep.append(i)
             else:
@@ -95,12 +98,14 @@ class EventChecker:
         )
         return CoreRequest(n, np.array(keep, dtype=np.int64), columns, errors, **fields)  # type: ignore[arg-type]
 
-    def explain(self, sid: str, seq: int, time: float, mark: int, values: Sequence[float]) -> ErrorInfo | None:
+    def explain(
+        self, sid: str, seq: int, time: float, mark: int, values: Sequence[float], next_seq: bool = False
+    ) -> ErrorInfo | None:
         """What is wrong with one event (None when nothing is), checks in a fixed order."""
         error = self.session_id_error(sid)
         if error is not None:
             return error
-        if seq < 1:
+        if seq < 1 and not (next_seq and seq == NEXT_SEQ):
             return catalogue.seq_zero(sid, seq)
         if not math.isfinite(time):
             return catalogue.time_not_finite(sid, seq, time)
