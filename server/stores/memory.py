@@ -88,10 +88,12 @@ class MemoryStore(SessionStore):
             slots.append(slot)
         if rows:
             device = self.layout.device
-            src = torch.tensor(rows, dtype=torch.long, device=device)
+            # Every row written, in order (the common batch): scatter the tensors as they are.
+            src = None if rows == list(range(len(session_ids))) else torch.tensor(rows, dtype=torch.long, device=device)
             dst = torch.tensor(slots, dtype=torch.long, device=device)
             for k, pool in self._pool.items():
-                pool.index_copy_(0, dst, tensors[k].index_select(0, src).to(pool.dtype))
+                row = tensors[k] if src is None else tensors[k].index_select(0, src)
+                pool.index_copy_(0, dst, row if row.dtype == pool.dtype else row.to(pool.dtype))
         self._shrink()  # back to capacity, sparing what this call wrote
         self._writing = set()
         return written
