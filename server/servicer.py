@@ -379,6 +379,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                     if not stream.room.is_set():
                         await stream.room.wait()
                 await stream.idle.wait()
+            except DecodeError:
+                await stream.idle.wait()  # answer what was accepted before the malformed message
+                raise
             finally:
                 stream.out.put_nowait(None)  # the writer ends the call, with the reader's error if any
 
