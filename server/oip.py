@@ -19,7 +19,6 @@ import contextlib
 import logging
 import struct
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from aaren.server.columns import FORECAST, NEXT_SEQ, CoreRequest, ModelDescripti
 from aaren.server.errors import ErrorInfo, ServiceError, catalogue
 from aaren.server.metrics import Metrics
 from aaren.server.settings import ServerSettings
+from aaren.server.streams import OrderedReplies
 from aaren.server.validation import EventChecker
 
 __all__ = ["OIP_SERVICE_NAME", "OipServicer", "add_oip_servicer_to_server"]
@@ -145,39 +145,6 @@ class _Event:
         self.k = 0
         self.names: tuple[str, ...] = ()
         self.request_id = ""
-
-
-class _Stream:
-    """One open ModelStreamInfer call: its unanswered requests in arrival order, and the outgoing
-    queue. Answers leave in request order, so a sequence's answers keep its events' order."""
-
-    __slots__ = ("idle", "limit", "out", "pending", "room")
-
-    def __init__(self, limit: int) -> None:
-        self.out: asyncio.Queue[object] = asyncio.Queue()
-        self.pending: deque[list[pb.ModelStreamInferResponse | None]] = deque()
-        self.limit = limit
-        self.room = asyncio.Event()
-        self.room.set()
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-    def started(self) -> list[pb.ModelStreamInferResponse | None]:
-        slot: list[pb.ModelStreamInferResponse | None] = [None]
-        self.pending.append(slot)
-        self.idle.clear()
-        if len(self.pending) >= self.limit:
-            self.room.clear()
-        return slot
-
-    def finished(self, slot: list[pb.ModelStreamInferResponse | None], response: pb.ModelStreamInferResponse) -> None:
-        slot[0] = response
-        while self.pending and self.pending[0][0] is not None:
-            self.out.put_nowait(self.pending.popleft()[0])
-        if len(self.pending) < self.limit:
-            self.room.set()
-        if not self.pending:
-            self.idle.set()
 
 
 class _Statistics:
@@ -559,7 +526,7 @@ class OipServicer:
         refusal = await core.open_stream(tenant)
         if refusal is not None:
             await _abort(context, refusal)
-        stream = _Stream(self.settings.max_inflight_requests_per_stream)
+        stream = OrderedReplies[pb.ModelStreamInferResponse](self.settings.max_inflight_requests_per_stream)
         self._streams.add(stream.out)
         self.metrics.open_streams.inc()
         latency = self._latency["ModelStreamInfer"]

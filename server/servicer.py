@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +25,7 @@ from aaren.server.columns import ACK, DUPLICATE, FORECAST, CoreRequest, Outcomes
 from aaren.server.errors import ErrorInfo, ServiceError, catalogue
 from aaren.server.metrics import Metrics
 from aaren.server.settings import ServerSettings
+from aaren.server.streams import OrderedReplies
 from aaren.server.validation import EventChecker
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
@@ -49,46 +49,6 @@ def _timestamp(seconds: float) -> Timestamp:
     ts = Timestamp()
     ts.FromNanoseconds(int(seconds * 1e9))
     return ts
-
-
-class _StreamState:
-    """One open stream: its unanswered requests, in the order they arrived, and its outgoing queue.
-
-    Responses leave in request order. A response waits for the earlier ones, so a session's
-    results always reach the client in the order its events were sent, also when one request
-    holds several sessions and a later request completes first.
-    """
-
-    __slots__ = ("idle", "limit", "out", "pause_s", "pending", "room")
-
-    def __init__(self, limit: int) -> None:
-        self.out: asyncio.Queue[object] = asyncio.Queue()
-        self.pending: deque[list[pb.StreamResponse | None]] = deque()
-        self.limit = limit
-        self.room = asyncio.Event()  # set while fewer than `limit` requests are unanswered
-        self.room.set()
-        self.idle = asyncio.Event()  # set while none is
-        self.idle.set()
-        #: Seconds the reader waits before the next read (a refusal's retry hint).
-        self.pause_s = 0.0
-
-    def started(self) -> list[pb.StreamResponse | None]:
-        """A slot for the next request's response."""
-        slot: list[pb.StreamResponse | None] = [None]
-        self.pending.append(slot)
-        self.idle.clear()
-        if len(self.pending) >= self.limit:
-            self.room.clear()
-        return slot
-
-    def finished(self, slot: list[pb.StreamResponse | None], response: pb.StreamResponse) -> None:
-        slot[0] = response
-        while self.pending and self.pending[0][0] is not None:
-            self.out.put_nowait(self.pending.popleft()[0])
-        if len(self.pending) < self.limit:
-            self.room.set()
-        if not self.pending:
-            self.idle.set()
 
 
 class ForecastServicer(pb_grpc.ForecastServiceServicer):
@@ -295,7 +255,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             tenant=tenant,
         )
 
-    def _submit(self, core: Any, stream: _StreamState, request: pb.StreamRequest, tenant: str) -> None:
+    def _submit(
+        self, core: Any, stream: OrderedReplies[pb.StreamResponse], request: pb.StreamRequest, tenant: str
+    ) -> None:
         """Hand a request to the core; its response joins the stream's queue when it is answered
         (a refusal with a retry hint also pauses the stream's reading, ``stream.pause_s``)."""
         started = time.perf_counter()
@@ -362,7 +324,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                     (RETRY_METADATA_KEY, str(math.ceil(refusal.retry_after_s * 1000))),
                 ),
             )
-        stream = _StreamState(self.settings.max_inflight_requests_per_stream)
+        stream = OrderedReplies[pb.StreamResponse](self.settings.max_inflight_requests_per_stream)
         self._streams.add(stream.out)
         self.metrics.open_streams.inc()
 
