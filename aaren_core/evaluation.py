@@ -213,7 +213,7 @@ def score(
             out.value_mean[:, :-1],
             out.value_std[:, :-1],
         )
-        target = batch.mask[:, 1:] & batch.mask[:, :-1]  # [B, N-1]
+        target = batch.scored[:, 1:]  # [B, N-1]
         tau = batch.dt[:, 1:]
         if bool(((tau <= 0) & target).any()):
             raise ValueError("gaps of predicted events must be > 0; dequantize tied event times first")

@@ -167,14 +167,16 @@ class EventModel(nn.Module):
         """One event per row: ``dt, marks [B]``, ``values [B, V]`` -> ``(y [B, d_model], state)``."""
         return self.backbone.step(self.embed(dt, marks, values), state)
 
-    def nll(self, dt: Tensor, marks: Tensor, values: Tensor, mask: Tensor) -> NLLTerms:
+    def nll(self, dt: Tensor, marks: Tensor, values: Tensor, mask: Tensor, scored: Tensor | None = None) -> NLLTerms:
         """NLL of event ``k + 1`` given events ``<= k``, for ``[B, N]`` padded sequences.
 
-        Gaps of predicted events must be positive where ``mask`` holds (dequantize tied times first).
+        ``mask [B, N]`` marks real events; ``scored [B, N]`` (default: every real event but the
+        first) the events to predict, e.g. without a held-out part's context (``EventBatch.scored``).
+        Gaps of predicted events must be positive (dequantize tied times first).
         """
         y = self.forward(dt, marks, values)[:, :-1]  # [B, N-1, d]
         out = self.heads(y)
-        target_mask = mask[:, 1:] & mask[:, :-1]
+        target_mask = mask[:, 1:] & mask[:, :-1] if scored is None else scored[:, 1:] & mask[:, :-1]
         tau = dt[:, 1:].to(y.dtype)
         if bool(((tau <= 0) & target_mask).any()):
             raise ValueError("gaps of predicted events must be > 0; dequantize tied event times before nll()")

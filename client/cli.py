@@ -53,7 +53,9 @@ def _shown(value: object) -> str:
 
 def _data_path(data: str) -> str:
     """``--data`` as stored in the checkpoint: absolute, so evaluate works from any directory."""
-    return data if data == "flights" else str(Path(data).expanduser().resolve())
+    from aaren_core.data import BUILTIN_DATASETS
+
+    return data if data in BUILTIN_DATASETS else str(Path(data).expanduser().resolve())
 
 
 @app.command(cls=_TrainCommand)

@@ -20,7 +20,9 @@ from aaren_core.data import (
     iterate_batches,
     load_events,
     load_flights,
+    load_flights_aircraft,
     pad_batch,
+    split_at_times,
     split_by_time,
 )
 
@@ -275,6 +277,50 @@ def test_split_by_time_and_refit(good_csv):
     assert refit.mark_names == schema.mark_names
 
 
+def test_split_at_times_gives_held_out_parts_their_history_as_context():
+    a = seq("a", [0.0, 1.0, 2.0, 5.0, 6.0, 9.0], [0, 1, 0, 1, 0, 1])
+    late = seq("late", [5.5, 7.0], [0, 0])  # starts after the first cutoff
+    early = seq("early", [0.5, 1.5, 2.5], [1, 1, 1])  # ends before it
+    train, val, test = split_at_times([a, late, early], (4.0, 8.0))
+    assert [(s.session_id, len(s), s.context) for s in train] == [("a", 3, 0), ("early", 3, 0)]
+    assert [(s.session_id, len(s), s.context) for s in val] == [("a", 5, 3), ("late", 2, 0)]
+    assert [(s.session_id, len(s), s.context) for s in test] == [("a", 6, 5)]
+    # Each scored event lies in its split's window, and every event of a session is scored once.
+    for part, (lo, hi) in zip((train, val, test), ((-np.inf, 4.0), (4.0, 8.0), (8.0, np.inf)), strict=True):
+        for s in part:
+            scored = s.times[max(s.context, 1) :]
+            assert ((scored >= lo) & (scored < hi)).all()
+    assert sum(s.predicted for s in train + val + test) == (6 - 1) + (2 - 1) + (3 - 1)
+    schema = EventSchema(("x", "y"), ("v",), "seconds", (0.0,), (1.0,))
+    batch = pad_batch(val, schema)
+    assert batch.scored.tolist() == [[False, False, False, True, True], [False, True, False, False, False]]
+    assert batch.mask.tolist() == [[True] * 5, [True, True, False, False, False]]
+    with pytest.raises(DataError, match="expected two finite times c1 < c2"):
+        split_at_times([a], (8.0, 4.0))
+    with pytest.raises(DataError, match=r"context 7; expected 0 <= context <= 6"):
+        EventSequence("a", a.times, a.marks, a.values, 7)
+
+
+def test_context_events_are_read_but_not_scored():
+    """A held-out part's NLL equals the full sequence's NLL restricted to its scored events."""
+    from aaren_core.backbones import BackboneConfig
+    from aaren_core.event_model import EventModel, EventModelConfig
+
+    torch.manual_seed(0)
+    model = EventModel(EventModelConfig(BackboneConfig(d_model=8, n_layers=1, n_heads=2), num_marks=2, value_width=1))
+    rng = np.random.default_rng(0)
+    full = seq("s", np.cumsum(rng.uniform(0.1, 2.0, 12)), rng.integers(0, 2, 12))
+    held = EventSequence("s", full.times, full.marks, full.values, context=7)
+    schema = EventSchema(("x", "y"), ("v",), "seconds", (0.0,), (1.0,))
+    b_full, b_held = pad_batch([full], schema), pad_batch([held], schema)
+    with torch.no_grad():
+        t_full = model.nll(b_full.dt, b_full.marks, b_full.values, b_full.mask, b_full.scored)
+        t_held = model.nll(b_held.dt, b_held.marks, b_held.values, b_held.mask, b_held.scored)
+    assert int(t_held.mask.sum()) == held.predicted == 5
+    torch.testing.assert_close(t_held.total[0, 6:], t_full.total[0, 6:])
+    assert (t_held.total[0, :6] == 0).all() and (t_full.total[0, :6] != 0).all()
+
+
 @pytest.fixture(scope="module")
 def flights():
     try:
@@ -319,6 +365,29 @@ def test_real_flights_sessions_hold_exactly_their_origin_and_date(flights):
         )
     seqs = flights.train + flights.val + flights.test
     assert {s.session_id: len(s) for s in seqs} == dict(counts)
+
+
+def test_real_flights_by_aircraft():
+    try:
+        flights_path()
+    except DataError as e:
+        pytest.skip(str(e))
+    data = load_flights_aircraft()
+    assert data.schema.num_marks == 16 and data.schema.mark_names[-1] == "other"
+    oct1, nov1 = 273 * 1440.0, 304 * 1440.0
+    for part, (lo, hi) in zip(
+        (data.train, data.val, data.test), ((0, oct1), (oct1, nov1), (nov1, 366 * 1440.0)), strict=True
+    ):
+        assert part and len({s.session_id for s in part}) == len(part)
+        for s in part:
+            scored = s.times[max(s.context, 1) :]
+            assert scored.size and ((scored >= lo) & (scored < hi)).all()
+    # Every departure of an aircraft but its first is scored exactly once over the three parts
+    # (each part is a prefix of the aircraft's whole sequence).
+    length: dict[str, int] = {}
+    for s in data.train + data.val + data.test:
+        length[s.session_id] = max(length.get(s.session_id, 0), len(s))
+    assert sum(s.predicted for s in data.train + data.val + data.test) == sum(n - 1 for n in length.values())
 
 
 def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
