@@ -3,9 +3,12 @@
 Every backbone maps embedded events ``x [B, N, d_model]`` to features ``y [B, N, d_model]`` and has
 
 - ``forward(x) -> y``: the whole sequence in parallel (training);
-- ``prefill(x, state=None) -> (y, state)``: the same, resuming from and returning a state;
+- ``prefill(x, state=None, dt=None) -> (y, state)``: the same, resuming from and returning a state;
 - ``init_state(batch) -> state``: the state before any event;
-- ``step(x_t [B, d_model], state) -> (y_t [B, d_model], state)``: one event per row;
+- ``step(x_t [B, d_model], state, dt=None) -> (y_t [B, d_model], state)``: one event per row;
+
+``dt [B, N]`` / ``[B]`` are the events' gaps (in units of the data's typical gap, 0 for a
+session's first event); only an Aaren backbone with ``time_decay`` reads them.
 - ``state_nbytes(state) -> int`` and ``state_from_bytes(data) -> state``.
 
 States are never mutated in place (``aaren_core.state``).
@@ -38,7 +41,8 @@ S = TypeVar("S", bound=State)
 
 @dataclasses.dataclass(frozen=True)
 class BackboneConfig:
-    """Sizes of a backbone. ``d_ff`` defaults to ``4 d_model``; the GRU ignores heads and ``d_ff``."""
+    """Sizes of a backbone. ``d_ff`` defaults to ``4 d_model``; the GRU ignores heads and ``d_ff``.
+    ``time_decay``: Aaren scores decay with each event's age (``AarenAttention``)."""
 
     kind: BackboneKind = "aaren"
     d_model: int = 64
@@ -46,10 +50,13 @@ class BackboneConfig:
     n_heads: int = 4
     d_ff: int = 0
     dropout: float = 0.0
+    time_decay: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("aaren", "transformer", "gru"):
             raise ValueError(f"unknown backbone kind {self.kind!r}; expected 'aaren', 'transformer' or 'gru'")
+        if self.time_decay and self.kind != "aaren":
+            raise ValueError(f"time_decay is a property of the aaren backbone; got kind {self.kind!r}")
         if self.d_model <= 0 or self.n_layers <= 0 or self.n_heads <= 0:
             raise ValueError(f"d_model, n_layers and n_heads must be positive; got {self}")
         if self.kind != "gru" and self.d_model % self.n_heads:
@@ -91,13 +98,13 @@ class Backbone(nn.Module, Generic[S]):
         """``x [B, N, d_model] -> y [B, N, d_model]`` in parallel."""
         return self.prefill(x)[0]
 
-    def prefill(self, x: Tensor, state: S | None = None) -> tuple[Tensor, S]:
+    def prefill(self, x: Tensor, state: S | None = None, dt: Tensor | None = None) -> tuple[Tensor, S]:
         raise NotImplementedError
 
     def init_state(self, batch: int, device: torch.device | str | None = None) -> S:
         raise NotImplementedError
 
-    def step(self, x_t: Tensor, state: S) -> tuple[Tensor, S]:
+    def step(self, x_t: Tensor, state: S, dt: Tensor | None = None) -> tuple[Tensor, S]:
         raise NotImplementedError
 
     def state_nbytes(self, state: S) -> int:
@@ -123,7 +130,8 @@ class AarenModel(Backbone[AarenState]):
     def __init__(self, config: BackboneConfig) -> None:
         super().__init__(config)
         self.layers = nn.ModuleList(
-            AarenLayer(config.d_model, config.n_heads, config.d_ff, config.dropout) for _ in range(config.n_layers)
+            AarenLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, config.time_decay)
+            for _ in range(config.n_layers)
         )
 
     def init_state(self, batch: int, device: torch.device | str | None = None) -> AarenState:
@@ -131,20 +139,22 @@ class AarenModel(Backbone[AarenState]):
         per_layer = [layer.mixer.init_state(batch, device) for layer in self.layers]
         return _pack_aaren(per_layer, torch.zeros(batch, dtype=torch.long, device=device))
 
-    def prefill(self, x: Tensor, state: AarenState | None = None) -> tuple[Tensor, AarenState]:
+    def prefill(
+        self, x: Tensor, state: AarenState | None = None, dt: Tensor | None = None
+    ) -> tuple[Tensor, AarenState]:
         self._check_input(x, 3)
         state = self.init_state(x.shape[0], x.device) if state is None else state
         h, new = x, []
         for i, layer in enumerate(self.layers):
-            h, layer_state = layer(h, _layer_state(state, i))
+            h, layer_state = layer(h, _layer_state(state, i), dt)
             new.append(layer_state)
         return self.norm(h), _pack_aaren(new, state.n_events + x.shape[1])
 
-    def step(self, x_t: Tensor, state: AarenState) -> tuple[Tensor, AarenState]:
+    def step(self, x_t: Tensor, state: AarenState, dt: Tensor | None = None) -> tuple[Tensor, AarenState]:
         self._check_input(x_t, 2)
         h, new = x_t, []
         for i, layer in enumerate(self.layers):
-            h, layer_state = layer.step(h, _layer_state(state, i))
+            h, layer_state = layer.step(h, _layer_state(state, i), dt)
             new.append(layer_state)
         return self.norm(h), _pack_aaren(new, state.n_events + 1)
 
@@ -181,7 +191,9 @@ class TransformerModel(Backbone[KVCacheState]):
         empty = torch.zeros(shape, dtype=self._dtype, device=device)
         return KVCacheState(k=empty, v=empty.clone(), n_events=torch.zeros(batch, dtype=torch.long, device=device))
 
-    def prefill(self, x: Tensor, state: KVCacheState | None = None) -> tuple[Tensor, KVCacheState]:
+    def prefill(
+        self, x: Tensor, state: KVCacheState | None = None, dt: Tensor | None = None
+    ) -> tuple[Tensor, KVCacheState]:
         self._check_input(x, 3)
         state = self.init_state(x.shape[0], x.device) if state is None else state
         h, ks, vs = x, [], []
@@ -194,7 +206,7 @@ class TransformerModel(Backbone[KVCacheState]):
             k=torch.stack(ks, dim=1), v=torch.stack(vs, dim=1), n_events=state.n_events + x.shape[1]
         )
 
-    def step(self, x_t: Tensor, state: KVCacheState) -> tuple[Tensor, KVCacheState]:
+    def step(self, x_t: Tensor, state: KVCacheState, dt: Tensor | None = None) -> tuple[Tensor, KVCacheState]:
         self._check_input(x_t, 2)
         y, state = self.prefill(x_t.unsqueeze(1), state)
         return y.squeeze(1), state
@@ -223,13 +235,13 @@ class GRUModel(Backbone[GRUState]):
             n_events=torch.zeros(batch, dtype=torch.long, device=device),
         )
 
-    def prefill(self, x: Tensor, state: GRUState | None = None) -> tuple[Tensor, GRUState]:
+    def prefill(self, x: Tensor, state: GRUState | None = None, dt: Tensor | None = None) -> tuple[Tensor, GRUState]:
         self._check_input(x, 3)
         state = self.init_state(x.shape[0], x.device) if state is None else state
         y, h = self.gru(x, state.h.transpose(0, 1).contiguous())  # h [L, B, d]
         return self.norm(y), GRUState(h=h.transpose(0, 1), n_events=state.n_events + x.shape[1])
 
-    def step(self, x_t: Tensor, state: GRUState) -> tuple[Tensor, GRUState]:
+    def step(self, x_t: Tensor, state: GRUState, dt: Tensor | None = None) -> tuple[Tensor, GRUState]:
         self._check_input(x_t, 2)
         y, state = self.prefill(x_t.unsqueeze(1), state)
         return y.squeeze(1), state

@@ -156,16 +156,22 @@ class EventModel(nn.Module):
     def init_state(self, batch: int, device: torch.device | str | None = None) -> State:
         return self.backbone.init_state(batch, device)
 
+    def _scaled_gaps(self, dt: Tensor) -> Tensor | None:
+        """Gaps in units of the training data's typical (geometric mean) gap, for a time-decay backbone."""
+        if not self.config.backbone.time_decay:
+            return None
+        return dt.to(self.heads.log_dt_mean.dtype).clamp_min(0) * torch.exp(-self.heads.log_dt_mean)
+
     def prefill(self, dt: Tensor, marks: Tensor, values: Tensor, state: State | None = None) -> tuple[Tensor, State]:
         """``dt, marks [B, N]``, ``values [B, N, V]`` -> ``(y [B, N, d_model], state)`` in parallel."""
-        return self.backbone.prefill(self.embed(dt, marks, values), state)
+        return self.backbone.prefill(self.embed(dt, marks, values), state, self._scaled_gaps(dt))
 
     def forward(self, dt: Tensor, marks: Tensor, values: Tensor) -> Tensor:
         return self.prefill(dt, marks, values)[0]
 
     def step(self, dt: Tensor, marks: Tensor, values: Tensor, state: State) -> tuple[Tensor, State]:
         """One event per row: ``dt, marks [B]``, ``values [B, V]`` -> ``(y [B, d_model], state)``."""
-        return self.backbone.step(self.embed(dt, marks, values), state)
+        return self.backbone.step(self.embed(dt, marks, values), state, self._scaled_gaps(dt))
 
     def nll(self, dt: Tensor, marks: Tensor, values: Tensor, mask: Tensor, scored: Tensor | None = None) -> NLLTerms:
         """NLL of event ``k + 1`` given events ``<= k``, for ``[B, N]`` padded sequences.

@@ -149,10 +149,16 @@ def mixture_quantiles(weights: Tensor, loc: Tensor, inv_scale: Tensor, constants
     return torch.exp(z)
 
 
+def _raw_gap_rate(rate: Tensor | None, log_dt_mean: Tensor) -> Tensor | None:
+    """``lambda [H]`` per typical gap -> per unit of raw gap: ``lambda exp(-log_dt_mean)``."""
+    return None if rate is None else (rate * torch.exp(-log_dt_mean)).detach().clone()
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class FusedLayer:
     """One ``AarenLayer``'s weights: the norms, the folded score/value map ``[H + d, d]``, the
-    output map and the feed-forward."""
+    output map and the feed-forward; with time decay, ``rate [H]``: the decay per unit of raw gap
+    (``lambda_h`` over the typical gap, so the step ages the state by ``rate * dt``)."""
 
     norm1: tuple[Tensor, Tensor]
     score_value: tuple[Tensor, Tensor]
@@ -161,6 +167,7 @@ class FusedLayer:
     fc1: tuple[Tensor, Tensor]
     fc2: tuple[Tensor, Tensor]
     eps: tuple[float, float]
+    rate: Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -210,6 +217,7 @@ class FusedEventModel:
                     fc1=(layer.ff.fc1.weight.detach().clone(), layer.ff.fc1.bias.detach().clone()),
                     fc2=(layer.ff.fc2.weight.detach().clone(), layer.ff.fc2.bias.detach().clone()),
                     eps=(layer.norm1.eps, layer.norm2.eps),
+                    rate=_raw_gap_rate(layer.mixer.decay_rate(), model.heads.log_dt_mean),
                 )
                 for layer in model.backbone.layers
             )
@@ -273,7 +281,8 @@ class FusedEventModel:
         ``m, u [B, L, H]``, ``w [B, L, H, Dh]``, ``n_events [B]`` -> ``(y [B, d], m, u, w, n_events)``,
         the new state (the old one is not changed).
 
-        Per layer: ``s, v = W_sv LN1(x) + b_sv``, ``m' = max(m, s)``,
+        Per layer: ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt`` (the state aged
+        to this event, ``AarenAttention``), ``m' = max(m, s)``,
         ``u' = u exp(m - m') + exp(s - m')``, ``w' = w exp(m - m') + v exp(s - m')``,
         ``x += W_o (w' / u') + b_o``, ``x += FF(LN2(x))``; ``y = LN(x)``.
         """
@@ -288,7 +297,7 @@ class FusedEventModel:
         for i, layer in enumerate(self.layers):
             sv = F.linear(F.layer_norm(x, (d,), *layer.norm1, layer.eps[0]), *layer.score_value)  # [B, H + d]
             s, v = sv[:, :h], sv[:, h:].view(b, h, -1)  # [B, H], [B, H, Dh]
-            m_old = m[:, i]
+            m_old = m[:, i] if layer.rate is None else m[:, i] - dt.clamp_min(0).unsqueeze(-1) * layer.rate  # aged
             m_new = torch.maximum(m_old, s)
             c_old = torch.exp(m_old - m_new)  # [B, H]
             c_new = torch.exp(s - m_new)

@@ -46,9 +46,23 @@ class AarenAttention(nn.Module):
     mixer returns ``W_o o_k`` with ``o_k`` from ``aaren_core.functional``. Keeping ``W_q`` makes
     Aaren exactly ``d_model`` parameters larger than a Transformer block (the query token), the
     parity the paper reports (3,152,896 vs 3,152,384 for d_model 512, d_ff 2048).
+
+    With ``time_decay`` each head ``h`` also has a learned rate ``lambda_h = exp(log_rate_h) > 0``
+    and scores decay with the age of an event: at the time ``t_k`` of event ``k`` the output is
+
+        o_k = sum_{i<=k} exp(s_i - lambda (t_k - t_i)) v_i / sum_{i<=k} exp(s_i - lambda (t_k - t_i))
+
+    The ``- lambda t_k`` part is common to every term and cancels, so this is plain Aaren on the
+    scores ``s_i + lambda t_i``: exact, associative, O(1) per event. The state is kept in the frame
+    of the last event's time (its running max ``m`` is ``max_i (s_i - lambda (t_last - t_i))``), so an
+    event after a gap ``dt`` first ages the state, ``m <- m - lambda dt`` (``u``, ``w`` are relative to
+    ``m`` and do not change), then steps as usual; times never grow without bound in the state.
+    ``dt`` comes in units of the data's typical gap (``EventModel`` scales it), ``0`` for a
+    session's first event. Initial rates span ``1e-3 .. 1`` per typical gap over the heads, from
+    a nearly order-free head to one that mostly sees the last few events.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, time_decay: bool = False) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
@@ -60,7 +74,16 @@ class AarenAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = _dropout(dropout)
+        self.log_rate = (
+            nn.Parameter(torch.linspace(math.log(1e-3), 0.0, n_heads) if n_heads > 1 else torch.full((1,), -4.6))
+            if time_decay
+            else None
+        )
         self._fused: tuple[tuple[tuple[int, int], ...], Tensor, Tensor] | None = None
+
+    def decay_rate(self) -> Tensor | None:
+        """``lambda [H]``, the per-head decay rate per unit of (scaled) time; None without time decay."""
+        return None if self.log_rate is None else torch.exp(self.log_rate)
 
     def _query(self) -> Tensor:
         return self.q_proj(self.query).view(self.n_heads, self.head_dim)  # [H, Dh]
@@ -94,21 +117,35 @@ class AarenAttention(nn.Module):
     def init_state(self, batch: int, device: torch.device | str | None = None) -> ScanState:
         return empty_state(batch, self.n_heads, self.head_dim, dtype=self.query.dtype, device=device)
 
-    def forward(self, x: Tensor, state: ScanState | None = None) -> tuple[Tensor, ScanState]:
-        """``x [B, N, d]``, optional state -> ``(y [B, N, d], final state)``."""
+    def forward(self, x: Tensor, state: ScanState | None = None, dt: Tensor | None = None) -> tuple[Tensor, ScanState]:
+        """``x [B, N, d]``, optional state, gaps ``dt [B, N]`` (scaled; used with time decay only)
+        -> ``(y [B, N, d], final state)``."""
         b, n, d = x.shape
         sv = F.linear(x, *self._score_value_projection())  # [B, N, H + d]
         s = sv[..., : self.n_heads]  # [B, N, H]
         v = sv[..., self.n_heads :].reshape(b, n, self.n_heads, self.head_dim)  # [B, N, H, Dh]
-        o, state = attention_scan(s, v, state)
+        rate = self.decay_rate()
+        if rate is None or dt is None:
+            o, state = attention_scan(s, v, state)
+            return self.dropout(self.out_proj(o.reshape(b, n, d))), state
+        # Ages relative to the state's frame (the previous event): s_i + lambda t_i, t_i = dt_1 + ... + dt_i.
+        cdt = torch.float64 if s.dtype == torch.float64 else torch.float32
+        t = torch.cumsum(dt.to(torch.float64), dim=1).to(cdt)  # [B, N]
+        age = t.unsqueeze(-1) * rate.to(cdt)  # [B, N, H]
+        o, state = attention_scan(s.to(cdt) + age, v, state)
+        state = ScanState(state.m - age[:, -1].to(state.m.dtype), state.u, state.w) if n else state
         return self.dropout(self.out_proj(o.reshape(b, n, d))), state
 
-    def step(self, x_t: Tensor, state: ScanState) -> tuple[Tensor, ScanState]:
-        """``x_t [B, d]``, state -> ``(y_t [B, d], new state)``: O(1) in the history length."""
+    def step(self, x_t: Tensor, state: ScanState, dt: Tensor | None = None) -> tuple[Tensor, ScanState]:
+        """``x_t [B, d]``, state, gap ``dt [B]`` (scaled; time decay only) -> ``(y_t [B, d], new state)``:
+        O(1) in the history length."""
         b, d = x_t.shape
         sv = F.linear(x_t, *self._score_value_projection())  # [B, H + d]
         s = sv[:, : self.n_heads]  # [B, H]
         v = sv[:, self.n_heads :].reshape(b, self.n_heads, self.head_dim)  # [B, H, Dh]
+        rate = self.decay_rate()
+        if rate is not None and dt is not None:
+            state = ScanState(state.m - dt.to(state.m.dtype).unsqueeze(-1) * rate.to(state.m.dtype), state.u, state.w)
         o, state = attention_step(s, v, state)
         return self.out_proj(o.reshape(b, d)), state
 
@@ -154,22 +191,22 @@ class CausalSelfAttention(nn.Module):
 class AarenLayer(nn.Module):
     """Pre-norm residual block with Aaren as the token mixer; state ``ScanState`` per block."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, time_decay: bool = False) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.mixer = AarenAttention(d_model, n_heads, dropout)
+        self.mixer = AarenAttention(d_model, n_heads, dropout, time_decay)
         self.norm2 = nn.LayerNorm(d_model)
         self.ff = FeedForward(d_model, d_ff, dropout)
 
-    def forward(self, x: Tensor, state: ScanState | None = None) -> tuple[Tensor, ScanState]:
-        """``x [B, N, d]`` -> ``(y [B, N, d], state)``."""
-        h, state = self.mixer(self.norm1(x), state)
+    def forward(self, x: Tensor, state: ScanState | None = None, dt: Tensor | None = None) -> tuple[Tensor, ScanState]:
+        """``x [B, N, d]``, optional ``dt [B, N]`` -> ``(y [B, N, d], state)``."""
+        h, state = self.mixer(self.norm1(x), state, dt)
         x = x + h
         return x + self.ff(self.norm2(x)), state
 
-    def step(self, x_t: Tensor, state: ScanState) -> tuple[Tensor, ScanState]:
-        """``x_t [B, d]`` -> ``(y_t [B, d], state)``."""
-        h, state = self.mixer.step(self.norm1(x_t), state)
+    def step(self, x_t: Tensor, state: ScanState, dt: Tensor | None = None) -> tuple[Tensor, ScanState]:
+        """``x_t [B, d]``, optional ``dt [B]`` -> ``(y_t [B, d], state)``."""
+        h, state = self.mixer.step(self.norm1(x_t), state, dt)
         x_t = x_t + h
         return x_t + self.ff(self.norm2(x_t)), state
 

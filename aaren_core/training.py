@@ -117,6 +117,7 @@ class TrainConfig:
     dropout: float = 0.0
     n_components: int = 8
     time_features: int = 8
+    time_decay: bool = False
 
     data: str = "flights"
     time_unit: str = "seconds"
@@ -147,7 +148,7 @@ class TrainConfig:
     max_minutes: float = 0.0
 
     def __post_init__(self) -> None:
-        BackboneConfig(self.backbone, self.d_model, self.n_layers, self.n_heads, self.d_ff, self.dropout)  # type: ignore[arg-type]
+        self.backbone_config()
         checks = {
             "epochs >= 1": self.epochs >= 1,
             "batch_size >= 1": self.batch_size >= 1,
@@ -178,7 +179,15 @@ class TrainConfig:
         return self.name or f"{self.backbone}-{Path(self.data).name.split('.')[0]}"
 
     def backbone_config(self) -> BackboneConfig:
-        return BackboneConfig(self.backbone, self.d_model, self.n_layers, self.n_heads, self.d_ff, self.dropout)  # type: ignore[arg-type]
+        return BackboneConfig(
+            self.backbone,  # type: ignore[arg-type]
+            self.d_model,
+            self.n_layers,
+            self.n_heads,
+            self.d_ff,
+            self.dropout,
+            self.time_decay,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -232,6 +241,7 @@ SET_KEYS: dict[str, str] = {
     "dropout": "dropout probability in the backbone",
     "n_components": "log-normal mixture components of the next-gap distribution",
     "time_features": "sinusoidal features of the previous gap fed to the model (an even number)",
+    "time_decay": "aaren only: scores decay with each event's age at a learned rate per head (true/false)",
     "value_columns": "comma-separated value columns of --data (default: every column but session_id, time, mark)",
     "val_fraction": "fraction of sessions (by first event time) held out for validation",
     "test_fraction": "fraction of sessions (the latest) held out for testing",

@@ -1,4 +1,4 @@
-"""Aaren vs Transformer vs GRU vs no-history on the flights task: seeds, one table.
+"""Aaren (with and without time decay) vs Transformer vs GRU vs no-history: seeds, one table.
 
 Trains every backbone with every seed (sequentially, same config but the backbone and, for the
 GRU, the width that matches Aaren's parameter count), scores each run's best checkpoint on the
@@ -7,6 +7,11 @@ forecasts, and writes a Markdown table of mean ± std over seeds. Finished runs 
 interrupted comparison continues where it stopped.
 
     python bench/forecast_compare.py --runs-dir /tmp/aaren-runs/compare --out models/default/comparison.md
+    python bench/forecast_compare.py --data flights-aircraft --kinds aaren aaren-decay transformer gru \
+        --epochs 12 --runs-dir /tmp/aaren-runs/aircraft --out bench/results/time_decay_aircraft.md
+
+``aaren-decay`` is the Aaren backbone with ``time_decay`` (scores decay with each event's age at
+a learned rate per head, ``aaren_core.layers.AarenAttention``).
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ from pathlib import Path
 import numpy as np
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.data import load_flights
+from aaren_core.data import BUILTIN_DATASETS
 from aaren_core.evaluation import EvalSplit, compute_metrics, constant_gap_metrics, model_predictor
 from aaren_core.event_model import EventModel, EventModelConfig
 from aaren_core.training import TrainConfig, command_line, train
 
-KINDS = ("aaren", "transformer", "gru")
+KINDS = ("aaren", "aaren-decay", "transformer", "gru")
+TITLES = {
+    "flights": "next-event forecasting of New York departures (by airport and day)",
+    "flights-aircraft": "next-departure forecasting of each aircraft leaving New York (by tail number)",
+}
 COLUMNS = (
     ("nll_total", "NLL total", 4),
     ("nll_time", "NLL time", 4),
@@ -75,7 +84,8 @@ def mean_std(values: list[float], digits: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--kinds", nargs="+", default=["aaren", "transformer", "gru"], choices=KINDS)
+    parser.add_argument("--data", default="flights", choices=sorted(BUILTIN_DATASETS))
     parser.add_argument("--epochs", type=int, default=TrainConfig().epochs)
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/compare"))
     parser.add_argument("--out", type=Path, default=Path("models/default/comparison.md"))
@@ -83,8 +93,8 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a paragraph to add under Setup (e.g. code changes between runs)")
     args = parser.parse_args()
 
-    data = load_flights()
-    base = TrainConfig(epochs=args.epochs, threads=args.threads, progress=False)
+    data = BUILTIN_DATASETS[args.data]()
+    base = TrainConfig(data=args.data, epochs=args.epochs, threads=args.threads, progress=False)
     width, gru_params, aaren_params = gru_width(base, data.schema.num_marks, data.schema.value_width)
     print(f"GRU width {width}: {gru_params:,} parameters vs Aaren's {aaren_params:,}", flush=True)
     runs: dict[str, list[dict]] = {k: [] for k in args.kinds}
@@ -101,9 +111,10 @@ def main() -> None:
                 record_path.write_text(json.dumps(record, indent=1) + "\n")
                 runs[kind].append(record)
                 continue
-            config = base.replace(
-                backbone=kind, seed=seed, out_dir=str(out_dir), **({"d_model": width} if kind == "gru" else {})
-            )
+            extra: dict[str, object] = {"d_model": width} if kind == "gru" else {}
+            if kind == "aaren-decay":
+                extra = {"time_decay": True, "name": f"aaren-decay-{args.data}"}
+            config = base.replace(backbone=kind.removesuffix("-decay"), seed=seed, out_dir=str(out_dir), **extra)
             t0 = time.perf_counter()
             result = train(config, data=data)
             wall = time.perf_counter() - t0
@@ -150,9 +161,10 @@ def report(
 ) -> str:
     header = "| model | params | " + " | ".join(c[1] for c in COLUMNS) + " | train time (s) | epochs (best) |"
     lines = [
-        "# Aaren vs Transformer vs GRU vs no-history: next-event forecasting of New York departures",
+        f"# Aaren vs Transformer vs GRU vs no-history: {TITLES.get(args.data, args.data)}",
         "",
-        f"Test split (Nov-Dec 2013, {int(base_metrics['events']):,} predicted events); mean ± std over seeds "
+        f"Data `{args.data}`. Test split (Nov-Dec 2013, {int(base_metrics['events']):,} predicted events); "
+        "mean ± std over seeds "
         f"{', '.join(map(str, args.seeds))}. Each run keeps its best-validation (October) epoch. NLL in nats per "
         "predicted event; gap errors in minutes against the dequantized gap; ≤qX: fraction of true gaps under the "
         "predicted X% quantile (ideal 0.10 / 0.50 / 0.90).",
@@ -245,7 +257,8 @@ def report(
         "indicative only.",
         *([f"- {args.note}"] if args.note else []),
         "",
-        f"Reproduce: `python bench/forecast_compare.py --runs-dir {args.runs_dir} --out {args.out}` "
+        f"Reproduce: `python bench/forecast_compare.py --data {args.data} --kinds {' '.join(args.kinds)} "
+        f"--epochs {args.epochs} --threads {args.threads} --runs-dir {args.runs_dir} --out {args.out}` "
         f"(one run: `{command_line(base)}` with `--backbone`, `--seed` and, for the GRU, `--d-model {width}`).",
         "",
     ]
