@@ -129,6 +129,7 @@ class TrainConfig:
 
     epochs: int = 40
     batch_size: int = 8
+    length_buckets: int = 0
     eval_batch_size: int = 64
     lr: float = 2e-3
     weight_decay: float = 0.01
@@ -166,6 +167,7 @@ class TrainConfig:
             and self.test_fraction > 0
             and self.val_fraction + self.test_fraction < 1,
             "threads >= 0": self.threads >= 0,
+            "length_buckets >= 0": self.length_buckets >= 0,
             f"time_unit in {sorted(TIME_UNITS)}": self.time_unit in TIME_UNITS,
             "max_minutes >= 0": self.max_minutes >= 0 and math.isfinite(self.max_minutes),
         }
@@ -248,6 +250,7 @@ SET_KEYS: dict[str, str] = {
     "jitter": "resolution of the recorded times, in --time-unit: width of the dequantization noise (0: off)",
     "eval_seed": "seed of the one fixed jitter draw for validation and test",
     "eval_batch_size": "sessions per validation batch",
+    "length_buckets": "batch sessions of similar length: sort pools of this many batches by length (0: off)",
     "weight_decay": "AdamW weight decay",
     "warmup_steps": "optimizer steps of linear learning-rate warmup",
     "min_lr_ratio": "floor of the cosine decay, as a fraction of --lr",
@@ -391,6 +394,30 @@ def build_model(config: TrainConfig, data: EventData, log_dt: tuple[float, float
         torch.tensor(data.schema.value_std, dtype=torch.float32),
     )
     return model
+
+
+def batch_order(
+    order: np.ndarray, lengths: Sequence[int], config: TrainConfig, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """The epoch's batches of sequence indices from the permutation ``order``.
+
+    Without ``length_buckets``: consecutive slices of ``batch_size``. With ``length_buckets = k``:
+    each pool of ``k * batch_size`` consecutive indices is sorted by sequence length and cut into
+    batches, and the batches are shuffled (drawing from ``rng``): batches hold sequences of similar
+    length, so padding costs little when lengths vary widely (sessions over a year), while every
+    sequence is still seen once an epoch in a random order. The batch count is the same either way.
+    """
+    size = config.batch_size
+    if not config.length_buckets:
+        return [order[i : i + size] for i in range(0, len(order), size)]
+    pool = size * config.length_buckets
+    lengths_arr = np.asarray(lengths)
+    batches: list[np.ndarray] = []
+    for start in range(0, len(order), pool):
+        chunk = order[start : start + pool]
+        chunk = chunk[np.argsort(lengths_arr[chunk], kind="stable")]
+        batches += [chunk[i : i + size] for i in range(0, len(chunk), size)]
+    return [batches[int(i)] for i in rng.permutation(len(batches))]
 
 
 def lr_at(step: int, total_steps: int, config: TrainConfig) -> float:
@@ -646,6 +673,8 @@ def _train(
     best_dir, last_dir = out_dir / BEST_DIR, out_dir / LAST_DIR
     train_fixed, _ = eval_jitter(data.train, config, "train")
     val_seqs, _ = eval_jitter(data.val, config, "val")
+    if config.length_buckets:
+        val_seqs = sorted(val_seqs, key=len)  # less padding; the summed NLL does not depend on the order
     log_dt = fit_log_dt(train_fixed)
     model = build_model(config, data, log_dt).to(device)
     optimizer = _make_optimizer(model, config)
@@ -710,8 +739,8 @@ def _train(
         model.train()
         epoch_sum, epoch_events = 0.0, 0
         progress.start(epoch, config.epochs)
-        for start in range(0, len(order), config.batch_size):
-            global_batch = [train_seqs[int(i)] for i in order[start : start + config.batch_size]]
+        for members in batch_order(order, [len(s) for s in train_seqs], config, rng):
+            global_batch = [train_seqs[int(i)] for i in members]
             count = predicted_events(global_batch)
             shard = global_batch[ctx.rank :: ctx.world]
             # A rank with no sequence still runs forward/backward (weight 0): DDP needs every rank.

@@ -8,7 +8,7 @@ interrupted comparison continues where it stopped.
 
     python bench/forecast_compare.py --runs-dir /tmp/aaren-runs/compare --out models/default/comparison.md
     python bench/forecast_compare.py --data flights-aircraft --kinds aaren aaren-decay transformer gru \
-        --epochs 12 --runs-dir /tmp/aaren-runs/aircraft --out bench/results/time_decay_aircraft.md
+        --epochs 12 --length-buckets 50 --runs-dir /tmp/aaren-runs/aircraft --out bench/results/time_decay_aircraft.md
 
 ``aaren-decay`` is the Aaren backbone with ``time_decay`` (scores decay with each event's age at
 a learned rate per head, ``aaren_core.layers.AarenAttention``).
@@ -90,11 +90,14 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/compare"))
     parser.add_argument("--out", type=Path, default=Path("models/default/comparison.md"))
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--length-buckets", type=int, default=0, help="TrainConfig.length_buckets (0: off)")
     parser.add_argument("--note", default="", help="a paragraph to add under Setup (e.g. code changes between runs)")
     args = parser.parse_args()
 
     data = BUILTIN_DATASETS[args.data]()
-    base = TrainConfig(data=args.data, epochs=args.epochs, threads=args.threads, progress=False)
+    base = TrainConfig(
+        data=args.data, epochs=args.epochs, threads=args.threads, length_buckets=args.length_buckets, progress=False
+    )
     width, gru_params, aaren_params = gru_width(base, data.schema.num_marks, data.schema.value_width)
     print(f"GRU width {width}: {gru_params:,} parameters vs Aaren's {aaren_params:,}", flush=True)
     runs: dict[str, list[dict]] = {k: [] for k in args.kinds}
@@ -258,7 +261,8 @@ def report(
         *([f"- {args.note}"] if args.note else []),
         "",
         f"Reproduce: `python bench/forecast_compare.py --data {args.data} --kinds {' '.join(args.kinds)} "
-        f"--epochs {args.epochs} --threads {args.threads} --runs-dir {args.runs_dir} --out {args.out}` "
+        f"--epochs {args.epochs} --threads {args.threads} --length-buckets {args.length_buckets} "
+        f"--runs-dir {args.runs_dir} --out {args.out}` "
         f"(one run: `{command_line(base)}` with `--backbone`, `--seed` and, for the GRU, `--d-model {width}`).",
         "",
     ]

@@ -267,3 +267,19 @@ def test_early_stopping_rides_out_noise_and_stops_on_a_plateau():
     resumed = EarlyStopping(patience=8, min_delta=0.002, smoothing=0.6)
     resumed.load(json.loads(json.dumps(plateau.state())))
     assert resumed == plateau
+
+
+def test_length_buckets_batch_similar_lengths_and_keep_every_sequence_once():
+    import numpy as np
+
+    from aaren_core.training import TrainConfig, batch_order
+
+    lengths = [int(x) for x in np.random.default_rng(0).integers(2, 500, 203)]
+    order = np.random.default_rng(1).permutation(203)
+    plain = batch_order(order, lengths, TrainConfig(batch_size=8), np.random.default_rng(2))
+    assert [b.tolist() for b in plain] == [order[i : i + 8].tolist() for i in range(0, 203, 8)]
+    bucketed = batch_order(order, lengths, TrainConfig(batch_size=8, length_buckets=5), np.random.default_rng(2))
+    assert len(bucketed) == len(plain) and sorted(np.concatenate(bucketed).tolist()) == list(range(203))
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in bucketed)
+    padded_plain = sum(len(b) * max(lengths[i] for i in b) for b in plain)
+    assert padded < 0.75 * padded_plain  # sorted pools: far less padding than random batches
