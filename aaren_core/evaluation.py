@@ -442,7 +442,13 @@ def _split_text(result: dict[str, Any], ev: EvalSplit) -> list[str]:
         return []
     cutoffs = record.get("cutoffs")
     split = DataSplit(record["method"], None if cutoffs is None else tuple(cutoffs), record.get("reason", ""))
-    return ["## Split", "", f"Split {split.describe(ev.data.schema.time_unit)}.", ""]
+    why = (
+        "Sessions that span the cutoffs are split by time because a split by session would score their events "
+        "over the training period; short sessions rarely span them, and whole sessions are then held out. "
+        "In a split by time every scored test event comes after every training and validation event and is "
+        "forecast from its session's whole history, as the server sees it."
+    )
+    return ["## Split", "", f"Split {split.describe(ev.data.schema.time_unit)}. {why}", ""]
 
 
 def _dequantization_text(result: dict[str, Any], ev: EvalSplit) -> str:
@@ -462,7 +468,8 @@ def _dequantization_text(result: dict[str, Any], ev: EvalSplit) -> str:
             f"The event times ({unit}) are continuous ({how}), so they are not dequantized: "
             "time NLL, calibration and point errors are on the recorded gaps."
         )
-    ties = f" {derived['ties']:.1%} of the training gaps are 0." if "ties" in derived else ""
+    given = record.get("source", "given") != "derived"
+    ties = f" {derived['ties']:.1%} of the training gaps are 0." if given and "ties" in derived else ""
     return (
         f"Event times ({unit}) are recorded to a resolution of {jitter:g} {unit} ({how}).{ties} "
         "Tied times would make a continuous gap density reward a spike at 0, so every event time gets "

@@ -249,7 +249,13 @@ def replay(
     window: Annotated[int, typer.Option(help="unanswered messages per stream", min=1)] = 64,
     limit: Annotated[int | None, typer.Option(help="send at most this many events", min=1)] = None,
     out: Annotated[Path | None, typer.Option(help="write one row per event result to this .csv or .jsonl")] = None,
-    split: Annotated[str, typer.Option(help="flights only: train (Jan-Sep), val (Oct), test (Nov-Dec), all")] = "test",
+    split: Annotated[
+        str,
+        typer.Option(
+            help="flights only: train (Jan-Sep), val (Oct), test (Nov-Dec), all; for a file, write "
+            "the part with `aaren split export`"
+        ),
+    ] = "test",
     time_unit: Annotated[
         str | None, typer.Option(help="unit of the file's times (seconds/minutes/hours/days) [default: the model's]")
     ] = None,
