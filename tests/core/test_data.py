@@ -405,6 +405,10 @@ def test_real_flights(flights):
     assert (len(train), len(val), len(test)) == (819, 93, 183)  # 273, 31 and 61 days at 3 airports
     assert flights.schema.num_marks == 16 and flights.schema.mark_names == tuple(sorted(flights.schema.mark_names))
     assert flights.schema.value_names == ("dep_delay", "distance") and flights.schema.time_unit == "minutes"
+    # Whole minutes that tie: the derived resolution (training's default jitter) stays 1 minute.
+    derived = time_resolution(train, "minutes")
+    assert derived.step == 1.0 and derived.ties > 0.1
+    assert flights.split is not None and flights.split.method == "sessions"
     dates = {}
     for split, seqs in (("train", train), ("val", val), ("test", test)):
         for s in seqs:
@@ -444,6 +448,7 @@ def test_real_flights_by_aircraft():
         pytest.skip(str(e))
     data = load_flights_aircraft()
     assert data.schema.num_marks == 16 and data.schema.mark_names[-1] == "other"
+    assert time_resolution(data.train, "minutes").step == 1.0 and data.split.method == "time"
     oct1, nov1 = 273 * 1440.0, 304 * 1440.0
     for part, (lo, hi) in zip(
         (data.train, data.val, data.test), ((0, oct1), (oct1, nov1), (nov1, 366 * 1440.0)), strict=True
