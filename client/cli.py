@@ -156,6 +156,79 @@ def evaluate(
     )
 
 
+split_app = typer.Typer(help="The train/val/test parts of a data set, as training splits it.", no_args_is_help=True)
+app.add_typer(split_app, name="split")
+
+
+@split_app.command("export")
+def split_export(
+    checkpoint: Annotated[
+        Path | None, typer.Argument(help="a checkpoint from `aaren train`: its data and split [default: --data's]")
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option(help="`flights`, `flights-aircraft` or a .csv/.parquet [default: the checkpoint's]")
+    ] = None,
+    time_unit: Annotated[
+        str | None, typer.Option(help="unit of numeric times in --data (without a checkpoint)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="split keys without a checkpoint: split, split_at, val_fraction...", metavar="K=V"),
+    ] = None,
+    split: Annotated[str, typer.Option(help="train, val or test")] = "test",
+    out: Annotated[Path, typer.Option(help="the events file to write (.csv or .csv.gz)")] = Path("test.csv"),
+) -> None:
+    """Write one part of the split as an events file for `aaren replay`: each session's history
+    (context) rows first marked context=1, then its held-out rows (context=0).
+
+    `aaren replay FILE` sends each session's history in one message, then the held-out events in
+    time order, and writes forecasts only from the last history event on.
+    """
+    from aaren_core.checkpoint import load_checkpoint
+    from aaren_core.data import DataError, write_events
+    from aaren_core.training import TrainConfig, load_data
+
+    if split not in ("train", "val", "test"):
+        raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
+    changes: dict[str, object] = {}
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
+        changes[key.strip().replace("-", "_")] = value
+    try:
+        if checkpoint is not None:
+            meta = load_checkpoint(checkpoint).metadata
+            if "train_config" not in meta:
+                raise typer.BadParameter(f"{checkpoint}: no train_config; expected a checkpoint from `aaren train`")
+            cfg = TrainConfig.from_dict(meta["train_config"])
+        elif data is None:
+            raise typer.BadParameter("give a checkpoint or --data", param_hint="CHECKPOINT")
+        else:
+            cfg = TrainConfig()
+        if data is not None:
+            changes["data"] = _data_path(data)
+        if time_unit is not None:
+            changes["time_unit"] = time_unit
+        cfg = cfg.replace(**changes)
+    except (ValueError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        parts = load_data(cfg)
+        sequences = getattr(parts, split)
+        if not sequences:
+            raise DataError(f"the {split} part of {cfg.data} is empty")
+        rows = write_events(out, sequences, parts.schema)
+    except DataError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--data") from None
+    context = sum(s.context for s in sequences)
+    how = parts.split.describe(parts.schema.time_unit) if parts.split is not None else "as given"
+    typer.echo(
+        f"wrote {rows:,} events of {len(sequences):,} sessions to {out}: {context:,} history (context=1), "
+        f"{rows - context:,} held out; times in {parts.schema.time_unit}; split {how}"
+    )
+
+
 Target = Annotated[
     str, typer.Option("--target", "-t", envvar="AAREN_TARGET", help="server address, HOST:PORT", show_default=True)
 ]
@@ -176,7 +249,13 @@ def replay(
     window: Annotated[int, typer.Option(help="unanswered messages per stream", min=1)] = 64,
     limit: Annotated[int | None, typer.Option(help="send at most this many events", min=1)] = None,
     out: Annotated[Path | None, typer.Option(help="write one row per event result to this .csv or .jsonl")] = None,
-    split: Annotated[str, typer.Option(help="flights only: train (Jan-Sep), val (Oct), test (Nov-Dec), all")] = "test",
+    split: Annotated[
+        str,
+        typer.Option(
+            help="flights only: train (Jan-Sep), val (Oct), test (Nov-Dec), all; for a file, write "
+            "the part with `aaren split export`"
+        ),
+    ] = "test",
     time_unit: Annotated[
         str | None, typer.Option(help="unit of the file's times (seconds/minutes/hours/days) [default: the model's]")
     ] = None,

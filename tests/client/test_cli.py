@@ -161,3 +161,90 @@ def test_forecast_session_end_model_commands(start_server, events_csv, tmp_path)
     missing = invoke("forecast", "alpha", "-t", srv.address)
     assert missing.exit_code == 1 and "NOT_FOUND (session_not_found)" in missing.stderr
     assert invoke("session", "alpha", "-t", srv.address).exit_code == 1
+
+
+@pytest.fixture
+def long_sessions_csv(tmp_path):
+    """Four sessions of 40 events each over the same 1,000 minutes: a time split by default."""
+    rng = random.Random(1)
+    rows = []
+    for sid in SESSIONS:
+        t = rng.uniform(0, 5)
+        for _ in range(40):
+            t += rng.expovariate(1 / 25)
+            rows.append(
+                (sid, round(t, 2), f"m{rng.randrange(5)}", round(rng.gauss(1, 3), 3), round(rng.gauss(-2, 1), 3))
+            )
+    path = tmp_path / "long.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["session_id", "time", "mark", "a", "b"])
+        writer.writerows(rows)
+    return path
+
+
+def test_split_export_then_replay_sends_history_first_and_forecasts_the_held_out_events(
+    start_server, long_sessions_csv, tmp_path
+):
+    test_csv = tmp_path / "test.csv"
+    result = invoke(
+        "split", "export", "--data", str(long_sessions_csv), "--time-unit", "minutes", "--split", "test",
+        "--out", str(test_csv),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "split by event time at" in result.output and "chosen by default" in result.output
+    with test_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["session_id", "time", "mark", "a", "b", "context"]
+    history = [r for r in rows if r["context"] == "1"]
+    held = [r for r in rows if r["context"] == "0"]
+    in_test = {r["session_id"] for r in held}  # a session that ended before the cutoff has no test part
+    assert len(in_test) >= 2 and len(rows) == len(in_test) * 40 and 0 < len(held) < len(history)
+    assert max(float(r["time"]) for r in history) < min(float(r["time"]) for r in held)  # one cutoff for all
+    n_history = Counter(r["session_id"] for r in history)
+
+    srv = start_server()
+    out = tmp_path / "forecasts.csv"
+    result = invoke("replay", str(test_csv), "-t", srv.address, "--out", str(out), "--no-progress", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["history"]["events"] == len(history) and summary["history"]["errors"] == 0
+    assert summary["history"]["messages"] <= len(in_test)  # each session's history in one message
+    assert summary["events"] == summary["forecasts"] == len(held) and summary["errors"] == 0
+    with out.open() as f:
+        written = list(csv.DictReader(f))
+    # Forecasts only from each session's last history event on (that one forecasts the first held-out event).
+    expected = sorted((sid, seq) for sid in in_test for seq in range(max(n_history[sid], 1), 41))
+    assert sorted((r["session_id"], int(r["seq"])) for r in written) == expected
+    assert {r["status"] for r in written} == {"forecast"}
+
+    # The same forecasts as a server that stepped through every event one by one.
+    ref = start_server()
+    full = tmp_path / "full.csv"
+    assert (
+        invoke("replay", str(long_sessions_csv), "-t", ref.address, "--out", str(full), "--no-progress").exit_code == 0
+    )
+    with full.open() as f:
+        stepped = {(r["session_id"], r["seq"]): r for r in csv.DictReader(f)}
+    for r in written:
+        other = stepped[(r["session_id"], r["seq"])]
+        for key in ("mean_gap", "q0.1", "q0.5", "q0.9", "a_mean"):
+            assert float(r[key]) == pytest.approx(float(other[key]), rel=1e-4, abs=1e-5), (
+                r["session_id"],
+                r["seq"],
+                key,
+            )
+
+
+def test_split_export_errors_get_the_clean_error_box(tmp_path, long_sessions_csv, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    cases = [
+        (("split", "export"), "give a checkpoint or --data"),
+        (("split", "export", "--data", str(long_sessions_csv), "--split", "all"), "expected train, val or test"),
+        (("split", "export", "--data", str(tmp_path / "none.csv")), "no such file"),
+        (("split", "export", "--data", str(long_sessions_csv), "--set", "split=random"), "split in"),
+        (("split", "export", "--data", str(long_sessions_csv), "--set", "split_at=1e9,2e9"), "leave no val or test"),
+    ]
+    for args, message in cases:
+        result = invoke(*args, "--out", str(tmp_path / "x.csv"))
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, result.output

@@ -156,3 +156,33 @@ def test_schedule_limits_sessions_under_way_and_keeps_order():
     order = [(e.session_id, e.seq) for e in schedule(events, max_sessions=2)]
     assert order == [("a", 1), ("b", 1), ("a", 2), ("c", 1), ("b", 2)]
     assert stream_index("EWR/2013-11-01", 4) == stream_index("EWR/2013-11-01", 4) < 4
+
+
+def test_a_context_column_separates_each_sessions_history_from_its_held_out_events(tmp_path):
+    path = write(
+        tmp_path,
+        "session_id,time,mark,a,b,context\n"  # as `aaren split export` writes it
+        "s1,1.0,m1,1,2,1\n"
+        "s2,1.5,m2,1,2,1\n"
+        "s1,2.0,m0,1,2,1\n"
+        "s2,5.0,m3,1,2,0\n"
+        "s1,4.0,m4,1,2,0\n"
+        "s3,4.5,m4,1,2,0\n",
+    )
+    source = read_events(path, TINY)
+    assert source.n_sessions == 3
+    assert [(e.session_id, e.seq, e.time) for e in source.history] == [("s1", 1, 1.0), ("s1", 2, 2.0), ("s2", 1, 1.5)]
+    assert [(e.session_id, e.seq, e.time) for e in source.events] == [("s1", 3, 4.0), ("s3", 1, 4.5), ("s2", 2, 5.0)]
+    path.write_text(path.read_text().replace("s1,4.0,m4,1,2,0", "s1,4.0,m4,1,2,0\ns1,4.2,m4,1,2,1"))
+    with pytest.raises(EventsFileError, match="line 7: session 's1' has a context row after a held-out row"):
+        read_events(path, TINY)
+    path.write_text("session_id,time,mark,a,b,context\ns1,1.0,m1,1,2,yes\n")
+    with pytest.raises(EventsFileError, match="line 2: column 'context' is 'yes'; expected 1"):
+        read_events(path, TINY)
+    # A model with a value named context reads the column as that value.
+    own = ModelSchema(time_unit="minutes", mark_names=("m1",), value_names=("a", "b", "context"), num_marks=1)
+    path.write_text("session_id,time,mark,a,b,context\ns1,1.0,m1,1,2,7\n")
+    assert (
+        read_events(path, own).events == [EventIn("s1", 1, 1.0, 0, [1.0, 2.0, 7.0])]
+        and not read_events(path, own).history
+    )

@@ -112,3 +112,35 @@ def test_train_in_hours_on_a_relative_path_with_a_budget_then_evaluate_elsewhere
     assert json.loads((elsewhere / "again" / "metrics.json").read_text())["train_config"]["data"] == str(
         elsewhere / "moved.csv"
     )
+
+
+def test_train_logs_its_split_and_resolution_and_exports_the_test_part_from_the_checkpoint(tmp_path, monkeypatch):
+    """Friction 2, 3 and 7 from the command line: long sessions on a quarter-hour grid."""
+    monkeypatch.setenv("COLUMNS", "300")
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(2)
+    with (tmp_path / "long.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["session_id", "time", "mark", "load"])
+        for s in range(6):
+            t = 0.0
+            for i in range(40):
+                t += round(rng.expovariate(0.5) * 4) / 4 + 0.25
+                writer.writerow([f"s{s}", t, "open" if i % 2 == 0 else "close", round(rng.gauss(5, 1), 3)])
+    result = invoke("train", "--data", "long.csv", "--time-unit", "hours", "--epochs", "1", "--out-dir", "run", *TINY)
+    assert result.exit_code == 0, result.output
+    assert "split by event time at" in result.output and "so sessions are long" in result.output
+    assert (
+        "dequantization: uniform jitter U(0, 0.25) hours; resolution derived from the training times" in result.output
+    )
+    config = TrainConfig.from_dict(load_checkpoint(tmp_path / "run" / "best").metadata["train_config"])
+    assert config.split == "time" and config.jitter == 0.25
+    c1, c2 = (float(c) for c in config.split_at)
+
+    result = invoke("split", "export", "run/best", "--split", "test", "--out", "test.csv")
+    assert result.exit_code == 0, result.output
+    assert f"by event time at {c1:.10g} and {c2:.10g} hours" in result.output
+    with (tmp_path / "test.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert all((float(r["time"]) < c2) == (r["context"] == "1") for r in rows)
+    assert {r["mark"] for r in rows} == {"open", "close"}

@@ -15,6 +15,7 @@ from aaren_core.data import (
     DataError,
     EventSchema,
     EventSequence,
+    choose_split,
     fit_standardization,
     flights_path,
     iterate_batches,
@@ -24,6 +25,9 @@ from aaren_core.data import (
     pad_batch,
     split_at_times,
     split_by_time,
+    split_cutoffs,
+    time_resolution,
+    write_events,
 )
 
 
@@ -321,6 +325,72 @@ def test_context_events_are_read_but_not_scored():
     assert (t_held.total[0, :6] == 0).all() and (t_full.total[0, :6] != 0).all()
 
 
+def sessions_of(times_per_session: list[np.ndarray]) -> list[EventSequence]:
+    return [seq(f"s{i}", t, np.zeros(len(t), dtype=np.int64)) for i, t in enumerate(times_per_session)]
+
+
+def test_time_resolution_is_the_largest_grid_the_gaps_lie_on():
+    rng = np.random.default_rng(0)
+    # Hours on a quarter-hour grid (offset by 0.1 h, far from 0): 0.25, not 1 and not the gcd of a few gaps.
+    quarter = sessions_of([0.1 + 3e5 + np.sort(rng.integers(0, 4000, 60)) / 4 for _ in range(8)])
+    r = time_resolution(quarter, "hours")
+    assert r.step == 0.25 and r.on_grid == 1.0 and r.ties > 0 and "0.25 hours" in r.how
+    # Whole minutes (as the flights): 1; whole seconds in minutes: 1/60.
+    assert time_resolution(sessions_of([np.sort(rng.integers(0, 10**6, 50)) * 1.0]), "minutes").step == 1.0
+    seconds = sessions_of([np.sort(rng.integers(0, 10**6, 50)) / 60 for _ in range(4)])
+    assert time_resolution(seconds, "minutes").step == pytest.approx(1 / 60)
+    # Two decimals, and a few off-grid stragglers (under 1%) do not hide the grid.
+    cents = np.sort(rng.choice(10**6, 1000, replace=False)) / 100
+    cents[::400] += 1e-4  # 3 stragglers: 6 of 999 gaps off the grid
+    assert time_resolution(sessions_of([cents]), "days").step == 0.01
+    # Continuous times (also at epoch-seconds magnitude): no grid, no ties, no dequantization.
+    for base in (0.0, 1.7e9):
+        r = time_resolution(sessions_of([base + np.sort(rng.uniform(0, 1e5, 200)) for _ in range(3)]), "seconds")
+        assert r.step == 0.0 and r.ties == 0 and "on no common grid, and no gap is 0" in r.how
+    # Continuous but tied: the smallest positive gap.
+    tied = np.sort(np.concatenate([rng.uniform(0, 100, 50), [7.123456789] * 3]))
+    r = time_resolution(sessions_of([tied]), "seconds")
+    assert r.step == pytest.approx(np.diff(tied)[np.diff(tied) > 0].min()) and r.ties > 0
+
+
+def test_long_sessions_choose_the_time_split_short_ones_the_session_split():
+    rng = np.random.default_rng(1)
+    long = sessions_of([np.sort(rng.uniform(0, 100, 40)) for _ in range(10)])  # each spans the whole range
+    cutoffs = split_cutoffs(long, 0.1, 0.1)
+    all_times = np.concatenate([s.times for s in long])
+    assert (all_times < cutoffs[0]).mean() == pytest.approx(0.8, abs=0.01)
+    assert (all_times >= cutoffs[1]).mean() == pytest.approx(0.1, abs=0.01)
+    chosen = choose_split(long, cutoffs, "hours")
+    assert chosen.method == "time" and chosen.cutoffs == cutoffs and "10 of 10 sessions (100%)" in chosen.reason
+    assert "by event time at" in chosen.describe("hours") and "hours" in chosen.describe("hours")
+    short = sessions_of([d + np.sort(rng.uniform(0, 0.5, 10)) for d in range(100)])  # a day each, 100 days
+    chosen = choose_split(short, split_cutoffs(short, 0.1, 0.1))
+    assert chosen.method == "sessions" and chosen.cutoffs is None and "fewer than half" in chosen.reason
+    with pytest.raises(DataError, match="tied times leave a window empty"):
+        split_cutoffs(sessions_of([np.array([0.0] + [5.0] * 20)]), 0.1, 0.1)
+
+
+def test_write_events_writes_a_part_that_reads_back_with_its_context(tmp_path):
+    a = EventSequence("a", [0.0, 1.25, 2.5, 5.0, 6.0], [0, 1, 0, 1, 0], [[0.1], [0.2], [0.3], [0.4], [0.5]], 3)
+    b = EventSequence("b", [0.5, 5.5], [1, 1], [[1.5], [2.5]], 0)
+    schema = EventSchema(("x", "y"), ("v",), "hours", (0.0,), (1.0,))
+    path = tmp_path / "test.csv"
+    assert write_events(path, [a, b], schema) == 7
+    with path.open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["session_id", "time", "mark", "v", "context"]
+    assert rows[1:4] == [["a", "0.0", "x", "0.1", "1"], ["b", "0.5", "y", "1.5", "0"], ["a", "1.25", "y", "0.2", "1"]]
+    back, back_schema = load_events(path, time_unit="hours")
+    assert back_schema.value_names == ("v",) and back_schema.mark_names == ("x", "y")
+    assert [(s.session_id, len(s), s.context) for s in back] == [("a", 5, 3), ("b", 2, 0)]
+    np.testing.assert_array_equal(back[0].times, a.times)
+    np.testing.assert_array_equal(back[0].values, a.values)
+    rows[1][4], rows[3][4] = "0", "1"  # a's first row held out, its second context: out of order
+    write_csv(path, rows[0], rows[1:])
+    with pytest.raises(DataError, match="line 4: session 'a' has a context row after a held-out row"):
+        load_events(path)
+
+
 @pytest.fixture(scope="module")
 def flights():
     try:
@@ -335,6 +405,10 @@ def test_real_flights(flights):
     assert (len(train), len(val), len(test)) == (819, 93, 183)  # 273, 31 and 61 days at 3 airports
     assert flights.schema.num_marks == 16 and flights.schema.mark_names == tuple(sorted(flights.schema.mark_names))
     assert flights.schema.value_names == ("dep_delay", "distance") and flights.schema.time_unit == "minutes"
+    # Whole minutes that tie: the derived resolution (training's default jitter) stays 1 minute.
+    derived = time_resolution(train, "minutes")
+    assert derived.step == 1.0 and derived.ties > 0.1
+    assert flights.split is not None and flights.split.method == "sessions"
     dates = {}
     for split, seqs in (("train", train), ("val", val), ("test", test)):
         for s in seqs:
@@ -374,6 +448,7 @@ def test_real_flights_by_aircraft():
         pytest.skip(str(e))
     data = load_flights_aircraft()
     assert data.schema.num_marks == 16 and data.schema.mark_names[-1] == "other"
+    assert time_resolution(data.train, "minutes").step == 1.0 and data.split.method == "time"
     oct1, nov1 = 273 * 1440.0, 304 * 1440.0
     for part, (lo, hi) in zip(
         (data.train, data.val, data.test), ((0, oct1), (oct1, nov1), (nov1, 366 * 1440.0)), strict=True

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_training import NUM_MARKS, make_sessions, make_tiny_data, tiny_config
+from test_training import NUM_MARKS, make_sessions, make_tiny_data, tiny_config, write_hours_csv
 
 from aaren_core.data import EventSchema, EventSequence, pad_batch
 from aaren_core.evaluation import (
@@ -23,7 +23,7 @@ from aaren_core.evaluation import (
     shows_top3,
 )
 from aaren_core.heads import HeadOutput, LogNormalMixture
-from aaren_core.training import build_model, train
+from aaren_core.training import build_model, load_data, train
 
 SCHEMA = EventSchema(tuple(f"m{k}" for k in range(NUM_MARKS)), ("a", "b"), "minutes", (0.0, 0.0), (1.0, 1.0))
 
@@ -187,3 +187,34 @@ def test_the_point_forecast_verdict_calls_a_model_worse_than_the_constant_worse(
 
 def test_top3_accuracy_is_shown_only_with_more_than_three_marks():
     assert [shows_top3({"num_marks": k}) for k in (2, 3, 4)] == [False, False, True]
+
+
+def test_evaluate_a_time_split_checkpoint_reports_its_split_and_derived_resolution(tmp_path):
+    events = write_hours_csv(tmp_path / "long.csv", sessions=10, length=50, span=24 * 30, grid=0.25)
+    config = tiny_config(tmp_path / "run", data=str(events), time_unit="hours", epochs=1)
+    result = train(config, log=lambda _: None)
+    metrics = evaluate_checkpoint(result.best_dir, out_dir=tmp_path / "eval", plots=False)
+    data = load_data(config)
+    assert metrics["model"]["events"] == sum(s.predicted for s in data.test)  # held-out events only
+    assert metrics["data_split"]["method"] == "time" and metrics["data_split"]["cutoffs"] == list(data.split.cutoffs)
+    report = (tmp_path / "eval" / "report.md").read_text()
+    c1, c2 = data.split.cutoffs
+    assert f"Split by event time at {c1:.10g} and {c2:.10g} hours" in report and "chosen by default" in report
+    assert (
+        "recorded to a resolution of 0.25 hours (derived from the training times: 100.0% of the positive gaps" in report
+    )
+    assert "resolution of 1 " not in report
+
+    # A given jitter is reported as given; continuous times as not dequantized.
+    given = train(config.replace(out_dir=str(tmp_path / "given"), jitter="0.5"), log=lambda _: None)
+    evaluate_checkpoint(given.best_dir, out_dir=tmp_path / "eval-given", plots=False)
+    assert (
+        "resolution of 0.5 hours (given as jitter=0.5; the training times alone give 0.25)"
+        in (tmp_path / "eval-given" / "report.md").read_text()
+    )
+    smooth = write_hours_csv(tmp_path / "smooth.csv", sessions=10, length=50, span=24 * 30, grid=None)
+    cont = train(config.replace(out_dir=str(tmp_path / "cont"), data=str(smooth)), log=lambda _: None)
+    evaluate_checkpoint(cont.best_dir, out_dir=tmp_path / "eval-cont", plots=False)
+    text = (tmp_path / "eval-cont" / "report.md").read_text()
+    assert "are continuous (derived from the training times: on no common grid, and no gap is 0)" in text
+    assert "not dequantized" in text

@@ -17,8 +17,17 @@ import torch
 from safetensors.torch import load_file
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.data import EventData, EventSchema, EventSequence, dequantize, fit_standardization
-from aaren_core.training import EarlyStopping, TrainConfig, eval_jitter, fit_log_dt, lr_at, train
+from aaren_core.data import DataError, EventData, EventSchema, EventSequence, dequantize, fit_standardization
+from aaren_core.training import (
+    EarlyStopping,
+    TrainConfig,
+    eval_jitter,
+    fit_log_dt,
+    load_data,
+    lr_at,
+    resolve_config,
+    train,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_MARKS = 4
@@ -84,8 +93,9 @@ def test_tiny_training_lowers_the_loss_and_saves_a_servable_checkpoint(tmp_path)
     meta = best.metadata
     assert meta["name"] == "tiny"
     assert EventSchema.from_dict(meta["schema"]) == data.schema
-    assert TrainConfig.from_dict(meta["train_config"]) == tiny_config(tmp_path, epochs=6)
-    assert meta["dequantization"]["jitter"] == 1.0
+    # The jitter was derived (whole minutes that tie) and is stored as a plain value.
+    assert TrainConfig.from_dict(meta["train_config"]) == tiny_config(tmp_path, epochs=6, jitter=1.0)
+    assert meta["dequantization"]["jitter"] == 1.0 and meta["dequantization"]["source"] == "derived"
     assert meta["val_metrics"]["total"] == pytest.approx(min(val))
     # The model standardizes raw values with the training statistics it was given.
     assert best.model.heads.value_mean.tolist() == pytest.approx(list(data.schema.value_mean))
@@ -234,7 +244,9 @@ def test_dequantization_breaks_ties_keeps_raw_times_and_is_seeded():
         assert sorted(zip(r, j.marks, strict=True)) == sorted(zip(s.times, s.marks, strict=True))
     again, _ = dequantize(seqs, 1.0, np.random.default_rng(0))
     assert all((a.times == b.times).all() for a, b in zip(jittered, again, strict=True))
-    config = TrainConfig()
+    with pytest.raises(ValueError, match="resolve_config"):
+        eval_jitter(seqs, TrainConfig(), "val")
+    config = TrainConfig(jitter=1.0)
     val_a, _ = eval_jitter(seqs, config, "val")
     val_b, _ = eval_jitter(seqs, config, "val")
     test_a, _ = eval_jitter(seqs, config, "test")
@@ -283,3 +295,85 @@ def test_length_buckets_batch_similar_lengths_and_keep_every_sequence_once():
     padded = sum(len(b) * max(lengths[i] for i in b) for b in bucketed)
     padded_plain = sum(len(b) * max(lengths[i] for i in b) for b in plain)
     assert padded < 0.75 * padded_plain  # sorted pools: far less padding than random batches
+
+
+def write_hours_csv(path: Path, *, sessions: int, length: int, span: float, grid: float | None, seed: int = 0) -> Path:
+    """Sessions ``s0..`` starting a day apart, ``length`` events each over about ``span`` hours; times
+    on a ``grid`` (hours) or continuous (None); two marks, one value."""
+    rng = np.random.default_rng(seed)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["session_id", "time", "mark", "load"])
+        for i in range(sessions):
+            times = 24.0 * i + np.sort(rng.uniform(0, span, length))
+            if grid is not None:
+                times = np.round(times / grid) * grid
+            for k, t in enumerate(times):
+                w.writerow([f"s{i}", repr(float(t)), "up" if k % 2 else "down", round(float(rng.normal(5, 1)), 2)])
+    return path
+
+
+def test_jitter_is_derived_from_the_training_times_unless_given(tmp_path):
+    grid = write_hours_csv(tmp_path / "grid.csv", sessions=30, length=12, span=10, grid=0.25)
+    config = tiny_config(tmp_path / "run", data=str(grid), time_unit="hours", epochs=1)
+    resolved, record = resolve_config(config, load_data(config))
+    assert resolved.jitter == 0.25 and record["source"] == "derived" and "0.25 hours" in record["how"]
+    resolved, record = resolve_config(config.replace(jitter="0.5"), load_data(config))
+    assert resolved.jitter == 0.5 and record["source"] == "given" and record["derived"]["step"] == 0.25
+    smooth = write_hours_csv(tmp_path / "smooth.csv", sessions=30, length=12, span=10, grid=None)
+    continuous = config.replace(data=str(smooth))
+    resolved, record = resolve_config(continuous, load_data(continuous))
+    assert resolved.jitter == 0.0 and record["method"].startswith("none") and "no gap is 0" in record["how"]
+
+    # A run stores what it derived and how, and says so in its log.
+    lines: list[str] = []
+    result = train(config, log=lines.append)
+    meta = load_checkpoint(result.best_dir).metadata
+    assert meta["dequantization"]["jitter"] == 0.25 and meta["dequantization"]["source"] == "derived"
+    assert TrainConfig.from_dict(meta["train_config"]).jitter == 0.25
+    assert any("dequantization: uniform jitter U(0, 0.25) hours; resolution derived" in line for line in lines)
+    # Resuming with the same (auto) config matches the stored, resolved one.
+    train(config.replace(epochs=2), resume=True, log=lambda _: None)
+
+
+def test_long_sessions_default_to_a_time_split_with_history_as_context(tmp_path):
+    long = write_hours_csv(tmp_path / "long.csv", sessions=12, length=60, span=24 * 40, grid=0.25)
+    config = tiny_config(tmp_path / "run", data=str(long), time_unit="hours")
+    data = load_data(config)
+    assert data.split is not None and data.split.method == "time" and "chosen by default" in data.split.reason
+    c1, c2 = data.split.cutoffs
+    for part, (lo, hi) in zip((data.train, data.val, data.test), ((-np.inf, c1), (c1, c2), (c2, np.inf)), strict=True):
+        assert part
+        for s in part:
+            scored = s.times[max(s.context, 1) :]
+            assert ((scored >= lo) & (scored < hi)).all()  # no scored test event before the val cutoff c1
+    assert all(s.context > 0 for s in data.test if s.times[0] < c2)  # the history is context
+    scored_test = sum(s.predicted for s in data.test)
+    assert scored_test == pytest.approx(0.1 * 12 * 60, rel=0.2)
+    # The resolved config keeps the exact cutoffs, so the checkpoint rebuilds the same split.
+    resolved, _ = resolve_config(config, data)
+    assert resolved.split == "time" and [float(c) for c in resolved.split_at] == [c1, c2]
+    again = load_data(resolved)
+    assert [(s.session_id, len(s), s.context) for s in again.test] == [
+        (s.session_id, len(s), s.context) for s in data.test
+    ]
+
+    short = write_hours_csv(tmp_path / "short.csv", sessions=40, length=8, span=6, grid=0.25)
+    data = load_data(config.replace(data=str(short)))
+    assert data.split.method == "sessions" and all(s.context == 0 for s in data.test)
+    assert len(data.test) == 4 and min(s.times[0] for s in data.test) > max(s.times[0] for s in data.train)
+    # Either can be asked for; cutoffs as numbers or ISO datetimes (hours since the epoch).
+    assert load_data(config.replace(data=str(short), split="time")).split.method == "time"
+    assert load_data(config.replace(split="sessions")).split.method == "sessions"
+    given = load_data(config.replace(split_at="1970-01-11T00:00,480"))
+    assert given.split.cutoffs == (240.0, 480.0) and given.split.reason == "cutoffs given (split_at)"
+    with pytest.raises(ValueError, match="split_at=<c1>,<c2>"):
+        config.replace(split="sessions", split_at="1,2")
+    with pytest.raises(ValueError, match="split in"):
+        config.replace(split="random")
+    with pytest.raises(DataError, match="expected c1 < c2"):
+        load_data(config.replace(split_at="480,240"))
+    with pytest.raises(DataError, match="leave no test events"):
+        load_data(config.replace(split_at="240,1e9"))
+    with pytest.raises(DataError, match="fixed split"):
+        load_data(config.replace(data="flights", split="time"))

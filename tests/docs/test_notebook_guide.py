@@ -31,6 +31,7 @@ def test_the_notebook_guide_runs(start_server, tmp_path, monkeypatch):
             done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=env, capture_output=True, text=True)
             assert done.returncode == 0, done.stdout + done.stderr
             assert "on test:" in done.stdout and "top-3" not in done.stdout  # two marks
+            assert "wrote" in done.stdout and "my_test.csv" in done.stdout
 
     forecasts, step, out = namespace["forecasts"], namespace["step"], namespace["out"]
     assert len(forecasts) == 40 and (forecasts["outcome"] == "forecast").all()
@@ -40,6 +41,12 @@ def test_the_notebook_guide_runs(start_server, tmp_path, monkeypatch):
     shutil.rmtree(out)  # the guide's own temp folder
     report = (tmp_path / "runs" / "mine" / "best" / "report.md").read_text()
     assert "Point forecast of the next gap (hours)" in report
+    # What training derived, as the guide says: two decimals of an hour, and the split it chose.
+    assert "recorded to a resolution of 0.01 hours (derived from the training times" in report
+    assert "Split by event time at" in report and "so sessions are long" in report
+    test_part = namespace["test_part"]
+    assert list(test_part.columns) == ["session_id", "time", "mark", "load", "context"]
+    assert set(test_part["context"]) == {0, 1}  # history rows, then held-out ones
     assert namespace["client"].closed
 
 
