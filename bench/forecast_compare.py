@@ -91,6 +91,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("models/default/comparison.md"))
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--length-buckets", type=int, default=0, help="TrainConfig.length_buckets (0: off)")
+    parser.add_argument(
+        "--reuse-scores", action="store_true", help="take finished runs' stored test metrics instead of rescoring them"
+    )
     parser.add_argument("--note", default="", help="a paragraph to add under Setup (e.g. code changes between runs)")
     args = parser.parse_args()
 
@@ -107,6 +110,9 @@ def main() -> None:
         for seed in args.seeds:
             out_dir = args.runs_dir / f"{kind}-s{seed}"
             record_path = out_dir / "result.json"
+            if record_path.is_file() and args.reuse_scores:
+                runs[kind].append(json.loads(record_path.read_text()))
+                continue
             if record_path.is_file():
                 # Rescore: the table always comes from the current evaluation code.
                 record = json.loads(record_path.read_text())
