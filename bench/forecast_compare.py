@@ -245,6 +245,23 @@ def report(
             f"({a['time_rmse_median'] / t['time_rmse_median'] - 1:+.2%}).",
             f"- Parameters: {pa:,} vs {pt:,} ({pa / pt - 1:+.2%}; target within 1%).",
         ]
+    means = {
+        kind: {k: float(np.mean([r["test"][k] for r in records])) for k in ("nll_total", "mark_acc", "time_rmse")}
+        for kind, records in runs.items()
+        if records
+    }
+    pairs = [(a, b) for a in ("aaren-decay", "aaren") for b in ("transformer", "gru", "aaren") if a != b]
+    pairs = [(a, b) for a, b in pairs if a in means and b in means]
+    if pairs:
+        lines += ["", "## Side by side (means over seeds)", ""]
+        lines += ["| model | vs | test NLL | Δ NLL | mark acc | Δ mark acc (points) |", "|---|---|---:|---:|---:|---:|"]
+        for a, b in pairs:
+            ma, mb = means[a], means[b]
+            lines.append(
+                f"| {a} | {b} | {ma['nll_total']:.4f} vs {mb['nll_total']:.4f} | "
+                f"{ma['nll_total'] - mb['nll_total']:+.4f} ({ma['nll_total'] / mb['nll_total'] - 1:+.2%}) | "
+                f"{ma['mark_acc']:.4f} vs {mb['mark_acc']:.4f} | {100 * (ma['mark_acc'] - mb['mark_acc']):+.2f} |"
+            )
     lines += [
         "",
         "## Setup",
