@@ -89,8 +89,8 @@ class NLLTerms:
 class ForecastTensors:
     """A forecast summary over ``B`` rows: the gap's point forecast ``time_mean [B]`` (float64: the
     mean truncated at ``ForecastHeads.gap_bound``) and quantiles ``[B, Q]`` (of the gap recorded at
-    ``time_resolution`` where the model has one), the ``k`` most likely marks ``[B, k]`` with
-    probabilities, value means and stds ``[B, V]`` (raw units)."""
+    ``time_resolution`` where the model has one, float64 so that they stay on its grid), the ``k``
+    most likely marks ``[B, k]`` with probabilities, value means and stds ``[B, V]`` (raw units)."""
 
     time_mean: Tensor
     time_quantiles: Tensor
@@ -220,9 +220,7 @@ class EventModel(nn.Module):
         top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
         levels = torch.tensor(quantiles, dtype=y.dtype, device=y.device)
         resolution = self.config.time_resolution
-        gap_quantiles = (
-            out.time.discrete_quantiles(levels, resolution).to(y.dtype) if resolution else out.time.quantiles(levels)
-        )
+        gap_quantiles = out.time.discrete_quantiles(levels, resolution) if resolution else out.time.quantiles(levels)
         return ForecastTensors(
             time_mean=out.time.truncated_mean(self.heads.gap_bound()),
             time_quantiles=gap_quantiles,

@@ -351,7 +351,6 @@ class FusedEventModel:
         if self.time_resolution:
             quantiles = discrete_quantiles(
                 log_weights, loc, log_scale, quantiles, constants.levels, self.time_resolution
-            )
-            quantiles = quantiles.to(y.dtype)
+            )  # float64: multiples of the resolution stay on its grid
         value_std = scales[:, k:] * self.value_std
         return mean, quantiles, top.indices, top.values, out[:, 3 * k + v + m :], value_std
