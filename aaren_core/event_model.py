@@ -9,6 +9,7 @@ session (serving), with the same numbers either way.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -26,19 +27,29 @@ DEFAULT_QUANTILES = (0.1, 0.5, 0.9)
 
 @dataclasses.dataclass(frozen=True)
 class EventModelConfig:
-    """Sizes of the forecaster: its backbone, the data schema's widths, the heads."""
+    """Sizes of the forecaster: its backbone, the data schema's widths, the heads; and two facts of
+    the training data the forecast summaries need (``aaren_core.heads``): ``gap_max``, the largest
+    training gap (bounds the point forecast; 0: not recorded, see ``ForecastHeads.gap_bound``), and
+    ``time_resolution``, the resolution the times are recorded at (the served quantiles are those
+    of the gap recorded at it; 0: continuous times), both in the data's time unit."""
 
     backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
     num_marks: int = 16
     value_width: int = 0
     n_components: int = 8
     time_features: int = 8
+    gap_max: float = 0.0
+    time_resolution: float = 0.0
 
     def __post_init__(self) -> None:
         if self.num_marks < 1 or self.value_width < 0 or self.n_components < 1 or self.time_features % 2:
             raise ValueError(
                 f"need num_marks >= 1, value_width >= 0, n_components >= 1 and an even time_features; got {self}"
             )
+        for name in ("gap_max", "time_resolution"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} is {value}; expected a finite number >= 0 (0: not known)")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -76,8 +87,10 @@ class NLLTerms:
 
 @dataclasses.dataclass(frozen=True)
 class ForecastTensors:
-    """A forecast summary over ``B`` rows: gap mean ``[B]`` and quantiles ``[B, Q]``, the ``k`` most
-    likely marks ``[B, k]`` with probabilities, value means and stds ``[B, V]`` (raw units)."""
+    """A forecast summary over ``B`` rows: the gap's point forecast ``time_mean [B]`` (float64: the
+    mean truncated at ``ForecastHeads.gap_bound``) and quantiles ``[B, Q]`` (of the gap recorded at
+    ``time_resolution`` where the model has one, float64 so that they stay on its grid), the ``k``
+    most likely marks ``[B, k]`` with probabilities, value means and stds ``[B, V]`` (raw units)."""
 
     time_mean: Tensor
     time_quantiles: Tensor
@@ -143,7 +156,14 @@ class EventModel(nn.Module):
         super().__init__()
         self.config = config
         self.backbone: Backbone[Any] = build_backbone(config.backbone)
-        self.heads = ForecastHeads(config.backbone.d_model, config.num_marks, config.value_width, config.n_components)
+        self.heads = ForecastHeads(
+            config.backbone.d_model,
+            config.num_marks,
+            config.value_width,
+            config.n_components,
+            gap_max=config.gap_max,
+            time_resolution=config.time_resolution,
+        )
         self.embed = EventEmbedding(config, self.heads)
 
     def set_normalization(self, log_dt_mean: float, log_dt_std: float, value_mean: Tensor, value_std: Tensor) -> None:
@@ -199,14 +219,19 @@ class EventModel(nn.Module):
         )
 
     def forecast(self, y: Tensor, quantiles: tuple[float, ...] = DEFAULT_QUANTILES, top_k: int = 3) -> ForecastTensors:
-        """Summaries of the next event from features ``y [B, d_model]``."""
+        """Summaries of the next event from features ``y [B, d_model]`` (``ForecastTensors``): the point
+        forecast ``E[tau | tau <= U]`` (``LogNormalMixture.truncated_mean``, ``U = heads.gap_bound()``)
+        and the quantiles of the gap recorded at ``time_resolution`` (``discrete_quantiles``; of the
+        continuous gap when it is 0)."""
         out: HeadOutput = self.heads(y)
         probs = torch.softmax(out.mark_logits, dim=-1)
         top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
         levels = torch.tensor(quantiles, dtype=y.dtype, device=y.device)
+        resolution = self.config.time_resolution
+        gap_quantiles = out.time.discrete_quantiles(levels, resolution) if resolution else out.time.quantiles(levels)
         return ForecastTensors(
-            time_mean=out.time.mean(),
-            time_quantiles=out.time.quantiles(levels),
+            time_mean=out.time.truncated_mean(self.heads.gap_bound()),
+            time_quantiles=gap_quantiles,
             top_marks=top.indices,
             top_probs=top.values,
             value_mean=out.value_mean,

@@ -15,7 +15,9 @@ from weights folded once into a few matrices:
   mean]``, then one ``clamp`` with per-column bounds and one ``addcmul`` with per-column scale and
   shift (the log-gap and value de-standardization);
 - gap quantiles come from ``mixture_quantiles``, a search bracketed by the components' own
-  quantiles (fewer stages than ``LogNormalMixture.quantiles``).
+  quantiles (fewer stages than ``LogNormalMixture.quantiles``), then, for a model with a time
+  resolution, ``heads.discrete_quantiles`` (the gap recorded at that resolution); the point
+  forecast is ``heads.truncated_mean`` (the same float64 functions the reference calls).
 
 It is a snapshot of the weights: build a new one after changing them. It holds eval-mode
 semantics (no dropout). Only the Aaren backbone has a fused step; any backbone has the forecast.
@@ -32,7 +34,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aaren_core.backbones import AarenModel
-from aaren_core.heads import MAX_LOG_SCALE, MAX_TIME_LOC, MAX_TIME_LOG_SCALE, MIN_LOG_SCALE
+from aaren_core.heads import (
+    MAX_LOG_SCALE,
+    MAX_TIME_LOC,
+    MAX_TIME_LOG_SCALE,
+    MIN_LOG_SCALE,
+    discrete_quantiles,
+    truncated_mean,
+)
 
 if TYPE_CHECKING:
     from aaren_core.event_model import EventModel
@@ -64,6 +73,7 @@ _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 class SearchConstants(NamedTuple):
     """What ``mixture_quantiles`` needs of the levels ``p [Q]`` and the grid, made once per levels."""
 
+    levels: Tensor  # [Q]: p
     target: Tensor  # [Q]: 2 p - 1
     target_col: Tensor  # [Q, 1]
     ppf: Tensor  # [Q, 1]: Phi^-1(p) / sqrt(2)
@@ -96,6 +106,7 @@ class SearchConstants(NamedTuple):
 
         target = const(2 * p - 1)
         return cls(
+            levels=const(p),
             target=target,
             target_col=target.unsqueeze(-1),
             ppf=const(torch.special.ndtri(p) * _SQRT1_2).unsqueeze(-1),
@@ -191,6 +202,8 @@ class FusedEventModel:
     head_shift: Tensor  # [P]
     exp_sign: Tensor  # [K + V]: -1 on log scales (1 / sigma wanted), +1 on value log stds (std / value_std)
     value_std: Tensor  # [V]
+    gap_bound: float  # U of the point forecast E[tau | tau <= U]
+    time_resolution: float  # grid of the served quantiles (0: continuous)
     _constants: dict[tuple[tuple[float, ...], torch.dtype, tuple[int, int]], SearchConstants] = dataclasses.field(
         default_factory=dict, repr=False
     )
@@ -268,6 +281,8 @@ class FusedEventModel:
             head_shift=shift.detach(),
             exp_sign=fill((k, -1.0), (v, one)),
             value_std=heads.value_std.detach().clone(),
+            gap_bound=heads.gap_bound(),
+            time_resolution=heads.time_resolution,
         )
 
     @property
@@ -316,13 +331,11 @@ class FusedEventModel:
     def forecast(
         self, y: Tensor, levels: tuple[float, ...], top_k: int | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Summaries of the next event from features ``y [B, d]``: gap mean ``[B]`` (float64) and
-        quantiles at ``levels`` ``[B, Q]``, the ``top_k`` (default: all) most likely marks and their
-        probabilities ``[B, k]``, value means and stds ``[B, V]``; as ``EventModel.forecast``.
-
-        Gap mean ``sum_k pi_k exp(mu_k + sigma_k^2 / 2)``, computed in float64 as
-        ``sum_k exp(log pi_k + mu_k + sigma_k^2 / 2)``: no logsumexp is needed, as a term overflows
-        only where the mean itself does (every term is at most the mean).
+        """Summaries of the next event from features ``y [B, d]``: the gap's point forecast ``[B]``
+        (float64) and quantiles at ``levels`` ``[B, Q]``, the ``top_k`` (default: all) most likely
+        marks and their probabilities ``[B, k]``, value means and stds ``[B, V]``; as
+        ``EventModel.forecast``: the point forecast is ``E[tau | tau <= gap_bound]``
+        (``heads.truncated_mean``), the quantiles those of the gap recorded at ``time_resolution``.
         """
         k, m, v = self.n_components, self.num_marks, self.value_width
         out = torch.addcmul(
@@ -333,9 +346,8 @@ class FusedEventModel:
         top = probs.topk(m if top_k is None else min(top_k, m), dim=-1)
 
         time = out[:, : 3 * k].double()  # [B, 3K]
-        log_weights = torch.log_softmax(time[:, :k], dim=-1)
-        variance = torch.exp(time[:, 2 * k :] * 2)  # sigma^2
-        mean = torch.exp(torch.add(log_weights + time[:, k : 2 * k], variance, alpha=0.5)).sum(-1)
+        log_weights, loc, log_scale = torch.log_softmax(time[:, :k], dim=-1), time[:, k : 2 * k], time[:, 2 * k :]
+        mean = truncated_mean(log_weights, loc, log_scale, self.gap_bound)
 
         schedule = search_schedule(y.shape[0], y.device)
         constants = self._constants.get((levels, y.dtype, schedule))
@@ -345,5 +357,9 @@ class FusedEventModel:
             self._constants[(levels, y.dtype, schedule)] = constants
         weights = torch.softmax(out[:, :k], dim=-1)
         quantiles = mixture_quantiles(weights, out[:, k : 2 * k], scales[:, :k], constants)
+        if self.time_resolution:
+            quantiles = discrete_quantiles(
+                log_weights, loc, log_scale, quantiles, constants.levels, self.time_resolution
+            )  # float64: multiples of the resolution stay on its grid
         value_std = scales[:, k:] * self.value_std
         return mean, quantiles, top.indices, top.values, out[:, 3 * k + v + m :], value_std

@@ -481,8 +481,13 @@ def fit_log_dt(sequences: Sequence[EventSequence]) -> tuple[float, float]:
 
 
 def build_model(config: TrainConfig, data: EventData, log_dt: tuple[float, float]) -> EventModel:
-    """A freshly initialized model (seeded by ``config.seed``) with the data's normalization."""
+    """A freshly initialized model (seeded by ``config.seed``) with the data's normalization, the
+    bound of its point forecast (the largest recorded training gap plus ``jitter``: no jittered
+    training gap exceeds it) and its time resolution (``jitter``, derived from ``data`` when None)."""
+    if config.jitter is None:
+        config = resolve_config(config, data)[0]
     torch.manual_seed(config.seed)
+    gaps = [np.diff(s.times) for s in data.train if len(s) > 1]
     model = EventModel(
         EventModelConfig(
             backbone=config.backbone_config(),
@@ -490,6 +495,8 @@ def build_model(config: TrainConfig, data: EventData, log_dt: tuple[float, float
             value_width=data.schema.value_width,
             n_components=config.n_components,
             time_features=config.time_features,
+            gap_max=max((float(g.max()) for g in gaps), default=0.0) + config.jitter,
+            time_resolution=config.jitter,
         )
     )
     model.set_normalization(

@@ -147,12 +147,15 @@ def evaluate(
         )
     except DataError as exc:
         raise typer.BadParameter(f"{exc} (give the events file with --data)", param_hint="--data") from None
-    m, b = result["model"], result["no_history"]
+    m, b, r = result["model"], result["no_history"], result["recorded"]["model"]
     top3 = f" (top-3 {m['top3_acc']:.3f})" if shows_top3(result) else ""
     typer.echo(
         f"{result['name']} on {split}: NLL {m['nll_total']:.4f} (no-history {b['nll_total']:.4f}), "
         f"mark acc {m['mark_acc']:.3f}{top3}, time RMSE {m['time_rmse']:.3f}, "
-        f"q10/q50/q90 {m['calib_q10']:.3f}/{m['calib_q50']:.3f}/{m['calib_q90']:.3f}; report in {out or checkpoint}"
+        f"q10/q50/q90 {m['calib_q10']:.3f}/{m['calib_q50']:.3f}/{m['calib_q90']:.3f}; as recorded (what the server "
+        f"sees) P(G<q)-P(G<=q) q10 {r['calib_q10_below']:.3f}-{r['calib_q10']:.3f}, "
+        f"q50 {r['calib_q50_below']:.3f}-{r['calib_q50']:.3f}, q90 {r['calib_q90_below']:.3f}-{r['calib_q90']:.3f}, "
+        f"PIT KS {r['pit_ks']:.4f}; report in {out or checkpoint}"
     )
 
 

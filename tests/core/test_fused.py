@@ -178,3 +178,29 @@ def test_mixture_quantiles_error_is_bounded_for_narrow_components(schedule):
 def test_search_constants_refuse_bad_levels():
     with pytest.raises(ValueError, match="levels in"):
         SearchConstants.make((0.5, 1.0), torch.float32)
+
+
+@pytest.mark.parametrize("resolution", [1.0, 1 / 60])
+def test_fused_forecast_equals_model_forecast_on_the_recorded_grid(resolution):
+    """With a time resolution both paths serve the recorded gap's quantiles (float64, on the grid) and
+    the mean truncated at gap_max: the same numbers, the quantiles up to one grid step where the two
+    float32 searches straddle a cell boundary (none did here)."""
+    torch.manual_seed(0)
+    cfg = EventModelConfig(
+        backbone=BackboneConfig(kind="aaren", d_model=16, n_layers=2, n_heads=4),
+        num_marks=5,
+        value_width=2,
+        n_components=3,
+        gap_max=40.0,
+        time_resolution=resolution,
+    )
+    model = EventModel(cfg).eval()
+    model.set_normalization(1.0, 0.8, torch.tensor([3.0, -1.0]), torch.tensor([2.0, 0.5]))
+    y = torch.randn(300, 16, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref, got = model.forecast(y, LEVELS, top_k=5), FusedEventModel.from_model(model).forecast(y, LEVELS)
+    assert got[1].dtype == ref.time_quantiles.dtype == torch.float64
+    steps = ref.time_quantiles / resolution
+    assert (steps - steps.round()).abs().max() < 1e-6
+    assert torch.equal(got[1], ref.time_quantiles)
+    assert rel_err(got[0], ref.time_mean) < 1e-5 and (got[0] <= 40.0).all()

