@@ -30,6 +30,7 @@ from torch import nn
 from aaren_core.backbones import Backbone, BackboneConfig, build_backbone
 from aaren_core.class_model import ClassModel, ClassModelConfig
 from aaren_core.event_model import EventModel, EventModelConfig
+from aaren_core.series_baselines import DLinear, DLinearConfig
 from aaren_core.series_model import SeriesModel, SeriesModelConfig
 
 __all__ = [
@@ -182,3 +183,4 @@ register_model("backbone", Backbone, lambda config: build_backbone(BackboneConfi
 register_model("event_model", EventModel, lambda config: EventModel(EventModelConfig.from_dict(config)))
 register_model("series_model", SeriesModel, lambda config: SeriesModel(SeriesModelConfig.from_dict(config)))
 register_model("class_model", ClassModel, lambda config: ClassModel(ClassModelConfig.from_dict(config)))
+register_model("dlinear", DLinear, lambda config: DLinear(DLinearConfig.from_dict(config)))
