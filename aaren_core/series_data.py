@@ -94,8 +94,9 @@ class SeriesData:
     std: np.ndarray = dataclasses.field(default=None, repr=False)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        times = np.asarray(self.times, dtype=np.float64)
-        values = np.asarray(self.values, dtype=np.float32)
+        # Copies: pandas hands out read-only arrays, and torch.from_numpy wants writable ones.
+        times = np.array(self.times, dtype=np.float64)
+        values = np.array(self.values, dtype=np.float32)
         if values.ndim != 2 or times.shape != (values.shape[0],):
             raise DataError(f"{self.name}: expected times [T] and values [T, C]; got {times.shape}, {values.shape}")
         if len(self.channels) != values.shape[1]:
