@@ -28,7 +28,10 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from aaren_core.backbones import Backbone, BackboneConfig, build_backbone
+from aaren_core.class_model import ClassModel, ClassModelConfig
 from aaren_core.event_model import EventModel, EventModelConfig
+from aaren_core.series_baselines import DLinear, DLinearConfig
+from aaren_core.series_model import SeriesModel, SeriesModelConfig
 
 __all__ = [
     "CONFIG_FILE",
@@ -178,3 +181,6 @@ def load_checkpoint(directory: str | Path, map_location: str | torch.device = "c
 
 register_model("backbone", Backbone, lambda config: build_backbone(BackboneConfig.from_dict(config)))
 register_model("event_model", EventModel, lambda config: EventModel(EventModelConfig.from_dict(config)))
+register_model("series_model", SeriesModel, lambda config: SeriesModel(SeriesModelConfig.from_dict(config)))
+register_model("class_model", ClassModel, lambda config: ClassModel(ClassModelConfig.from_dict(config)))
+register_model("dlinear", DLinear, lambda config: DLinear(DLinearConfig.from_dict(config)))

@@ -1,0 +1,60 @@
+"""The .ts (sktime / UEA) reader: header, variable lengths, ':' dimensions, '?' missing, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aaren_core.data import DataError
+from aaren_core.ts_format import parse_ts
+
+TINY = """# a comment
+@problemName Tiny
+@timeStamps false
+@missing true
+@univariate false
+@dimensions 2
+@equalLength false
+@classLabel true a b c
+@data
+1,2,3:4,5,6:b
+0.5,?:-1e-3,7:a
+
+7:8:c
+"""
+
+
+def test_parses_header_lengths_dimensions_and_missing():
+    f = parse_ts(TINY)
+    assert f.problem_name == "Tiny"
+    assert f.class_names == ("a", "b", "c")
+    assert f.labels == ["b", "a", "c"]
+    assert [s.shape for s in f.series] == [(3, 2), (2, 2), (1, 2)]
+    np.testing.assert_array_equal(f.series[0], [[1, 4], [2, 5], [3, 6]])
+    assert np.isnan(f.series[1][1, 0]) and f.series[1][0, 1] == np.float32(-1e-3)
+    assert f.n_channels == 2 and f.series[0].dtype == np.float32
+
+
+def test_unlabelled_univariate():
+    f = parse_ts("@problemName U\n@univariate true\n@classLabel false\n@data\n1,2\n3,4,5\n")
+    assert f.labels == [] and f.class_names == ()
+    assert [s.shape for s in f.series] == [(2, 1), (3, 1)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("@problemName X\n", "no @data"),
+        ("@problemName X\n1,2:a\n", "bad.ts:2: expected a @key header line or @data"),
+        ("@dimensions 2\n@classLabel true a\n@data\n1,2:a\n", "1 dimensions; @dimensions says 2"),
+        ("@classLabel true a\n@data\n1,2:3:a\n", r"lengths \[1, 2\]"),
+        ("@classLabel true a\n@data\n1,x:a\n", "'x' is not a number"),
+        ("@classLabel true a b\n@data\n1,2:z\n", "label 'z' is not declared"),
+        ("@timeStamps true\n@data\n(1,2):a\n", "@timeStamps true is not supported"),
+        ("@classLabel true a\n@data\n", "no instances"),
+        ("@classLabel maybe a\n@data\n1:a\n", "must be true or false"),
+    ],
+)
+def test_malformed_files_raise_data_error(text, message):
+    with pytest.raises(DataError, match=message):
+        parse_ts(text, source="bad.ts")
