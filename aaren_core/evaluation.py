@@ -534,7 +534,7 @@ def evaluate_checkpoint(
         raise ValueError(f"{checkpoint} holds a {ckpt.kind!r} model; expected an event_model checkpoint")
     if "train_config" not in ckpt.metadata:
         raise ValueError(f"{checkpoint}: no train_config in its metadata; evaluate needs a checkpoint from training")
-    config = TrainConfig.from_dict(ckpt.metadata["train_config"])
+    config = TrainConfig.from_record(ckpt.metadata["train_config"])
     if data_path is not None:
         config = config.replace(data=data_path)
     ev = EvalSplit.from_config(config, split, data)
@@ -670,7 +670,9 @@ def _report(result: dict[str, Any], ev: EvalSplit, figures: list[str], compariso
     lines = [
         f"# {result['name'] or 'model'}: evaluation on the {result['split']} split",
         "",
-        f"Model `{result['model_version']}`: {cfg.backbone} backbone, d_model {cfg.d_model}, {cfg.n_layers} layers, "
+        f"Model `{result['model_version']}`: {cfg.backbone} backbone"
+        f"{' with time decay' if cfg.backbone_config().time_decay else ''}, d_model {cfg.d_model}, "
+        f"{cfg.n_layers} layers, "
         f"{cfg.n_heads} heads, {cfg.n_components} mixture components, {result['parameters']:,} parameters; "
         f"data `{cfg.data}`, best validation epoch {result['epoch']} "
         f"(val NLL {result['val_metrics'].get('total', math.nan):.4f}). "

@@ -143,7 +143,7 @@ class TrainConfig:
     dropout: float = 0.0
     n_components: int = 8
     time_features: int = 8
-    time_decay: bool = False
+    time_decay: bool = True
 
     data: str = "flights"
     time_unit: str = "seconds"
@@ -219,7 +219,7 @@ class TrainConfig:
             self.n_heads,
             self.d_ff,
             self.dropout,
-            self.time_decay,
+            self.time_decay and self.backbone == "aaren",
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -233,6 +233,12 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"train config: unknown keys {unknown}; expected some of {sorted(hints)}")
         return cls(**{k: _coerce(k, v, hints[k]) for k, v in data.items()})
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> TrainConfig:
+        """The config a checkpoint recorded. A record without ``time_decay`` predates that key, when
+        no model had it: it reads as ``time_decay=False``, not as today's default."""
+        return cls.from_dict({"time_decay": False, **data})
 
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:

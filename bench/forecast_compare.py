@@ -122,8 +122,9 @@ def main() -> None:
                 runs[kind].append(record)
                 continue
             extra: dict[str, object] = {"d_model": width} if kind == "gru" else {}
-            if kind == "aaren-decay":
-                extra = {"time_decay": True, "name": f"aaren-decay-{args.data}"}
+            if kind.startswith("aaren"):
+                decay = kind == "aaren-decay"
+                extra = {"time_decay": decay, **({"name": f"aaren-decay-{args.data}"} if decay else {})}
             config = base.replace(backbone=kind.removesuffix("-decay"), seed=seed, out_dir=str(out_dir), **extra)
             t0 = time.perf_counter()
             result = train(config, data=data)

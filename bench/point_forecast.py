@@ -55,7 +55,7 @@ def candidates(dist: LogNormalMixture, bound: float, bound_999: float) -> dict[s
 
 def bench_run(name: str, directory: str, data: str | None) -> list[str]:
     ckpt = load_checkpoint(directory)
-    config = TrainConfig.from_dict(ckpt.metadata["train_config"])
+    config = TrainConfig.from_record(ckpt.metadata["train_config"])
     if data:
         config = config.replace(data=data)
     model = ckpt.model.eval()

@@ -204,7 +204,7 @@ def split_export(
             meta = load_checkpoint(checkpoint).metadata
             if "train_config" not in meta:
                 raise typer.BadParameter(f"{checkpoint}: no train_config; expected a checkpoint from `aaren train`")
-            cfg = TrainConfig.from_dict(meta["train_config"])
+            cfg = TrainConfig.from_record(meta["train_config"])
         elif data is None:
             raise typer.BadParameter("give a checkpoint or --data", param_hint="CHECKPOINT")
         else:
