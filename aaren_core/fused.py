@@ -304,7 +304,8 @@ class FusedEventModel:
         if self.layers is None:
             raise ValueError("this backbone has no fused step; use EventModel.step")
         b, d, h = dt.shape[0], self.d_model, self.n_heads
-        log_dt = torch.log1p(dt.clamp_min(0)).unsqueeze(-1)  # [B, 1]
+        gap = dt.clamp_min(0).unsqueeze(-1)  # [B, 1]
+        log_dt = torch.log1p(gap)  # [B, 1]
         angles = log_dt * self.freqs  # [B, F/2]
         features = torch.cat([log_dt, torch.sin(angles), torch.cos(angles), values], dim=-1)  # [B, 1 + F + V]
         x = torch.addmm(self.mark_table.index_select(0, marks), features, self.embed_weight.t())  # [B, d]
@@ -312,7 +313,7 @@ class FusedEventModel:
         for i, layer in enumerate(self.layers):
             sv = F.linear(F.layer_norm(x, (d,), *layer.norm1, layer.eps[0]), *layer.score_value)  # [B, H + d]
             s, v = sv[:, :h], sv[:, h:].view(b, h, -1)  # [B, H], [B, H, Dh]
-            m_old = m[:, i] if layer.rate is None else m[:, i] - dt.clamp_min(0).unsqueeze(-1) * layer.rate  # aged
+            m_old = m[:, i] if layer.rate is None else torch.addcmul(m[:, i], gap, layer.rate, value=-1)  # aged
             m_new = torch.maximum(m_old, s)
             c_old = torch.exp(m_old - m_new)  # [B, H]
             c_new = torch.exp(s - m_new)

@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
-import io
-import zipfile
 from pathlib import Path
 
-from aaren_core.data import flights_path
+from aaren_core.data import flights_path, read_departures
 
 #: The recording resolution of the times written, in hours.
 RESOLUTION_HOURS = 1 / 60
@@ -29,18 +27,11 @@ def write_tailnum_events(out: Path, min_events: int = 20) -> tuple[int, int]:
     """Write the CSV to ``out``; sessions with fewer than ``min_events`` flights are dropped.
     Returns ``(sessions, events)``."""
     epoch = dt.date(2013, 1, 1)
-    rows: dict[str, list[tuple[int, str, float, float]]] = {}
-    with zipfile.ZipFile(flights_path()) as z, z.open("flights.csv") as raw:
-        reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8"))
-        for r in reader:
-            if r["dep_time"] in ("", "NA") or r["dep_delay"] in ("", "NA") or r["tailnum"] in ("", "NA"):
-                continue
-            day = (dt.date(int(r["year"]), int(r["month"]), int(r["day"])) - epoch).days
-            hhmm = int(r["sched_dep_time"])
-            minutes = day * 1440 + (hhmm // 100) * 60 + hhmm % 100 + int(float(r["dep_delay"]))
-            rows.setdefault(r["tailnum"], []).append(
-                (minutes, r["origin"], float(r["dep_delay"]), float(r["distance"]))
-            )
+    rows: dict[str, list[tuple[float, str, float, float]]] = {}
+    for d in read_departures(flights_path())[1]:
+        if d.tailnum not in ("", "NA"):
+            minutes = (d.date - epoch).days * 1440 + d.time
+            rows.setdefault(d.tailnum, []).append((minutes, d.origin, d.delay, d.distance))
     out.parent.mkdir(parents=True, exist_ok=True)
     sessions = events = 0
     with out.open("w", newline="") as f:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from time_decay_models import decay_model
 
-from aaren_core.backbones import BackboneConfig
-from aaren_core.event_model import EventModel, EventModelConfig
 from aaren_core.fused import FusedEventModel
 from aaren_core.layers import AarenAttention
 
@@ -118,19 +117,6 @@ def test_decay_weights_recent_events_more_and_survives_huge_gaps():
     assert torch.isfinite(y_huge).all() and all(torch.isfinite(t).all() for t in state)
     y_step, _ = attn.step(torch.randn(4, 8), state, torch.full((4,), 1.0e6))
     assert torch.isfinite(y_step).all()
-
-
-def decay_model(seed=0, value_width=2):
-    torch.manual_seed(seed)
-    cfg = EventModelConfig(
-        backbone=BackboneConfig(d_model=16, n_layers=2, n_heads=4, time_decay=True),
-        num_marks=5,
-        value_width=value_width,
-        n_components=3,
-    )
-    model = EventModel(cfg).eval()
-    model.set_normalization(1.5, 0.8, torch.tensor([3.0, -1.0][:value_width]), torch.tensor([2.0, 0.5][:value_width]))
-    return model
 
 
 def test_model_prefill_equals_steps_and_state_size_is_constant():

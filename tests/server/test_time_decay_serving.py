@@ -5,24 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from time_decay_models import decay_model
 
 from aaren.server.engine import OUTPUT_NAMES, Engine, RunColumns
-from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
-from aaren_core.event_model import EventModel, EventModelConfig
-
-
-def decay_model(seed=0, value_width=2):
-    torch.manual_seed(seed)
-    cfg = EventModelConfig(
-        backbone=BackboneConfig(d_model=16, n_layers=2, n_heads=4, time_decay=True),
-        num_marks=5,
-        value_width=value_width,
-        n_components=3,
-    )
-    model = EventModel(cfg).eval()
-    model.set_normalization(1.5, 0.8, torch.tensor([3.0, -1.0][:value_width]), torch.tensor([2.0, 0.5][:value_width]))
-    return model
 
 
 @pytest.mark.parametrize("fused", [True, False])
