@@ -31,6 +31,8 @@ __all__ = [
     "AarenClient",
     "AarenError",
     "AckOut",
+    "AnyForecast",
+    "ClassForecastOut",
     "EndSessionOut",
     "EventErrorOut",
     "EventIn",
@@ -41,6 +43,7 @@ __all__ = [
     "ModelInfoOut",
     "Outcome",
     "SampledEventOut",
+    "SeriesForecastOut",
     "SessionOut",
     "StepSummaryOut",
     "StreamClosedError",
@@ -147,6 +150,71 @@ class ForecastOut:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SeriesForecastOut:
+    """A series model's forecast after observation ``seq`` (see ``aaren.v1.SeriesForecast``): the next
+    H steps of every channel in the data's units. ``means[h][c]`` is step ``h + 1`` of channel ``c``
+    (at ``last_time + (h + 1) * step_seconds``); ``quantiles`` maps each level to such an ``[H][C]``."""
+
+    session_id: str
+    seq: int
+    last_time: float
+    means: list[list[float]]
+    quantiles: dict[float, list[list[float]]]
+    model_name: str
+    model_version: str
+
+    @classmethod
+    def from_values(
+        cls, session_id: str, seq: int, last_time: float, h: int, c: int, levels: Sequence[float],
+        means: Sequence[float], quantiles: Sequence[float], model: pb.ModelRef,
+    ) -> SeriesForecastOut:  # fmt: skip
+        """From flat step-major ``means [H * C]`` and ``quantiles [H * C * Q]``."""
+        q = len(levels)
+        grid = [list(means[i * c : (i + 1) * c]) for i in range(h)]
+        by_level = {
+            level: [[quantiles[(i * c + j) * q + k] for j in range(c)] for i in range(h)]
+            for k, level in enumerate(levels)
+        }
+        return cls(session_id, seq, last_time, grid, by_level, model.name, model.version)
+
+    @classmethod
+    def from_proto(cls, f: pb.Forecast) -> SeriesForecastOut:
+        s = f.series
+        return cls.from_values(
+            f.session_id, f.seq, f.last_time, s.horizon, s.channels, list(s.quantile_levels), list(s.means),
+            list(s.quantiles), f.model,
+        )  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClassForecastOut:
+    """A class model's probabilities after step ``seq`` of a sequence (the one after its last step is
+    its prediction): ``classes`` the top ``(class name, probability)`` pairs, most likely first, and
+    ``class_indices`` their indices (``ModelInfoOut.class_names``)."""
+
+    session_id: str
+    seq: int
+    last_time: float
+    classes: list[tuple[str, float]]
+    class_indices: list[int]
+    model_name: str
+    model_version: str
+
+    @classmethod
+    def from_proto(cls, f: pb.Forecast) -> ClassForecastOut:
+        items = f.classes.classes
+        return cls(
+            f.session_id, f.seq, f.last_time, [(c.class_name, c.probability) for c in items],
+            [c.class_index for c in items], f.model.name, f.model.version,
+        )  # fmt: skip
+
+    @property
+    def predicted(self) -> str:
+        """The most likely class."""
+        return self.classes[0][0]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AckOut:
     """An event applied without a forecast, or a duplicate (``seq <= last_seq``) that was ignored."""
 
@@ -172,11 +240,51 @@ class EventErrorOut:
         return cls(session_id, seq, _CODE_NAMES.get(e.code, str(e.code)), e.reason, e.message)
 
 
-Outcome = ForecastOut | AckOut | EventErrorOut
+AnyForecast = ForecastOut | SeriesForecastOut | ClassForecastOut
+Outcome = ForecastOut | SeriesForecastOut | ClassForecastOut | AckOut | EventErrorOut
 
 
-def forecasts_from_columns(block: pb.ForecastColumns) -> list[ForecastOut]:
-    """The forecasts of a ``RESPONSE_LAYOUT_COLUMNS`` response, as ``ForecastOut`` rows."""
+def _task_forecasts_from_columns(block: pb.ForecastColumns) -> list[AnyForecast]:
+    n = len(block.event_index)
+    if block.horizon:
+        h, c, levels = block.horizon, block.channels, list(block.quantile_levels)
+        size, qsize = h * c, h * c * len(levels)
+        means, quantiles = list(block.series_means), list(block.series_quantiles)
+        return [
+            SeriesForecastOut.from_values(
+                block.session_id[i],
+                block.seq[i],
+                block.last_time[i],
+                h,
+                c,
+                levels,
+                means[i * size : (i + 1) * size],
+                quantiles[i * qsize : (i + 1) * qsize],
+                block.model,
+            )
+            for i in range(n)
+        ]
+    k, names = block.class_top_k, list(block.class_names)
+    classes, probs = list(block.classes), list(block.class_probabilities)
+    return [
+        ClassForecastOut(
+            block.session_id[i],
+            block.seq[i],
+            block.last_time[i],
+            [(names[j], p) for j, p in zip(classes[i * k : (i + 1) * k], probs[i * k : (i + 1) * k], strict=True)],
+            classes[i * k : (i + 1) * k],
+            block.model.name,
+            block.model.version,
+        )
+        for i in range(n)
+    ]
+
+
+def forecasts_from_columns(block: pb.ForecastColumns) -> list[AnyForecast]:
+    """The forecasts of a ``RESPONSE_LAYOUT_COLUMNS`` response, as rows (``ForecastOut`` for event
+    models, ``SeriesForecastOut`` / ``ClassForecastOut`` for series and class models)."""
+    if block.horizon or block.class_top_k:
+        return _task_forecasts_from_columns(block)
     q, k = len(block.quantile_levels), block.top_k
     n = len(block.event_index)
     v = len(block.value_means) // n if n else 0
@@ -204,6 +312,10 @@ def forecasts_from_columns(block: pb.ForecastColumns) -> list[ForecastOut]:
 def _outcome(r: pb.EventResult) -> Outcome:
     kind = r.WhichOneof("outcome")
     if kind == "forecast":
+        if r.forecast.HasField("series"):
+            return SeriesForecastOut.from_proto(r.forecast)
+        if r.forecast.HasField("classes"):
+            return ClassForecastOut.from_proto(r.forecast)
         return ForecastOut.from_proto(r.forecast)
     if kind == "ack":
         return AckOut(r.session_id, r.seq, r.ack.last_seq, r.duplicate)
@@ -256,8 +368,10 @@ class StreamResult:
         return self._request_error
 
     @property
-    def forecasts(self) -> list[ForecastOut]:
-        return [r for r in self.results if isinstance(r, ForecastOut)]
+    def forecasts(self) -> list[Any]:
+        """The forecasts, in event order (``ForecastOut``, or for series and class models
+        ``SeriesForecastOut`` / ``ClassForecastOut``)."""
+        return [r for r in self.results if isinstance(r, ForecastOut | SeriesForecastOut | ClassForecastOut)]
 
     @property
     def errors(self) -> list[EventErrorOut]:
@@ -301,7 +415,7 @@ class ForecastResult:
     """``forecast``: the exact next-event forecast; for horizon > 1 also per-step ``steps`` and,
     when asked, the sampled ``paths`` (each a list of ``horizon`` events)."""
 
-    forecast: ForecastOut
+    forecast: ForecastOut | SeriesForecastOut | ClassForecastOut
     steps: list[StepSummaryOut]
     paths: list[list[SampledEventOut]]
 
@@ -357,6 +471,15 @@ class ModelInfoOut:
     quantile_levels: tuple[float, ...]
     device: str
     limits: LimitsOut
+    #: "event", "series" or "class" (``aaren.v1.DescribeModelResponse.task``).
+    task: str = "event"
+    #: Series models: forecast steps and the series' step in seconds.
+    horizon: int = 0
+    step_seconds: float = 0.0
+    #: Class models: class names by index.
+    class_names: tuple[str, ...] = ()
+    #: Every model the server serves, the default first.
+    served_models: tuple[str, ...] = ()
 
     def mark_name(self, mark: int) -> str:
         """The mark's name, or its number when the model has no names."""
@@ -401,8 +524,11 @@ class EventStream:
     waits for the outstanding results (still readable afterwards); an exception cancels the call.
     """
 
-    def __init__(self, stub: pb_grpc.ForecastServiceStub, *, metadata: Sequence[tuple[str, str]] | None = None) -> None:
+    def __init__(
+        self, stub: pb_grpc.ForecastServiceStub, *, metadata: Sequence[tuple[str, str]] | None = None, model: str = ""
+    ) -> None:
         self._stub = stub
+        self.model = model
         self._metadata = tuple(metadata) if metadata else None
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
@@ -454,6 +580,7 @@ class EventStream:
         last_only: bool = False,
         top_k: int = 0,
         columns: bool = False,
+        model: str | None = None,
     ) -> str:
         """Send one request holding ``events`` (any sessions, in order); returns its request_id.
 
@@ -461,7 +588,8 @@ class EventStream:
         others an ``AckOut``), for ingesting a history in one message. ``top_k``: marks listed per
         forecast (0: server default). ``columns``: the server sends the forecasts as packed columns
         (``StreamResult.raw.forecast_columns``; ``results`` reads the same either way), cheaper for
-        many events per request. Raises ``AarenError`` if the stream has failed.
+        many events per request. ``model``: this request's model (None: the stream's). Raises
+        ``AarenError`` if the stream has failed.
         """
         request = pb.StreamRequest(
             request_id=str(next(self._ids)) if request_id is None else request_id,
@@ -469,6 +597,7 @@ class EventStream:
             forecast_mode=_LAST_PER_SESSION if last_only else _EVERY_EVENT,
             top_k=top_k,
             layout=pb.RESPONSE_LAYOUT_COLUMNS if columns else pb.RESPONSE_LAYOUT_ROWS,
+            model=self.model if model is None else model,
         )
         await self.send_request(request)
         return request.request_id
@@ -501,13 +630,14 @@ class EventStream:
         last_only: bool = False,
         top_k: int = 0,
         columns: bool = False,
+        model: str | None = None,
     ) -> StreamResult:
         """Send one request and wait for its result (other requests' results stay queued for ``recv``)."""
         rid = str(next(self._ids)) if request_id is None else request_id
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[rid] = waiter
         try:
-            await self.send(events, request_id=rid, last_only=last_only, top_k=top_k, columns=columns)
+            await self.send(events, request_id=rid, last_only=last_only, top_k=top_k, columns=columns, model=model)
             return await waiter
         finally:
             self._waiters.pop(rid, None)
@@ -642,9 +772,10 @@ class AarenClient:
                 "UNAVAILABLE", "", f"could not connect to {self.target} within {timeout:g} s; is the server running?"
             ) from None
 
-    def stream(self) -> EventStream:
-        """A new bidirectional stream (open it with ``async with``)."""
-        return EventStream(self._stub, metadata=self._metadata)
+    def stream(self, model: str = "") -> EventStream:
+        """A new bidirectional stream (open it with ``async with``); its requests are for ``model``
+        (by name, ``describe_model().served_models``; "" the server's default)."""
+        return EventStream(self._stub, metadata=self._metadata, model=model)
 
     async def _unary(self, method: Any, request: Any) -> Any:
         try:
@@ -660,17 +791,21 @@ class AarenClient:
         seed: int | None = None,
         top_k: int = 0,
         include_paths: bool = False,
+        model: str = "",
     ) -> ForecastResult:
-        """The session's next-event forecast from its current state (read-only); for ``horizon > 1``
-        also ``num_samples`` sampled futures (0: server default), summarized per step."""
+        """The session's forecast from its current state (read-only); for ``horizon > 1`` also
+        ``num_samples`` sampled futures (0: server default), summarized per step (event models).
+        ``model``: the session's model ("" the default); ``forecast`` is then a ``SeriesForecastOut``
+        or ``ClassForecastOut`` for series and class models."""
         request = pb.ForecastRequest(
-            session_id=session_id, horizon=horizon, num_samples=num_samples, top_k=top_k, include_paths=include_paths
-        )
+            session_id=session_id, horizon=horizon, num_samples=num_samples, top_k=top_k, include_paths=include_paths,
+            model=model,
+        )  # fmt: skip
         if seed is not None:
             request.seed = seed
         r: pb.ForecastResponse = await self._unary(self._stub.Forecast, request)
         return ForecastResult(
-            ForecastOut.from_proto(r.forecast),
+            _outcome(pb.EventResult(forecast=r.forecast)),  # type: ignore[arg-type]
             [
                 StepSummaryOut(
                     s.step,
@@ -683,10 +818,10 @@ class AarenClient:
             [[SampledEventOut(e.time, e.mark, list(e.values)) for e in p.events] for p in r.paths],
         )
 
-    async def get_session(self, session_id: str, include_state: bool = False) -> SessionOut:
+    async def get_session(self, session_id: str, include_state: bool = False, model: str = "") -> SessionOut:
         """The session's stored state, described (``state`` holds safetensors bytes with ``include_state``)."""
         r: pb.GetSessionResponse = await self._unary(
-            self._stub.GetSession, pb.GetSessionRequest(session_id=session_id, include_state=include_state)
+            self._stub.GetSession, pb.GetSessionRequest(session_id=session_id, include_state=include_state, model=model)
         )
         return SessionOut(
             r.session_id,
@@ -702,13 +837,17 @@ class AarenClient:
             _datetime(r, "expires_at"),
         )
 
-    async def end_session(self, session_id: str) -> EndSessionOut:
-        """End the session and delete its state (ending an unknown session is not an error)."""
-        r: pb.EndSessionResponse = await self._unary(self._stub.EndSession, pb.EndSessionRequest(session_id=session_id))
+    async def end_session(self, session_id: str, model: str = "") -> EndSessionOut:
+        """End the session (of ``model``; "" the default) and delete its state (ending an unknown
+        session is not an error)."""
+        r: pb.EndSessionResponse = await self._unary(
+            self._stub.EndSession, pb.EndSessionRequest(session_id=session_id, model=model)
+        )
         return EndSessionOut(r.existed, r.last_seq)
 
-    async def describe_model(self) -> ModelInfoOut:
-        r: pb.DescribeModelResponse = await self._unary(self._stub.DescribeModel, pb.DescribeModelRequest())
+    async def describe_model(self, model: str = "") -> ModelInfoOut:
+        """The served model ``model`` (by name; "" the default)."""
+        r: pb.DescribeModelResponse = await self._unary(self._stub.DescribeModel, pb.DescribeModelRequest(model=model))
         lim = r.limits
         return ModelInfoOut(
             r.name,
@@ -736,4 +875,9 @@ class AarenClient:
                 lim.default_top_k,
                 lim.idle_ttl_seconds,
             ),
+            r.task or "event",
+            r.horizon,
+            r.step_seconds,
+            tuple(r.class_names),
+            tuple(r.served_models),
         )

@@ -135,8 +135,8 @@ class SyncClient:
         """Wait until the channel connects; ``AarenError`` UNAVAILABLE after ``timeout`` seconds."""
         self.run(self._client.wait_ready(timeout))
 
-    def describe_model(self) -> ModelInfoOut:
-        return self.run(self._client.describe_model())
+    def describe_model(self, model: str = "") -> ModelInfoOut:
+        return self.run(self._client.describe_model(model))
 
     def forecast(
         self,
@@ -146,15 +146,16 @@ class SyncClient:
         seed: int | None = None,
         top_k: int = 0,
         include_paths: bool = False,
+        model: str = "",
     ) -> ForecastResult:
         """``AarenClient.forecast``: the session's forecast from its current state (read-only)."""
-        return self.run(self._client.forecast(session_id, horizon, num_samples, seed, top_k, include_paths))
+        return self.run(self._client.forecast(session_id, horizon, num_samples, seed, top_k, include_paths, model))
 
-    def get_session(self, session_id: str, include_state: bool = False) -> SessionOut:
-        return self.run(self._client.get_session(session_id, include_state))
+    def get_session(self, session_id: str, include_state: bool = False, model: str = "") -> SessionOut:
+        return self.run(self._client.get_session(session_id, include_state, model))
 
-    def end_session(self, session_id: str) -> EndSessionOut:
-        return self.run(self._client.end_session(session_id))
+    def end_session(self, session_id: str, model: str = "") -> EndSessionOut:
+        return self.run(self._client.end_session(session_id, model))
 
     def apply(
         self,
@@ -163,10 +164,12 @@ class SyncClient:
         last_only: bool = False,
         top_k: int = 0,
         columns: bool = False,
+        model: str | None = None,
     ) -> StreamResult:
         """Send ``events`` (any sessions, in order) in one request and return its result
-        (``EventStream.apply``): one outcome per event, a forecast for each applied one."""
-        return self.run(self._apply(list(events), last_only=last_only, top_k=top_k, columns=columns))
+        (``EventStream.apply``): one outcome per event, a forecast for each applied one. ``model``:
+        the served model by name (None or "": the default)."""
+        return self.run(self._apply(list(events), last_only=last_only, top_k=top_k, columns=columns, model=model))
 
     async def _apply(self, events: list[EventIn], **kwargs: Any) -> StreamResult:
         stream = self._stream

@@ -30,14 +30,15 @@ import torch
 from prometheus_client import CollectorRegistry, start_http_server
 
 from aaren.server.core import EngineCore
-from aaren.server.engine import load_engine, resolve_device
+from aaren.server.engine import resolve_device
 from aaren.server.errors import ConfigError
 from aaren.server.frontend import READY_PREFIX, GrpcFrontEnd, server_credentials, spec_environment
 from aaren.server.ipc import CoreServer
 from aaren.server.metrics import AggregatedCollector, Metrics
+from aaren.server.repository import load_models
 from aaren.server.servicer import ForecastServicer
-from aaren.server.settings import ServerSettings, bundled_checkpoint
-from aaren.server.stores import StateLayout, open_store
+from aaren.server.settings import ServerSettings, bundled_repository
+from aaren.server.stores import StateLayout, model_store_url, open_store
 from aaren.server.stores.factory import redact_url
 
 __all__ = ["AarenServer", "resolve_frontends", "run"]
@@ -83,11 +84,13 @@ class AarenServer:
     def servicer(self) -> ForecastServicer | None:
         return self.front.servicer if self.front is not None else None
 
-    def _checkpoint(self) -> str | None:
-        if self.settings.checkpoint is not None:
-            return str(self.settings.checkpoint)
-        bundled = bundled_checkpoint()
-        return str(bundled) if (bundled / "config.json").is_file() else None
+    async def _stores_healthy(self) -> bool:
+        """Every served model's store answers (one Redis usually holds them all)."""
+        assert self.core is not None
+        for m in self.core.models.values():
+            if not await m.store.healthy():
+                return False
+        return True
 
     async def start(self) -> None:
         s = self.settings
@@ -100,13 +103,30 @@ class AarenServer:
         if s.torch_threads:
             torch.set_num_threads(s.torch_threads)
         device = resolve_device(s.device)
-        engine = await asyncio.to_thread(
-            load_engine, self._checkpoint(), device, s.quantiles, compile_model=s.compile_model
+        served = await asyncio.to_thread(
+            load_models,
+            checkpoint=s.checkpoint,
+            models_dir=s.models_dir or bundled_repository(),
+            default_model=s.default_model,
+            device=device,
+            quantiles=s.quantiles,
+            compile_model=s.compile_model,
         )
-        store = open_store(
-            s.store_url, StateLayout(engine.layout_rows()), capacity=s.session_capacity, idle_ttl_s=s.idle_ttl_s
-        )
-        self.core = EngineCore(engine, store, s, self.metrics)
+        engine = served.default
+        stores = [
+            open_store(
+                model_store_url(s.store_url, task.description.name, default=i == 0),
+                StateLayout(task.layout_rows()),
+                capacity=s.session_capacity,
+                idle_ttl_s=s.idle_ttl_s,
+            )
+            for i, task in enumerate(served.tasks)
+        ]
+        store = stores[0]
+        self.core = EngineCore(
+            engine, store, s, self.metrics, more=list(zip(served.tasks[1:], stores[1:], strict=True)),
+            aliases=served.aliases,
+        )  # fmt: skip
         await self.core.start()
         registry = self.metrics.registry
         if self.front is not None:
@@ -124,11 +144,11 @@ class AarenServer:
         gc.freeze()
         if s.gc_threshold:
             gc.set_threshold(s.gc_threshold, *gc.get_threshold()[1:])
-        await self._set_serving(await store.healthy())
+        await self._set_serving(await self._stores_healthy())
         self._tasks.append(asyncio.create_task(self._watch_store(), name="aaren-store-health"))
         d = engine.description
         log.info(
-            "serving %s (%s, %s backbone, %d parameters) on port %d, device %s, store %s, metrics %s, %s",
+            "serving %s (%s, %s backbone, %d parameters) on port %d, device %s, store %s, metrics %s, %s%s",
             d.name,
             d.version,
             d.backbone,
@@ -138,6 +158,7 @@ class AarenServer:
             redact_url(s.store_url),
             f"on port {self.metrics_port}" if s.metrics_port >= 0 else "off",
             f"{self.frontends} front-end processes" if self.frontends else "front end in process",
+            "".join(f"; also model {t.description.name} ({t.description.task})" for t in served.tasks[1:]),
         )
 
     # ------------------------------------------------------------------ front-end processes
@@ -236,7 +257,7 @@ class AarenServer:
         assert self.core is not None
         while True:
             await asyncio.sleep(self.settings.store_check_interval_s)
-            await self._set_serving(await self.core.store.healthy())
+            await self._set_serving(await self._stores_healthy())
 
     # ------------------------------------------------------------------ stopping
 
@@ -321,4 +342,6 @@ def run(settings: ServerSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.checkpoint is not None and not Path(settings.checkpoint).exists():
         raise SystemExit(f"checkpoint {settings.checkpoint} does not exist")
+    if settings.models_dir is not None and not Path(settings.models_dir).is_dir():
+        raise SystemExit(f"models_dir {settings.models_dir} is not a directory")
     asyncio.run(_serve(settings))

@@ -19,7 +19,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -130,13 +130,19 @@ class Batcher:
         self._tenant_counts: dict[str, tuple[float, int]] = {}
         self._counted = self._since_count = 0
         self._io_pause = settings.io_pause_ms / 1000
-        self._applied = metrics.events.labels("applied")
-        self._duplicates = metrics.events.labels("duplicate")
-        self._rejected = metrics.events.labels("rejected")
+        name = engine.description.name
+        self._applied = _Both(metrics.events.labels("applied"), metrics.model_events.labels(name, "applied"))
+        self._duplicates = _Both(metrics.events.labels("duplicate"), metrics.model_events.labels(name, "duplicate"))
+        self._rejected = _Both(metrics.events.labels("rejected"), metrics.model_events.labels(name, "rejected"))
+        self._model_sessions = metrics.model_sessions.labels(name)
+        #: Sessions of this model held (the last count plus this server's starts and ends since).
+        self.sessions_held = 0
+        #: Called after each count: the engine core sums the models' gauges.
+        self.on_sessions_counted: Callable[[], None] | None = None
         self._by_reason: dict[str, object] = {}
         self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
-        #: Every forecast ranks every mark; front ends keep a request's top_k.
-        self._top_k = engine.description.num_marks
+        #: Every forecast ranks every mark (or class); front ends keep a request's top_k.
+        self._top_k = engine.description.ranked
 
     def set_worker(self, run: Callable[..., Awaitable[object]]) -> None:
         """Run model calls with ``run(fn, *args)`` (a worker thread) instead of on the event loop."""
@@ -507,7 +513,7 @@ class Batcher:
             want = ~last_only[piece_of[applied]] | is_last
         marks = _cat([e.mark[s:t] for e, s, t in cols])[applied]
         values = _cat([e.values[s:t] for e, s, t in cols])[applied]
-        runs = RunColumns(dt, marks, values, starts, lengths, want)
+        runs = RunColumns(dt, marks, values, starts, lengths, want, t)
 
         self.metrics.batch_size.observe(len(run_sess))
         self.metrics.batch_events.observe(len(applied))
@@ -672,9 +678,13 @@ class Batcher:
             self._set_session_gauges()
 
     def _set_session_gauges(self) -> None:
-        n = max(0, self._counted + self._since_count)
-        self.metrics.active_sessions.set(n)
-        self.metrics.state_bytes.set(n * self.engine.description.state_bytes_per_session)
+        n = self.sessions_held = max(0, self._counted + self._since_count)
+        self._model_sessions.set(n)
+        if self.on_sessions_counted is not None:
+            self.on_sessions_counted()
+        else:
+            self.metrics.active_sessions.set(n)
+            self.metrics.state_bytes.set(n * self.engine.description.state_bytes_per_session)
 
     def _count_tenant_session(self, key: str, change: int) -> None:
         """Keep a cached tenant count current with the sessions this server starts and ends."""
@@ -765,6 +775,19 @@ class _StoredColumns:
             foreign=exists & np.array([v != version for v in versions], dtype=bool),
             versions=list(versions),
         )
+
+
+class _Both:
+    """Two counter children moved together (the service's total and the model's)."""
+
+    __slots__ = ("_a", "_b")
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self._a, self._b = a, b
+
+    def inc(self, n: float = 1) -> None:
+        self._a.inc(n)
+        self._b.inc(n)
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:

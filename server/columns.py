@@ -130,6 +130,17 @@ class ModelDescription:
     quantiles: tuple[float, ...] = ()
     #: The task the model serves (shared/DESIGN.md "Tasks"); it names the output columns' meaning.
     task: str = "event"
+    #: Series models: forecast steps H (0 for other tasks).
+    horizon: int = 0
+    #: Series models: the regular step in seconds (event times are Unix seconds).
+    step_seconds: float = 0.0
+    #: Class models: the class names by index (empty for other tasks).
+    class_names: tuple[str, ...] = ()
+
+    @property
+    def ranked(self) -> int:
+        """How many entries a forecast ranks (marks, or classes): front ends cut a request's top_k."""
+        return len(self.class_names) if self.task == "class" else self.num_marks
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,56 +13,118 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aaren.server.admission import Admission
 from aaren.server.batcher import Batcher, Scope
 from aaren.server.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
-from aaren.server.engine import Engine
 from aaren.server.errors import ErrorInfo, catalogue
 from aaren.server.metrics import Metrics
 from aaren.server.sessions import SessionCalls
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import SessionStore, StoreUnavailableError
+from aaren.server.tasks import Task
 from aaren.server.validation import EventChecker
 
-__all__ = ["EngineCore"]
+__all__ = ["EngineCore", "ServedModel"]
 
 SLOW_COUNT_PERIOD_S = 30.0
 
 
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """One served model: its task engine, its sessions' store (a session belongs to one model), the
+    batcher that runs its batches, its stateless checks and its unary session calls."""
+
+    engine: Task
+    store: SessionStore
+    batcher: Batcher
+    checker: EventChecker
+    sessions: SessionCalls
+
+
 class EngineCore:
-    def __init__(self, engine: Engine, store: SessionStore, settings: ServerSettings, metrics: Metrics) -> None:
-        self.engine = engine
-        self.store = store
+    """``engine`` and ``store`` are the default model's; ``more`` are the other served models, each
+    ``(engine, store)`` (``aaren.server.repository``), reached by ``CoreRequest.model`` or the unary
+    calls' ``model``. The admission and limits are shared: a tenant's budget spans every model."""
+
+    def __init__(
+        self,
+        engine: Task,
+        store: SessionStore,
+        settings: ServerSettings,
+        metrics: Metrics,
+        *,
+        more: Sequence[tuple[Task, SessionStore]] = (),
+        aliases: dict[str, str] | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.scope = Scope(tenancy=settings.auth_tokens_file is not None)
         self.admission = Admission(settings)
-        self.batcher = Batcher(engine, store, settings, metrics, self.admission, self.scope)
-        d = engine.description
-        self.checker = EventChecker(d.num_marks, d.value_names, settings.max_session_id_bytes)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aaren-model")
-        self.sessions = SessionCalls(
-            engine, store, settings, metrics, self.batcher, self.checker, self.scope, self._executor
-        )
-        if settings.model_thread:
-            executor = self._executor
-            self.batcher.set_worker(lambda fn, *args: asyncio.get_running_loop().run_in_executor(executor, fn, *args))
+        self.models: dict[str, ServedModel] = {}
+        for task, task_store in [(engine, store), *more]:
+            d = task.description
+            if d.name in self.models:
+                raise ValueError(f"two served models are named {d.name!r}")
+            self.models[d.name] = self._served(task, task_store)
+        self.aliases = {k: v for k, v in (aliases or {}).items() if v in self.models}
+        default = self.models[engine.description.name]
+        self.engine, self.store, self.batcher = engine, store, default.batcher
+        self.checker, self.sessions = default.checker, default.sessions
         self._tasks: list[asyncio.Task[None]] = []
         self.draining = False
+        metrics.state_bytes_per_session.set(engine.description.state_bytes_per_session)
+
+    def _served(self, engine: Task, store: SessionStore) -> ServedModel:
+        s, metrics = self.settings, self.metrics
+        d = engine.description
+        batcher = Batcher(engine, store, s, metrics, self.admission, self.scope)
+        batcher.on_sessions_counted = self._set_session_totals
+        checker = EventChecker(d.num_marks, d.value_names, s.max_session_id_bytes)
+        sessions = SessionCalls(engine, store, s, metrics, batcher, checker, self.scope, self._executor)
+        if s.model_thread:
+            executor = self._executor
+            batcher.set_worker(lambda fn, *args: asyncio.get_running_loop().run_in_executor(executor, fn, *args))
         store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
-        metrics.state_bytes_per_session.set(d.state_bytes_per_session)
+        metrics.model_state_bytes_per_session.labels(d.name).set(d.state_bytes_per_session)
+        return ServedModel(engine, store, batcher, checker, sessions)
+
+    def _set_session_totals(self) -> None:
+        """The session gauges over every model (each batcher counts its own model's)."""
+        held = [(m.batcher.sessions_held, m.engine.description.state_bytes_per_session) for m in self.models.values()]
+        self.metrics.active_sessions.set(sum(n for n, _ in held))
+        self.metrics.state_bytes.set(sum(n * b for n, b in held))
 
     @property
     def description(self) -> ModelDescription:
+        """The default model's description."""
         return self.engine.description
+
+    @property
+    def descriptions(self) -> tuple[ModelDescription, ...]:
+        """Every served model's description, the default first."""
+        return tuple(m.engine.description for m in self.models.values())
+
+    def served(self, model: str) -> ServedModel | None:
+        """The model a request names (its name or its folder's; "" the default), None if not served."""
+        if not model:
+            return self.models[self.engine.description.name]
+        return self.models.get(model) or self.models.get(self.aliases.get(model, ""))
+
+    def _served_or_raise(self, model: str) -> ServedModel:
+        found = self.served(model)
+        if found is None:
+            raise catalogue.served_model_unknown(model, list(self.models)).exception()
+        return found
 
     async def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self.batcher.run(), name="aaren-batcher"),
+            *(asyncio.create_task(m.batcher.run(), name=f"aaren-batcher-{name}") for name, m in self.models.items()),
             asyncio.create_task(self._sweep_loop(), name="aaren-sweeper"),
         ]
 
@@ -78,7 +140,8 @@ class EngineCore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._executor.shutdown(wait=True)
-        await self.store.close()
+        for m in self.models.values():
+            await m.store.close()
 
     # ------------------------------------------------------------------ streams
 
@@ -89,26 +152,30 @@ class EngineCore:
         at once: ``outcomes.request_error`` says why and when a retry may pass."""
         n = request.n
         refusal: ErrorInfo | None = None
-        if n > self.settings.max_events_per_request:
+        served = self.served(request.model)
+        if served is None:
+            refusal = catalogue.served_model_unknown(request.model, list(self.models))
+        elif n > self.settings.max_events_per_request:
             refusal = catalogue.too_many_events(n, self.settings.max_events_per_request)
         elif n:
             refusal = self.admission.refusal(n, request.tenant)
             if refusal is not None:
                 self.metrics.limit_refusals.labels(refusal.reason).inc()
         if refusal is not None:
-            self.batcher.count_rejection(refusal, n)
+            (served or self.sessions).batcher.count_rejection(refusal, n)
             on_done(Outcomes.refused(refusal))
             return
+        assert served is not None
         if self.draining and n:
             error = catalogue.shutting_down()
-            self.batcher.count_rejection(error, n)
+            served.batcher.count_rejection(error, n)
             on_done(Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
             return
-        self.batcher.enqueue(request, on_done)
+        served.batcher.enqueue(request, on_done)
 
-    def count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
+    def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:
         """Count events a front end refused whole (e.g. an unknown layout)."""
-        self.batcher.count_rejection(error, n)
+        (self.served(model) or self.models[self.engine.description.name]).batcher.count_rejection(error, n)
 
     async def open_stream(self, tenant: str) -> ErrorInfo | None:
         refusal = self.admission.open_stream(tenant)
@@ -121,14 +188,16 @@ class EngineCore:
 
     # ------------------------------------------------------------------ unary calls
 
-    async def forecast(self, session_id: str, **options: object) -> SampledFuture:
-        return await self.sessions.forecast(session_id, **options)  # type: ignore[arg-type]
+    async def forecast(self, session_id: str, model: str = "", **options: object) -> SampledFuture:
+        return await self._served_or_raise(model).sessions.forecast(session_id, **options)  # type: ignore[arg-type]
 
-    async def get_session(self, session_id: str, include_state: bool = False, tenant: str = "") -> SessionView:
-        return await self.sessions.get_session(session_id, include_state, tenant)
+    async def get_session(
+        self, session_id: str, include_state: bool = False, tenant: str = "", model: str = ""
+    ) -> SessionView:
+        return await self._served_or_raise(model).sessions.get_session(session_id, include_state, tenant)
 
-    async def end_session(self, session_id: str, tenant: str = "") -> int | None:
-        return await self.sessions.end_session(session_id, tenant)
+    async def end_session(self, session_id: str, tenant: str = "", model: str = "") -> int | None:
+        return await self._served_or_raise(model).sessions.end_session(session_id, tenant)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -138,12 +207,14 @@ class EngineCore:
         counted = -math.inf
         while True:
             await asyncio.sleep(period)
-            try:
-                swept = await self.store.sweep(time.time())
-                # A slow count (Redis: a SCAN of every key) runs at most every SLOW_COUNT_PERIOD_S.
-                slow_due = not self.store.cheap_count and time.monotonic() - counted >= SLOW_COUNT_PERIOD_S
-                if swept or slow_due:
-                    counted = time.monotonic()
-                    await self.batcher.update_session_gauges()
-            except StoreUnavailableError:
-                self.metrics.store_errors.labels("sweep").inc()
+            slow_due = time.monotonic() - counted >= SLOW_COUNT_PERIOD_S
+            if slow_due:
+                counted = time.monotonic()
+            for m in self.models.values():
+                try:
+                    swept = await m.store.sweep(time.time())
+                    # A slow count (Redis: a SCAN of every key) runs at most every SLOW_COUNT_PERIOD_S.
+                    if swept or (slow_due and not m.store.cheap_count):
+                        await m.batcher.update_session_gauges()
+                except StoreUnavailableError:
+                    self.metrics.store_errors.labels("sweep").inc()

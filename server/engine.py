@@ -56,7 +56,8 @@ class RunColumns:
 
     ``dt [A]`` gaps since each event's previous one (0 for a session's first event), ``marks [A]``,
     ``values [A, V]`` raw values, ``want [A]`` which events get a forecast; session ``r``'s events are
-    ``starts[r] : starts[r] + lengths[r]``.
+    ``starts[r] : starts[r] + lengths[r]``. ``times [A]`` the events' own times (tasks whose inputs
+    come from the clock, e.g. a series' calendar features; None when no task needs them).
     """
 
     dt: np.ndarray
@@ -65,9 +66,16 @@ class RunColumns:
     starts: np.ndarray
     lengths: np.ndarray
     want: np.ndarray
+    times: np.ndarray | None = None
 
     @classmethod
-    def single(cls, dt: Sequence[float], marks: Sequence[int], values: Sequence[Sequence[float]]) -> RunColumns:
+    def single(
+        cls,
+        dt: Sequence[float],
+        marks: Sequence[int],
+        values: Sequence[Sequence[float]],
+        times: Sequence[float] | None = None,
+    ) -> RunColumns:
         """One event per session, every one forecast."""
         n = len(dt)
         return cls(
@@ -77,6 +85,7 @@ class RunColumns:
             np.arange(n),
             np.ones(n, dtype=np.int64),
             np.ones(n, dtype=bool),
+            None if times is None else np.asarray(times, dtype=np.float64),
         )
 
 

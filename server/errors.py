@@ -265,6 +265,25 @@ class catalogue:  # noqa: N801 - a namespace of constructors, used as ``catalogu
         )
 
     @staticmethod
+    def served_model_unknown(model: str, served: list[str]) -> ErrorInfo:
+        """A request (aaren.v1) naming a model this server does not serve."""
+        return ErrorInfo(
+            Code.NOT_FOUND,
+            "model_unknown",
+            f"unknown model {model!r}; this server serves {', '.join(repr(m) for m in served)} "
+            "(empty: the default model, the first)",
+        )
+
+    @staticmethod
+    def sampling_unsupported(model: str, task: str) -> ErrorInfo:
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "horizon_unsupported",
+            f"model {model!r} is a {task} model: its forecast already covers its horizon; sampled futures "
+            "(horizon > 1) exist for event models only; expected horizon 0 or 1",
+        )
+
+    @staticmethod
     def num_samples_too_large(n: int, limit: int) -> ErrorInfo:
         return ErrorInfo(
             Code.INVALID_ARGUMENT,

@@ -13,7 +13,7 @@ ends (compared in constant time) before anything it sends is unpickled.
 
 Frames, front end -> core: ``hello(key, index)``, ``submit(packed requests)``, ``count(reason,
 code, n)``, ``call(id, method, kwargs)``, ``metrics_reply(id, families)``. Core -> front end:
-``welcome(description)``, ``serving(bool)``, ``results(packed outcomes)``, ``reply(id, value,
+``welcome((descriptions, aliases))``, ``serving(bool)``, ``results(packed outcomes)``, ``reply(id, value,
 error)``, ``metrics(id)``, ``drain()``.
 """
 
@@ -245,7 +245,7 @@ class CoreServer:
                 return
             connection = _Connection(writer, index)
             self.connections.add(connection)
-            connection.send(("welcome", self.core.description, self.serving))
+            connection.send(("welcome", (self.core.descriptions, self.core.aliases), self.serving))
             while True:
                 frame = await read_frame(reader)
                 self._handle(connection, frame)
@@ -268,8 +268,8 @@ class CoreServer:
             for request_id, request in unpack_requests(frame[1]):
                 self.core.submit(request, lambda outcomes, rid=request_id: connection.deliver(rid, outcomes))
         elif kind == "count":
-            _, code, reason, n = frame
-            self.core.count_rejection(ErrorInfo(Code(code), reason, ""), n)
+            _, code, reason, n, model = frame
+            self.core.count_rejection(ErrorInfo(Code(code), reason, ""), n, model)
         elif kind == "call":
             _, call_id, method, kwargs = frame
             task = asyncio.create_task(self._call(connection, call_id, method, kwargs))
@@ -324,6 +324,9 @@ class CoreClient:
         self.key = key.encode()
         self.index = index
         self.description: ModelDescription | None = None
+        #: Every served model's description, the default first, and folder names -> model names.
+        self.descriptions: tuple[ModelDescription, ...] = ()
+        self.aliases: dict[str, str] = {}
         self.serving = False
         self.draining = False
         self.lost = False
@@ -342,10 +345,11 @@ class CoreClient:
         reader, self._writer = await asyncio.open_unix_connection(self.path)
         self._writer.write(_LENGTH.pack(len(self.key)) + self.key)
         write_frame(self._writer, ("hello", self.index))
-        kind, description, serving = await read_frame(reader)
+        kind, (descriptions, aliases), serving = await read_frame(reader)
         if kind != "welcome":
             raise ConnectionError(f"the engine core answered {kind!r} to hello")
-        self.description, self.serving = description, serving
+        self.descriptions, self.aliases, self.serving = tuple(descriptions), dict(aliases), serving
+        self.description = self.descriptions[0]
         self._reader_task = asyncio.create_task(self._read(reader), name="aaren-core-client")
 
     async def close(self) -> None:
@@ -379,9 +383,9 @@ class CoreClient:
         if items and not self.lost and self._writer is not None:
             write_frame(self._writer, ("submit", pack_requests(items)))
 
-    def count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
+    def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:
         if not self.lost and self._writer is not None:
-            write_frame(self._writer, ("count", int(error.code), error.reason, n))
+            write_frame(self._writer, ("count", int(error.code), error.reason, n, model))
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
         if self.lost or self._writer is None:
@@ -395,11 +399,13 @@ class CoreClient:
     async def forecast(self, session_id: str, **options: Any) -> Any:
         return await self._call("forecast", session_id=session_id, **options)
 
-    async def get_session(self, session_id: str, include_state: bool = False, tenant: str = "") -> Any:
-        return await self._call("get_session", session_id=session_id, include_state=include_state, tenant=tenant)
+    async def get_session(self, session_id: str, include_state: bool = False, tenant: str = "", model: str = "") -> Any:
+        return await self._call(
+            "get_session", session_id=session_id, include_state=include_state, tenant=tenant, model=model
+        )
 
-    async def end_session(self, session_id: str, tenant: str = "") -> int | None:
-        return await self._call("end_session", session_id=session_id, tenant=tenant)
+    async def end_session(self, session_id: str, tenant: str = "", model: str = "") -> int | None:
+        return await self._call("end_session", session_id=session_id, tenant=tenant, model=model)
 
     async def open_stream(self, tenant: str) -> ErrorInfo | None:
         return await self._call("open_stream", tenant=tenant)

@@ -74,6 +74,19 @@ class Metrics:
         self.events = Counter(
             "aaren_events_total", "Events by outcome: applied, duplicate or rejected.", ["outcome"], registry=r
         )
+        self.model_events = Counter(
+            "aaren_model_events_total",
+            "Events by served model and outcome (applied, duplicate or rejected); aaren_events_total is their sum.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.model_sessions = Gauge("aaren_model_sessions", "Sessions held per served model.", ["model"], registry=r)
+        self.model_state_bytes_per_session = Gauge(
+            "aaren_model_state_bytes_per_session",
+            "Bytes of one session's stored state, per served model (constant whatever the history).",
+            ["model"],
+            registry=r,
+        )
         self.rejections = Counter("aaren_events_rejected_total", "Rejected events by reason.", ["reason"], registry=r)
         self.sessions_started = Counter("aaren_sessions_started_total", "Sessions created.", registry=r)
         self.sessions_ended = Counter("aaren_sessions_ended_total", "Sessions ended by EndSession.", registry=r)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -21,7 +22,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from aaren.server.auth import current_tenant
-from aaren.server.columns import ACK, DUPLICATE, FORECAST, CoreRequest, Outcomes, SampledFuture
+from aaren.server.columns import ACK, DUPLICATE, FORECAST, CoreRequest, ModelDescription, Outcomes, SampledFuture
 from aaren.server.errors import ErrorInfo, ServiceError, catalogue
 from aaren.server.metrics import Metrics
 from aaren.server.settings import ServerSettings
@@ -45,6 +46,20 @@ _FORECAST_MODES = frozenset(pb.ForecastMode.values())
 _STATUS = {status.value[0]: status for status in grpc.StatusCode}
 
 
+@dataclasses.dataclass(frozen=True)
+class _ModelView:
+    """What the front end keeps of one served model: its description, reference, checks."""
+
+    description: ModelDescription
+    ref: pb.ModelRef
+    levels: tuple[float, ...]
+    checker: EventChecker
+
+    @property
+    def task(self) -> str:
+        return self.description.task
+
+
 def _timestamp(seconds: float) -> Timestamp:
     ts = Timestamp()
     ts.FromNanoseconds(int(seconds * 1e9))
@@ -63,15 +78,35 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self._streams: set[asyncio.Queue[object]] = set()
         self._stream_latency = metrics.request_latency.labels("Stream")
         self._checker: EventChecker | None = None
+        self._views: dict[str, _ModelView] = {}
+        self._default: _ModelView | None = None
         self.draining = False
 
     def attach(self, core: Any) -> None:
         """Serve through ``core``: an ``EngineCore`` or a client of one with the same calls."""
-        d = core.description
-        self._model_ref = pb.ModelRef(name=d.name, version=d.version)
-        self._levels = tuple(d.quantiles)
-        self._checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+        views = {}
+        for d in core.descriptions:
+            checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+            views[d.name] = _ModelView(d, pb.ModelRef(name=d.name, version=d.version), tuple(d.quantiles), checker)
+        for alias, name in core.aliases.items():
+            views.setdefault(alias, views[name])
+        default = views[core.descriptions[0].name]
+        self._views, self._default = views, default
+        self._model_ref, self._levels, self._checker = default.ref, default.levels, default.checker
         self._core = core
+
+    def _view(self, model: str) -> _ModelView | None:
+        """The model a request names ("" the default), None when this server does not serve it."""
+        return self._default if not model else self._views.get(model)
+
+    def _view_or_abort(self, model: str) -> _ModelView:
+        view = self._view(model)
+        if view is None:
+            raise catalogue.served_model_unknown(model, self._served_names()).exception()
+        return view
+
+    def _served_names(self) -> list[str]:
+        return [d.name for d in self._core.descriptions] if self._core is not None else []
 
     async def _ready(self, context: grpc.aio.ServicerContext) -> Any:
         """The core, or UNAVAILABLE while the model loads and once the core is gone."""
@@ -104,6 +139,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         probs: list[float],
         value_means: list[float],
         value_stds: list[float],
+        view: _ModelView | None = None,
     ) -> None:
         """Write one forecast into ``out`` in place: about 2.5x cheaper than building nested messages
         by keyword, which copies each submessage into its parent."""
@@ -115,7 +151,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         next_time.expected_time = last_time + mean
         # add() then attribute writes: about 20% cheaper than add(**fields) with upb (measured).
         add = next_time.quantiles.add
-        for q, v in zip(self._levels, quantiles, strict=True):
+        for q, v in zip(view.levels if view is not None else self._levels, quantiles, strict=True):
             item = add()
             item.q = q
             item.value = v
@@ -129,11 +165,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             item = add()
             item.mean = m
             item.std = sd
-        out.model.CopyFrom(self._model_ref)
+        out.model.CopyFrom(view.ref if view is not None else self._model_ref)
 
-    def _forecast_message(self, future: SampledFuture) -> pb.Forecast:
+    def _forecast_message(self, future: SampledFuture, view: _ModelView) -> pb.Forecast:
         out = pb.Forecast()
-        o, k = future.outputs, self._top_k(future.top_k)
+        o, k = future.outputs, self._top_k(future.top_k, view)
+        if view.task != "event":
+            out.session_id, out.seq, out.last_time = future.session_id, future.seq, future.last_time
+            self._fill_task_forecast(out, view, o, 0, k)
+            out.model.CopyFrom(view.ref)
+            return out
         self._fill_forecast(
             out,
             future.session_id,
@@ -145,25 +186,45 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             o["top_probs"][0, :k].tolist(),
             o["value_mean"][0].tolist(),
             o["value_std"][0].tolist(),
+            view,
         )
         return out
 
-    def _top_k(self, request_top_k: int) -> int:
+    def _top_k(self, request_top_k: int, view: _ModelView | None = None) -> int:
         k = request_top_k or self.settings.default_top_k
-        return min(k, self._checker.num_marks) if self._checker else k
+        view = view or self._default
+        return min(k, view.description.ranked) if view is not None else k
 
-    def _response(self, request: pb.StreamRequest, outcomes: Outcomes) -> pb.StreamResponse:
+    def _fill_task_forecast(self, out: pb.Forecast, view: _ModelView, o: dict[str, np.ndarray], f: int, k: int) -> None:
+        """A series or class forecast (row ``f`` of the output columns) into ``out``."""
+        if view.task == "series":
+            mean, quantiles = o["series_mean"][f], o["series_quantiles"][f]  # [H, C], [H, C, Q]
+            series = out.series
+            series.horizon, series.channels = mean.shape[0], mean.shape[1]
+            series.means.extend(mean.reshape(-1).tolist())
+            series.quantiles.extend(quantiles.reshape(-1).tolist())
+            series.quantile_levels.extend(view.levels)
+        else:
+            names = view.description.class_names
+            add = out.classes.classes.add
+            for c, p in zip(o["class_top"][f, :k].tolist(), o["class_probs"][f, :k].tolist(), strict=True):
+                item = add()
+                item.class_index, item.class_name, item.probability = c, names[c], p
+
+    def _response(self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView) -> pb.StreamResponse:
         response = pb.StreamResponse(request_id=request.request_id)
         if outcomes.request_error is not None:
             response.request_error.CopyFrom(self._error(outcomes.request_error))
             return response
         if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
-            return self._columns_response(request, outcomes, response)
+            return self._columns_response(request, outcomes, response, view)
+        if view.task != "event":
+            return self._task_rows_response(request, outcomes, response, view)
         results = response.results
         events = request.events
         kinds = outcomes.kind.tolist()
         out = outcomes.outputs
-        k = self._top_k(request.top_k)
+        k = self._top_k(request.top_k, view)
         f = 0
         if len(outcomes.forecast_index):
             means = out["time_mean"].tolist()
@@ -187,7 +248,28 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                     probs[f],
                     value_means[f],
                     value_stds[f],
+                    view,
                 )
+                f += 1
+            else:
+                self._add_result(results, event, outcomes, i, kind)
+        return response
+
+    def _task_rows_response(
+        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse, view: _ModelView
+    ) -> pb.StreamResponse:
+        """RESPONSE_LAYOUT_ROWS for series and class models: one result per event."""
+        results, events, out = response.results, request.events, outcomes.outputs
+        k = self._top_k(request.top_k, view)
+        f = 0
+        for i, kind in enumerate(outcomes.kind.tolist()):
+            event = events[i]
+            if kind == FORECAST:
+                result = results.add(session_id=event.session_id, seq=event.seq)
+                forecast = result.forecast
+                forecast.session_id, forecast.seq, forecast.last_time = event.session_id, event.seq, event.time
+                self._fill_task_forecast(forecast, view, out, f, k)
+                forecast.model.CopyFrom(view.ref)
                 f += 1
             else:
                 self._add_result(results, event, outcomes, i, kind)
@@ -204,7 +286,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             result.error.CopyFrom(self._error(outcomes.errors.get(i) or catalogue.internal()))
 
     def _columns_response(
-        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse
+        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse, view: _ModelView
     ) -> pb.StreamResponse:
         """RESPONSE_LAYOUT_COLUMNS: one packed-field ``extend`` per column; the events without a
         forecast as ``results``."""
@@ -218,15 +300,30 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             return response
         positions = index.tolist()
         out = outcomes.outputs
-        k = self._top_k(request.top_k)
+        k = self._top_k(request.top_k, view)
         chosen = [events[i] for i in positions]
         last_times = [e.time for e in chosen]
-        means = out["time_mean"].tolist()
         block = response.forecast_columns
         block.event_index.extend(positions)
         block.session_id.extend([e.session_id for e in chosen])
         block.seq.extend([e.seq for e in chosen])
         block.last_time.extend(last_times)
+        block.model.CopyFrom(view.ref)
+        if view.task == "series":
+            mean = out["series_mean"]  # [F, H, C]
+            block.horizon, block.channels = mean.shape[1], mean.shape[2]
+            block.quantile_levels.extend(view.levels)
+            block.series_means.extend(mean.reshape(-1).tolist())
+            block.series_quantiles.extend(out["series_quantiles"].reshape(-1).tolist())
+            return response
+        if view.task == "class":
+            top = out["class_top"][:, :k]
+            block.class_top_k = top.shape[1]
+            block.classes.extend(top.reshape(-1).tolist())
+            block.class_probabilities.extend(out["class_probs"][:, :k].reshape(-1).tolist())
+            block.class_names.extend(view.description.class_names)
+            return response
+        means = out["time_mean"].tolist()
         block.mean_gap.extend(means)
         block.expected_time.extend([t + m for t, m in zip(last_times, means, strict=True)])
         block.quantile_levels.extend(self._levels)
@@ -237,14 +334,14 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         block.mark_probabilities.extend(out["top_probs"][:, :k].reshape(-1).tolist())
         block.value_means.extend(out["value_mean"].reshape(-1).tolist())
         block.value_stds.extend(out["value_std"].reshape(-1).tolist())
-        block.model.CopyFrom(self._model_ref)
         return response
 
-    def core_request(self, request: pb.StreamRequest, tenant: str) -> CoreRequest:
-        """The request's events as columns, the stateless checks done."""
-        assert self._checker is not None
+    def core_request(self, request: pb.StreamRequest, tenant: str, view: _ModelView | None = None) -> CoreRequest:
+        """The request's events as columns, the stateless checks done (by the model's own checks)."""
+        view = view or self._default
+        assert view is not None
         events = request.events
-        return self._checker.request(
+        return view.checker.request(
             [e.session_id for e in events],
             [e.seq for e in events],
             [e.time for e in events],
@@ -253,6 +350,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             top_k=request.top_k,
             last_only=request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION,
             tenant=tenant,
+            model=view.description.name,
         )
 
     def _submit(
@@ -262,6 +360,13 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         (a refusal with a retry hint also pauses the stream's reading, ``stream.pause_s``)."""
         started = time.perf_counter()
         slot = stream.started()
+        view = self._view(request.model)
+        if view is None:
+            info = catalogue.served_model_unknown(request.model, self._served_names())
+            core.count_rejection(info, len(request.events))
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
+            self._stream_latency.observe(time.perf_counter() - started)
+            return
         if request.layout not in _LAYOUTS or request.forecast_mode not in _FORECAST_MODES:
             name, value, known = (
                 ("layout", request.layout, _LAYOUTS)
@@ -269,14 +374,14 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 else ("forecast_mode", request.forecast_mode, _FORECAST_MODES)
             )
             info = catalogue.unknown_enum(name, value, sorted(known))
-            core.count_rejection(info, len(request.events))
+            core.count_rejection(info, len(request.events), view.description.name)
             stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
             self._stream_latency.observe(time.perf_counter() - started)
             return
 
         def encode(outcomes: Outcomes) -> None:
             try:
-                response = self._response(request, outcomes)
+                response = self._response(request, outcomes, view)
             except Exception:  # a bug must cost this request, not the stream
                 log.exception("encoding the answer of request %r failed", request.request_id)
                 response = pb.StreamResponse(
@@ -294,7 +399,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
         loop = asyncio.get_running_loop()
         try:
-            core.submit(self.core_request(request, tenant), done)
+            core.submit(self.core_request(request, tenant, view), done)
         except Exception:  # a bug must cost this request, not the stream
             log.exception("request %r failed", request.request_id)
             error = self._error(catalogue.internal())
@@ -402,10 +507,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     async def Forecast(self, request: pb.ForecastRequest, context: grpc.aio.ServicerContext) -> pb.ForecastResponse:  # noqa: N802
         core = await self._ready(context)
-        future: SampledFuture = await self._unary(
-            "Forecast",
-            context,
-            core.forecast(
+
+        async def call() -> tuple[_ModelView, SampledFuture]:
+            view = self._view_or_abort(request.model)
+            future = await core.forecast(
                 request.session_id,
                 horizon=request.horizon,
                 num_samples=request.num_samples,
@@ -413,17 +518,19 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 top_k=request.top_k,
                 include_paths=request.include_paths,
                 tenant=current_tenant.get(),
-            ),
-        )
+                model=view.description.name,
+            )
+            return view, future
+
+        view, future = await self._unary("Forecast", context, call())
+        levels = view.levels
         return pb.ForecastResponse(
-            forecast=self._forecast_message(future),
+            forecast=self._forecast_message(future, view),
             steps=[
                 pb.StepSummary(
                     step=s.step,
                     mean_time=s.mean_time,
-                    time_quantiles=[
-                        pb.Quantile(q=q, value=v) for q, v in zip(self._levels, s.time_quantiles, strict=True)
-                    ],
+                    time_quantiles=[pb.Quantile(q=q, value=v) for q, v in zip(levels, s.time_quantiles, strict=True)],
                     marks=[pb.MarkProbability(mark=m, probability=p) for m, p in s.marks],
                 )
                 for s in future.steps
@@ -442,11 +549,15 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
         core = await self._ready(context)
-        view = await self._unary(
-            "GetSession",
-            context,
-            core.get_session(request.session_id, request.include_state, current_tenant.get()),
-        )
+
+        async def call() -> tuple[_ModelView, Any]:
+            model = self._view_or_abort(request.model)
+            found = await core.get_session(
+                request.session_id, request.include_state, current_tenant.get(), model=model.description.name
+            )
+            return model, found
+
+        model, view = await self._unary("GetSession", context, call())
         m = view
         return pb.GetSessionResponse(
             session_id=view.session_id,
@@ -455,7 +566,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             n_events=m.last_seq,
             state_bytes=view.state_bytes,
             state=view.state or b"",
-            model=self._model_ref,
+            model=model.ref,
             created_at=_timestamp(m.created_at),
             updated_at=_timestamp(m.updated_at),
             expires_at=_timestamp(view.expires_at),
@@ -465,14 +576,26 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndSessionResponse:
         core = await self._ready(context)
-        last_seq = await self._unary("EndSession", context, core.end_session(request.session_id, current_tenant.get()))
+
+        async def call() -> int | None:
+            view = self._view_or_abort(request.model)
+            return await core.end_session(request.session_id, current_tenant.get(), model=view.description.name)
+
+        last_seq = await self._unary("EndSession", context, call())
         return pb.EndSessionResponse(existed=last_seq is not None, last_seq=last_seq or 0)
 
     async def DescribeModel(  # noqa: N802
         self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeModelResponse:
-        core = await self._ready(context)
-        d, s = core.description, self.settings
+        await self._ready(context)
+        view = self._view(request.model)
+        if view is None:
+            info = catalogue.served_model_unknown(request.model, self._served_names())
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, info.message, trailing_metadata=((REASON_METADATA_KEY, info.reason),)
+            )
+        assert view is not None
+        d, s = view.description, self.settings
         return pb.DescribeModelResponse(
             name=d.name,
             version=d.version,
@@ -487,8 +610,13 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             mark_names=list(d.mark_names),
             value_names=list(d.value_names),
             time_unit=d.time_unit,
-            quantile_levels=list(self._levels),
+            quantile_levels=list(view.levels),
             device=d.device,
+            task=d.task,
+            horizon=d.horizon,
+            step_seconds=d.step_seconds,
+            class_names=list(d.class_names),
+            served_models=self._served_names(),
             limits=pb.ServiceLimits(
                 max_events_per_request=s.max_events_per_request,
                 max_session_id_bytes=s.max_session_id_bytes,

@@ -11,11 +11,11 @@ import torch
 
 from aaren.server.batcher import Batcher, Scope
 from aaren.server.columns import SampledFuture, SessionView, StepSummary
-from aaren.server.engine import Engine
 from aaren.server.errors import catalogue
 from aaren.server.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.tasks import Task
 from aaren.server.validation import EventChecker
 
 __all__ = ["SessionCalls"]
@@ -26,7 +26,7 @@ T = TypeVar("T")
 class SessionCalls:
     def __init__(
         self,
-        engine: Engine,
+        engine: Task,
         store: SessionStore,
         settings: ServerSettings,
         metrics: Metrics,
@@ -89,11 +89,12 @@ class SessionCalls:
             raise catalogue.horizon_too_large(horizon, s.max_horizon).exception()
         if num_samples > s.max_num_samples:
             raise catalogue.num_samples_too_large(num_samples, s.max_num_samples).exception()
+        d = self.engine.description
+        if horizon > 1 and d.task != "event":
+            raise catalogue.sampling_unsupported(d.name, d.task).exception()
         meta, rows = await self._get(session_id, tenant)
         k = top_k or s.default_top_k
-        outputs = await self._in_worker(
-            self.engine.forecast_outputs, rows["features"], self.engine.description.num_marks
-        )
+        outputs = await self._in_worker(self.engine.forecast_outputs, rows["features"], d.ranked)
         nothing: list = []
         if horizon <= 1:
             return SampledFuture(session_id, meta.last_seq, meta.last_time, outputs, k, [], nothing, nothing, nothing)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["ServerSettings", "bundled_checkpoint"]
+__all__ = ["ServerSettings", "bundled_checkpoint", "bundled_repository"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -16,6 +16,11 @@ PositiveInt = Annotated[int, Field(gt=0)]
 def bundled_checkpoint() -> Path:
     """The default model shipped in the repository (``models/default``)."""
     return Path(__file__).resolve().parent.parent / "models" / "default"
+
+
+def bundled_repository() -> Path:
+    """The model repository shipped in the repository (``models/``: the default and one per task)."""
+    return bundled_checkpoint().parent
 
 
 class ServerSettings(BaseSettings):
@@ -27,7 +32,18 @@ class ServerSettings(BaseSettings):
 
     address: str = Field("127.0.0.1:50051", description="gRPC bind address, host:port (port 0 picks a free one)")
     checkpoint: Path | None = Field(
-        None, description="checkpoint directory; default: the bundled model, or a random tiny model if none is bundled"
+        None,
+        description="serve this one checkpoint directory (any task); default: every model of models_dir",
+    )
+    models_dir: Path | None = Field(
+        None,
+        description="model repository: every sub-folder holding a checkpoint is served, by its model name; default: "
+        "the bundled models/ (a random tiny model if it holds none)",
+    )
+    default_model: str | None = Field(
+        None,
+        description="the model of requests that name none (a model name or its folder); default: the folder "
+        "'default', else the first folder",
     )
     device: str = Field("auto", description="torch device: auto (CUDA when present), cpu, cuda, cuda:N")
     store_url: str = Field(

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from aaren.server.columns import ModelDescription
+from aaren_core.state import State
 
 __all__ = ["Outputs", "RunColumnsLike", "Task"]
 
@@ -54,4 +55,12 @@ class Task(Protocol):
 
     def forecast_outputs(self, features: Tensor, top_k: int) -> Outputs:
         """The outputs of a session from its stored row of features, without new events."""
+        ...
+
+    def empty_outputs(self, top_k: int) -> Outputs:
+        """The output columns of no forecast (``[0, ...]`` each)."""
+        ...
+
+    def state_of(self, rows: dict[str, Tensor]) -> State:
+        """The backbone state held in ``rows`` (``GetSession``'s bytes)."""
         ...

@@ -1,6 +1,14 @@
 """Session stores behind one interface, chosen by URL (``memory://``, ``redis://``...)."""
 
 from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout, StoreUnavailableError
-from aaren.server.stores.factory import open_store
+from aaren.server.stores.factory import model_store_url, open_store
 
-__all__ = ["LoadedBatch", "SessionMeta", "SessionStore", "StateLayout", "StoreUnavailableError", "open_store"]
+__all__ = [
+    "LoadedBatch",
+    "SessionMeta",
+    "SessionStore",
+    "StateLayout",
+    "StoreUnavailableError",
+    "model_store_url",
+    "open_store",
+]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlparse
 
 from aaren.server.stores.base import SessionStore, StateLayout
 from aaren.server.stores.memory import MemoryStore
 
-__all__ = ["REDIS_SCHEMES", "open_store", "redact_url"]
+__all__ = ["REDIS_SCHEMES", "model_store_url", "open_store", "redact_url"]
 
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
@@ -21,6 +21,22 @@ def redact_url(url: str) -> str:
         user = userinfo.partition(":")[0]
         netloc = f"{user}:***@{host}"
     return f"{parsed.scheme}://{netloc}{parsed.path}" + ("?***" if parsed.query else "")
+
+
+def model_store_url(url: str, model: str, *, default: bool) -> str:
+    """The store URL of a served model's sessions: a session belongs to one model, so each model has
+    its own key space. The default model keeps ``url`` as it is (its keys stay where a one-model
+    server put them); in Redis every other model's keys get ``<prefix><model>:`` as their prefix.
+    A memory store is one per model anyway."""
+    parsed = urlparse(url)
+    if default or parsed.scheme not in REDIS_SCHEMES:
+        return url
+    from aaren.server.stores.redis_store import DEFAULT_PREFIX
+
+    query = parse_qsl(parsed.query, keep_blank_values=True)
+    prefix = next((v for k, v in query if k == "prefix"), DEFAULT_PREFIX)
+    query = [(k, v) for k, v in query if k != "prefix"] + [("prefix", f"{prefix}{model}:")]
+    return parsed._replace(query=urlencode(query)).geturl()
 
 
 def open_store(url: str, layout: StateLayout, *, capacity: int, idle_ttl_s: float) -> SessionStore:

@@ -141,14 +141,14 @@ def test_not_serving_while_the_model_loads(start_server, monkeypatch):
     import aaren.server.app
 
     loading, release = threading.Event(), threading.Event()
-    load_engine = aaren.server.app.load_engine
+    load_models = aaren.server.app.load_models
 
-    def slow_load_engine(*args, **kwargs):
+    def slow_load_models(*args, **kwargs):
         loading.set()
         release.wait(CALL_TIMEOUT_S)
-        return load_engine(*args, **kwargs)
+        return load_models(*args, **kwargs)
 
-    monkeypatch.setattr(aaren.server.app, "load_engine", slow_load_engine)
+    monkeypatch.setattr(aaren.server.app, "load_models", slow_load_models)
     with socket.socket() as s:  # the port is bound before the model loads; pick it in advance
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -78,21 +78,23 @@ class Event(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[float] = ..., mark: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StreamRequest(_message.Message):
-    __slots__ = ("request_id", "events", "forecast_mode", "top_k", "layout")
+    __slots__ = ("request_id", "events", "forecast_mode", "top_k", "layout", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     FORECAST_MODE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     events: _containers.RepeatedCompositeFieldContainer[Event]
     forecast_mode: ForecastMode
     top_k: int
     layout: ResponseLayout
-    def __init__(self, request_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., forecast_mode: _Optional[_Union[ForecastMode, str]] = ..., top_k: _Optional[int] = ..., layout: _Optional[_Union[ResponseLayout, str]] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., forecast_mode: _Optional[_Union[ForecastMode, str]] = ..., top_k: _Optional[int] = ..., layout: _Optional[_Union[ResponseLayout, str]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ForecastColumns(_message.Message):
-    __slots__ = ("event_index", "session_id", "seq", "last_time", "mean_gap", "expected_time", "quantile_levels", "gap_quantiles", "top_k", "marks", "mark_probabilities", "value_means", "value_stds", "model")
+    __slots__ = ("event_index", "session_id", "seq", "last_time", "mean_gap", "expected_time", "quantile_levels", "gap_quantiles", "top_k", "marks", "mark_probabilities", "value_means", "value_stds", "model", "horizon", "channels", "series_means", "series_quantiles", "class_top_k", "classes", "class_probabilities", "class_names")
     EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +109,14 @@ class ForecastColumns(_message.Message):
     VALUE_MEANS_FIELD_NUMBER: _ClassVar[int]
     VALUE_STDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_MEANS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_QUANTILES_FIELD_NUMBER: _ClassVar[int]
+    CLASS_TOP_K_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    CLASS_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAMES_FIELD_NUMBER: _ClassVar[int]
     event_index: _containers.RepeatedScalarFieldContainer[int]
     session_id: _containers.RepeatedScalarFieldContainer[str]
     seq: _containers.RepeatedScalarFieldContainer[int]
@@ -121,7 +131,15 @@ class ForecastColumns(_message.Message):
     value_means: _containers.RepeatedScalarFieldContainer[float]
     value_stds: _containers.RepeatedScalarFieldContainer[float]
     model: ModelRef
-    def __init__(self, event_index: _Optional[_Iterable[int]] = ..., session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., last_time: _Optional[_Iterable[float]] = ..., mean_gap: _Optional[_Iterable[float]] = ..., expected_time: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., gap_quantiles: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., marks: _Optional[_Iterable[int]] = ..., mark_probabilities: _Optional[_Iterable[float]] = ..., value_means: _Optional[_Iterable[float]] = ..., value_stds: _Optional[_Iterable[float]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ...) -> None: ...
+    horizon: int
+    channels: int
+    series_means: _containers.RepeatedScalarFieldContainer[float]
+    series_quantiles: _containers.RepeatedScalarFieldContainer[float]
+    class_top_k: int
+    classes: _containers.RepeatedScalarFieldContainer[int]
+    class_probabilities: _containers.RepeatedScalarFieldContainer[float]
+    class_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, event_index: _Optional[_Iterable[int]] = ..., session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., last_time: _Optional[_Iterable[float]] = ..., mean_gap: _Optional[_Iterable[float]] = ..., expected_time: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., gap_quantiles: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., marks: _Optional[_Iterable[int]] = ..., mark_probabilities: _Optional[_Iterable[float]] = ..., value_means: _Optional[_Iterable[float]] = ..., value_stds: _Optional[_Iterable[float]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., horizon: _Optional[int] = ..., channels: _Optional[int] = ..., series_means: _Optional[_Iterable[float]] = ..., series_quantiles: _Optional[_Iterable[float]] = ..., class_top_k: _Optional[int] = ..., classes: _Optional[_Iterable[int]] = ..., class_probabilities: _Optional[_Iterable[float]] = ..., class_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
     __slots__ = ("request_id", "results", "request_error", "forecast_columns")
@@ -211,8 +229,38 @@ class ValueForecast(_message.Message):
     std: float
     def __init__(self, mean: _Optional[float] = ..., std: _Optional[float] = ...) -> None: ...
 
+class SeriesForecast(_message.Message):
+    __slots__ = ("horizon", "channels", "means", "quantiles", "quantile_levels")
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    MEANS_FIELD_NUMBER: _ClassVar[int]
+    QUANTILES_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    horizon: int
+    channels: int
+    means: _containers.RepeatedScalarFieldContainer[float]
+    quantiles: _containers.RepeatedScalarFieldContainer[float]
+    quantile_levels: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, horizon: _Optional[int] = ..., channels: _Optional[int] = ..., means: _Optional[_Iterable[float]] = ..., quantiles: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ClassProbability(_message.Message):
+    __slots__ = ("class_index", "class_name", "probability")
+    CLASS_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    class_index: int
+    class_name: str
+    probability: float
+    def __init__(self, class_index: _Optional[int] = ..., class_name: _Optional[str] = ..., probability: _Optional[float] = ...) -> None: ...
+
+class ClassForecast(_message.Message):
+    __slots__ = ("classes",)
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedCompositeFieldContainer[ClassProbability]
+    def __init__(self, classes: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ...) -> None: ...
+
 class Forecast(_message.Message):
-    __slots__ = ("session_id", "seq", "last_time", "next_time", "marks", "values", "model")
+    __slots__ = ("session_id", "seq", "last_time", "next_time", "marks", "values", "model", "series", "classes")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +268,8 @@ class Forecast(_message.Message):
     MARKS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     seq: int
     last_time: float
@@ -227,23 +277,27 @@ class Forecast(_message.Message):
     marks: _containers.RepeatedCompositeFieldContainer[MarkProbability]
     values: _containers.RepeatedCompositeFieldContainer[ValueForecast]
     model: ModelRef
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., last_time: _Optional[float] = ..., next_time: _Optional[_Union[TimeForecast, _Mapping]] = ..., marks: _Optional[_Iterable[_Union[MarkProbability, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[ValueForecast, _Mapping]]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ...) -> None: ...
+    series: SeriesForecast
+    classes: ClassForecast
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., last_time: _Optional[float] = ..., next_time: _Optional[_Union[TimeForecast, _Mapping]] = ..., marks: _Optional[_Iterable[_Union[MarkProbability, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[ValueForecast, _Mapping]]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., series: _Optional[_Union[SeriesForecast, _Mapping]] = ..., classes: _Optional[_Union[ClassForecast, _Mapping]] = ...) -> None: ...
 
 class ForecastRequest(_message.Message):
-    __slots__ = ("session_id", "horizon", "num_samples", "seed", "top_k", "include_paths")
+    __slots__ = ("session_id", "horizon", "num_samples", "seed", "top_k", "include_paths", "model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     HORIZON_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_PATHS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     horizon: int
     num_samples: int
     seed: int
     top_k: int
     include_paths: bool
-    def __init__(self, session_id: _Optional[str] = ..., horizon: _Optional[int] = ..., num_samples: _Optional[int] = ..., seed: _Optional[int] = ..., top_k: _Optional[int] = ..., include_paths: bool = ...) -> None: ...
+    model: str
+    def __init__(self, session_id: _Optional[str] = ..., horizon: _Optional[int] = ..., num_samples: _Optional[int] = ..., seed: _Optional[int] = ..., top_k: _Optional[int] = ..., include_paths: bool = ..., model: _Optional[str] = ...) -> None: ...
 
 class SampledEvent(_message.Message):
     __slots__ = ("time", "mark", "values")
@@ -284,12 +338,14 @@ class ForecastResponse(_message.Message):
     def __init__(self, forecast: _Optional[_Union[Forecast, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[StepSummary, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[SampledPath, _Mapping]]] = ...) -> None: ...
 
 class GetSessionRequest(_message.Message):
-    __slots__ = ("session_id", "include_state")
+    __slots__ = ("session_id", "include_state", "model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STATE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     include_state: bool
-    def __init__(self, session_id: _Optional[str] = ..., include_state: bool = ...) -> None: ...
+    model: str
+    def __init__(self, session_id: _Optional[str] = ..., include_state: bool = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetSessionResponse(_message.Message):
     __slots__ = ("session_id", "last_seq", "last_time", "n_events", "state_bytes", "state", "model", "created_at", "updated_at", "expires_at")
@@ -316,10 +372,12 @@ class GetSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., last_seq: _Optional[int] = ..., last_time: _Optional[float] = ..., n_events: _Optional[int] = ..., state_bytes: _Optional[int] = ..., state: _Optional[bytes] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., created_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class EndSessionRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "model")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    model: str
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EndSessionResponse(_message.Message):
     __slots__ = ("existed", "last_seq")
@@ -330,8 +388,10 @@ class EndSessionResponse(_message.Message):
     def __init__(self, existed: bool = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class DescribeModelRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class ServiceLimits(_message.Message):
     __slots__ = ("max_events_per_request", "max_session_id_bytes", "max_message_bytes", "max_horizon", "max_num_samples", "default_num_samples", "default_top_k", "idle_ttl_seconds")
@@ -354,7 +414,7 @@ class ServiceLimits(_message.Message):
     def __init__(self, max_events_per_request: _Optional[int] = ..., max_session_id_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_horizon: _Optional[int] = ..., max_num_samples: _Optional[int] = ..., default_num_samples: _Optional[int] = ..., default_top_k: _Optional[int] = ..., idle_ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits")
+    __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits", "task", "horizon", "step_seconds", "class_names", "served_models")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKBONE_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +431,11 @@ class DescribeModelResponse(_message.Message):
     QUANTILE_LEVELS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CLASS_NAMES_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     backbone: str
@@ -387,4 +452,9 @@ class DescribeModelResponse(_message.Message):
     quantile_levels: _containers.RepeatedScalarFieldContainer[float]
     device: str
     limits: ServiceLimits
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backbone: _Optional[str] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., num_marks: _Optional[int] = ..., value_width: _Optional[int] = ..., state_bytes_per_session: _Optional[int] = ..., parameters: _Optional[int] = ..., mark_names: _Optional[_Iterable[str]] = ..., value_names: _Optional[_Iterable[str]] = ..., time_unit: _Optional[str] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., device: _Optional[str] = ..., limits: _Optional[_Union[ServiceLimits, _Mapping]] = ...) -> None: ...
+    task: str
+    horizon: int
+    step_seconds: float
+    class_names: _containers.RepeatedScalarFieldContainer[str]
+    served_models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backbone: _Optional[str] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., num_marks: _Optional[int] = ..., value_width: _Optional[int] = ..., state_bytes_per_session: _Optional[int] = ..., parameters: _Optional[int] = ..., mark_names: _Optional[_Iterable[str]] = ..., value_names: _Optional[_Iterable[str]] = ..., time_unit: _Optional[str] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., device: _Optional[str] = ..., limits: _Optional[_Union[ServiceLimits, _Mapping]] = ..., task: _Optional[str] = ..., horizon: _Optional[int] = ..., step_seconds: _Optional[float] = ..., class_names: _Optional[_Iterable[str]] = ..., served_models: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,136 @@
+"""The model repository: which models one server serves, each by name, each with its task.
+
+As in Triton's model repository, a folder holds one sub-folder per model; here each sub-folder is
+a checkpoint (``aaren_core.checkpoint``: ``config.json`` + ``model.safetensors``) and its task
+comes from the model kind it holds: an ``EventModel`` is served by the event task
+(``aaren.server.engine.Engine``), a ``SeriesModel`` by ``SeriesEngine``, a ``ClassModel`` by
+``ClassEngine``. A model is named by its checkpoint's ``name`` (what ``ModelRef.name`` shows);
+requests may also use its folder's name. Names are unique within a server.
+
+The default model (requests that name none) is ``default_model`` when set, else the folder
+``default``, else the first folder in name order. ``checkpoint`` serves that one checkpoint
+alone; no repository and no checkpoint serves a random tiny event model (said loudly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aaren.server.engine import load_engine
+from aaren.server.errors import ConfigError
+from aaren.server.task_engines import ClassEngine, SeriesEngine
+from aaren.server.tasks import Task
+from aaren_core.checkpoint import CONFIG_FILE, CheckpointError, load_checkpoint
+from aaren_core.class_model import ClassModel
+from aaren_core.event_model import EventModel
+from aaren_core.series_model import SeriesModel
+
+__all__ = ["ServedModels", "load_models", "load_task", "model_folders"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FOLDER = "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModels:
+    """The loaded models, the default first; ``aliases`` maps folder names to model names."""
+
+    tasks: list[Any]
+    aliases: dict[str, str]
+
+    @property
+    def default(self) -> Task:
+        return self.tasks[0]
+
+
+def load_task(
+    checkpoint: str | Path,
+    device: torch.device,
+    quantiles: Sequence[float],
+    *,
+    compile_model: bool = False,
+) -> Task:
+    """The task engine for one checkpoint, chosen by the kind of model it holds."""
+    try:
+        ckpt = load_checkpoint(checkpoint, map_location=device)
+    except CheckpointError as exc:
+        raise ConfigError(f"model {checkpoint}: {exc}") from None
+    model, metadata = ckpt.model, ckpt.metadata
+    if isinstance(model, EventModel):
+        return load_engine(str(checkpoint), device, quantiles, compile_model=compile_model)
+    try:
+        if isinstance(model, SeriesModel):
+            name = str(metadata.get("name") or f"aaren-series-{metadata.get('data', 'model')}")
+            return SeriesEngine(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
+        if isinstance(model, ClassModel):
+            name = str(metadata.get("name") or f"aaren-class-{metadata.get('data', 'model')}")
+            return ClassEngine(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
+    except ValueError as exc:
+        raise ConfigError(f"model {checkpoint}: {exc}") from None
+    raise ConfigError(
+        f"model {checkpoint} holds a {ckpt.kind!r} model; the service serves event_model, series_model "
+        "and class_model checkpoints"
+    )
+
+
+def model_folders(root: Path) -> list[Path]:
+    """The sub-folders of ``root`` that hold a checkpoint, by name."""
+    if not root.is_dir():
+        raise ConfigError(f"models_dir {root} is not a directory")
+    return sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
+
+
+def load_models(
+    *,
+    checkpoint: Path | None,
+    models_dir: Path,
+    default_model: str | None,
+    device: torch.device,
+    quantiles: Sequence[float],
+    compile_model: bool = False,
+) -> ServedModels:
+    """Every model to serve (module docstring), the default first."""
+    if checkpoint is not None:
+        task = load_task(checkpoint, device, quantiles, compile_model=compile_model)
+        return ServedModels([task], {Path(checkpoint).name: task.description.name})
+    folders = model_folders(models_dir)
+    if not folders:
+        if default_model is not None:
+            raise ConfigError(f"default_model {default_model!r}: {models_dir} holds no model")
+        return ServedModels([load_engine(None, device, quantiles, compile_model=compile_model)], {})
+    tasks: list[Any] = []
+    aliases: dict[str, str] = {}
+    by_name: dict[str, Path] = {}
+    for folder in folders:
+        task = load_task(folder, device, quantiles, compile_model=compile_model)
+        name = task.description.name
+        if name in by_name:
+            raise ConfigError(f"two models are named {name!r}: {by_name[name]} and {folder}; names must be unique")
+        by_name[name] = folder
+        aliases[folder.name] = name
+        tasks.append(task)
+    names = [t.description.name for t in tasks]
+    if default_model is not None:
+        wanted = aliases.get(default_model, default_model)
+        if wanted not in names:
+            raise ConfigError(
+                f"default_model {default_model!r} is not among the models of {models_dir}: {sorted(names)} "
+                f"(folders {sorted(aliases)})"
+            )
+    else:
+        wanted = aliases.get(DEFAULT_FOLDER, names[0])
+    first = names.index(wanted)
+    tasks.insert(0, tasks.pop(first))
+    for task in tasks:
+        d = task.description
+        log.info("model %s: task %s, version %s, %d parameters", d.name, d.task, d.version, d.parameters)
+    # Folder names that are also another model's name would be ambiguous: the model name wins.
+    aliases = {k: v for k, v in aliases.items() if k not in by_name or k == v}
+    return ServedModels(tasks, aliases)

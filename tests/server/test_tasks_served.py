@@ -1,0 +1,310 @@
+"""Series and class models served beside an event model, by name (issue 13's serving acceptance).
+
+One repository folder holds three tiny models (event, series, class); real servers stream them in
+both process layouts and both response layouts, and what comes back equals the models' offline
+outputs on the same events (invariant 4): event by event, as histories in one message (the
+parallel scan), across a Redis-backed restart, and through the unary calls.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from server_helpers import (
+    CALL_TIMEOUT_S,
+    OpenStream,
+    assert_event_error,
+    assert_rpc_error,
+    layouts_of,
+    metric,
+    outcome,
+    rpc_error,
+    scrape,
+    stub_for,
+)
+
+from aaren.client import EventIn
+from aaren.v1 import aaren_pb2 as pb
+from aaren_core.backbones import BackboneConfig
+from aaren_core.checkpoint import load_checkpoint, save_checkpoint
+from aaren_core.class_model import ClassModel, ClassModelConfig
+from aaren_core.series_data import calendar_features
+from aaren_core.series_model import SeriesModel, SeriesModelConfig
+
+HOUR = 3600.0
+START = 1_700_000_000.0  # a Tuesday, 22:13 UTC: calendar features differ from step to step
+CHANNELS = ["load", "temperature"]
+CLASSES = ["rest", "walk", "run", "jump"]
+LEVELS = (0.1, 0.5, 0.9)
+ATOL = 2e-4
+
+
+def _series_model(seed: int = 0) -> SeriesModel:
+    torch.manual_seed(seed)
+    backbone = BackboneConfig(kind="aaren", d_model=8, n_layers=2, n_heads=2)
+    model = SeriesModel(SeriesModelConfig(backbone, len(CHANNELS), 3, LEVELS, 4)).eval()
+    model.set_normalization(torch.tensor([10.0, -2.0]), torch.tensor([3.0, 0.5]))
+    return model
+
+
+def _class_model(seed: int = 0) -> ClassModel:
+    torch.manual_seed(seed)
+    backbone = BackboneConfig(kind="aaren", d_model=8, n_layers=2, n_heads=2)
+    model = ClassModel(ClassModelConfig(backbone, 3, len(CLASSES))).eval()
+    model.set_normalization(torch.tensor([0.0, 1.0, -1.0]), torch.tensor([1.0, 2.0, 0.5]))
+    return model
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    shutil.copytree(tiny_checkpoint, root / "default")
+    save_checkpoint(
+        root / "series",
+        _series_model(),
+        {
+            "task": "series",
+            "name": "tiny-series",
+            "channels": CHANNELS,
+            "horizon": 3,
+            "quantiles": list(LEVELS),
+            "step_seconds": HOUR,
+            "time_unit": "seconds",
+        },
+    )
+    save_checkpoint(
+        root / "class", _class_model(), {"task": "class", "name": "tiny-class", "channels": ["x", "y", "z"],
+                                          "class_names": CLASSES},
+    )  # fmt: skip
+    return root
+
+
+@pytest.fixture
+def start_server(start_server, frontends, repository):
+    started = layouts_of(start_server, frontends)
+
+    def start(**settings):
+        settings.setdefault("checkpoint", None)
+        settings.setdefault("models_dir", repository)
+        return started(**settings)
+
+    return start
+
+
+def _series_events(session: str, n: int, seed: int, first_seq: int = 1, t0: float = START) -> list[pb.Event]:
+    rng = np.random.default_rng(seed)
+    values = rng.normal([10.0, -2.0], [3.0, 0.5], size=(n, 2))
+    return [
+        pb.Event(session_id=session, seq=first_seq + i, time=t0 + (first_seq - 1 + i) * HOUR, values=v.tolist())
+        for i, v in enumerate(values)
+    ]
+
+
+def _class_events(session: str, n: int, seed: int) -> list[pb.Event]:
+    rng = np.random.default_rng(seed)
+    values = rng.normal(0.0, 1.5, size=(n, 3))
+    return [pb.Event(session_id=session, seq=i + 1, time=float(i), values=v.tolist()) for i, v in enumerate(values)]
+
+
+def _offline_series(repository: Path, events: list[pb.Event]) -> tuple[np.ndarray, np.ndarray]:
+    """The model's forecasts after every event, offline: mean ``[N, H, C]``, quantiles ``[N, H, C, Q]``."""
+    model = load_checkpoint(repository / "series").model
+    values = torch.tensor([list(e.values) for e in events])[None]
+    times = calendar_features(np.array([e.time for e in events]))
+    with torch.no_grad():
+        raw = model.to_raw(model(values, torch.from_numpy(times)[None]))
+    return raw.mean[0].numpy(), raw.quantiles[0].numpy()
+
+
+def _offline_class(repository: Path, events: list[pb.Event]) -> np.ndarray:
+    """Class probabilities after every event, offline: ``[N, K]``."""
+    model = load_checkpoint(repository / "class").model
+    with torch.no_grad():
+        logits = model(torch.tensor([list(e.values) for e in events])[None])[0]
+    return torch.softmax(logits, -1).numpy()
+
+
+def _served_series(response: pb.StreamResponse) -> tuple[np.ndarray, np.ndarray]:
+    """Means ``[F, H, C]`` and quantiles ``[F, H, C, Q]`` from either layout."""
+    assert not response.HasField("request_error"), response.request_error
+    if response.HasField("forecast_columns"):
+        block = response.forecast_columns
+        assert block.model.name == "tiny-series" and list(block.quantile_levels) == list(LEVELS)
+        h, c = block.horizon, block.channels
+        return np.array(block.series_means).reshape(-1, h, c), np.array(block.series_quantiles).reshape(-1, h, c, 3)
+    means, quantiles = [], []
+    for r in response.results:
+        assert outcome(r) == "forecast", r
+        s = r.forecast.series
+        assert r.forecast.model.name == "tiny-series" and not r.forecast.HasField("next_time")
+        assert list(s.quantile_levels) == list(LEVELS)
+        means.append(np.array(s.means).reshape(s.horizon, s.channels))
+        quantiles.append(np.array(s.quantiles).reshape(s.horizon, s.channels, 3))
+    return np.stack(means), np.stack(quantiles)
+
+
+def _served_class(response: pb.StreamResponse, k: int) -> list[list[tuple[int, float]]]:
+    """Per forecast: (class index, probability) most likely first, from either layout."""
+    assert not response.HasField("request_error"), response.request_error
+    if response.HasField("forecast_columns"):
+        block = response.forecast_columns
+        assert block.class_top_k == k and block.model.name == "tiny-class"
+        classes = np.array(block.classes).reshape(-1, k)
+        probs = np.array(block.class_probabilities).reshape(-1, k)
+        return [list(zip(c.tolist(), p.tolist(), strict=True)) for c, p in zip(classes, probs, strict=True)]
+    out = []
+    for r in response.results:
+        assert outcome(r) == "forecast", r
+        items = r.forecast.classes.classes
+        assert [i.class_name for i in items] == [CLASSES[i.class_index] for i in items]
+        out.append([(i.class_index, i.probability) for i in items])
+    return out
+
+
+@pytest.mark.parametrize("layout", [pb.RESPONSE_LAYOUT_ROWS, pb.RESPONSE_LAYOUT_COLUMNS], ids=["rows", "columns"])
+def test_series_stream_equals_offline_event_by_event_and_as_one_history(start_server, repository, layout):
+    srv = start_server()
+    events = _series_events("meter-1", 40, seed=1)
+    mean, quantiles = _offline_series(repository, events)
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        for i in range(12):  # event by event: the batched step
+            got_mean, got_q = _served_series(stream.send([events[i]], model="tiny-series", layout=layout))
+            np.testing.assert_allclose(got_mean[0], mean[i], atol=ATOL, rtol=1e-4)
+            np.testing.assert_allclose(got_q[0], quantiles[i], atol=ATOL, rtol=1e-4)
+        # The rest as one history (the parallel scan), resumed from the stored state.
+        got_mean, got_q = _served_series(stream.send(events[12:], model="series", layout=layout))  # the folder name
+        np.testing.assert_allclose(got_mean, mean[12:], atol=ATOL, rtol=1e-4)
+        np.testing.assert_allclose(got_q, quantiles[12:], atol=ATOL, rtol=1e-4)
+        assert (np.diff(got_q, axis=-1) >= 0).all()  # quantiles ordered
+        # A resend is acknowledged as a duplicate and changes nothing.
+        again = stream.send(events[39:], model="tiny-series", layout=layout)
+        assert again.results[0].duplicate and again.results[0].ack.last_seq == 40
+        # The same session id under the default (event) model is another session: it starts fresh.
+        event_reply = stream.send([pb.Event(session_id="meter-1", seq=1, time=5.0, values=[0.0, 0.0])])
+        assert outcome(event_reply.results[0]) == "forecast" and event_reply.results[0].forecast.HasField("next_time")
+        stream.close()
+        stub = stub_for(channel)
+        unary = stub.Forecast(pb.ForecastRequest(session_id="meter-1", model="tiny-series"), timeout=CALL_TIMEOUT_S)
+        np.testing.assert_allclose(np.array(unary.forecast.series.means).reshape(3, 2), mean[-1], atol=ATOL)
+        error = rpc_error(stub.Forecast, pb.ForecastRequest(session_id="meter-1", model="tiny-series", horizon=5))
+        assert_rpc_error(error, grpc.StatusCode.INVALID_ARGUMENT, "horizon_unsupported", ["event models only"])
+
+
+@pytest.mark.parametrize("layout", [pb.RESPONSE_LAYOUT_ROWS, pb.RESPONSE_LAYOUT_COLUMNS], ids=["rows", "columns"])
+def test_class_probabilities_sharpen_per_event_and_equal_offline(start_server, repository, layout):
+    srv = start_server()
+    a, b = _class_events("trial-a", 9, seed=2), _class_events("trial-b", 5, seed=3)
+    probs_a, probs_b = _offline_class(repository, a), _offline_class(repository, b)
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        # Two sessions in one message, interleaved; top_k beyond the class count lists them all.
+        mixed = [a[0], b[0], a[1], b[1]]
+        served = _served_class(stream.send(mixed, model="tiny-class", layout=layout, top_k=10), len(CLASSES))
+        for got, want in zip(served, [probs_a[0], probs_b[0], probs_a[1], probs_b[1]], strict=True):
+            assert [c for c, _ in got] == np.argsort(-want, kind="stable").tolist()
+            np.testing.assert_allclose([p for _, p in got], np.sort(want)[::-1], atol=1e-5)
+        # The rest of trial a as one history, top 2 only.
+        served = _served_class(stream.send(a[2:], model="tiny-class", layout=layout, top_k=2), 2)
+        for got, want in zip(served, probs_a[2:], strict=True):
+            assert [c for c, _ in got] == np.argsort(-want, kind="stable")[:2].tolist()
+            np.testing.assert_allclose([p for _, p in got], np.sort(want)[::-1][:2], atol=1e-5)
+        stream.close()
+
+
+def test_describe_model_names_every_model_its_task_and_its_shapes(start_server):
+    srv = start_server()
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = stub_for(channel)
+        default = stub.DescribeModel(pb.DescribeModelRequest(), timeout=CALL_TIMEOUT_S)
+        assert (default.name, default.task) == ("tiny", "event")
+        assert list(default.served_models) == ["tiny", "tiny-class", "tiny-series"]
+        series = stub.DescribeModel(pb.DescribeModelRequest(model="tiny-series"), timeout=CALL_TIMEOUT_S)
+        assert (series.task, series.horizon, series.step_seconds) == ("series", 3, HOUR)
+        assert list(series.value_names) == CHANNELS and list(series.quantile_levels) == list(LEVELS)
+        assert series.time_unit == "seconds" and series.value_width == 2
+        classes = stub.DescribeModel(pb.DescribeModelRequest(model="class"), timeout=CALL_TIMEOUT_S)
+        assert (classes.name, classes.task, list(classes.class_names)) == ("tiny-class", "class", CLASSES)
+        error = rpc_error(stub.DescribeModel, pb.DescribeModelRequest(model="nope"))
+        assert_rpc_error(error, grpc.StatusCode.NOT_FOUND, "model_unknown", ["'nope'", "'tiny-series'"])
+
+
+def test_each_model_checks_its_own_events_and_an_unknown_model_is_refused(start_server):
+    srv = start_server()
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        wrong_width = pb.Event(session_id="m", seq=1, time=START, values=[1.0, 2.0, 3.0])
+        reply = stream.send([wrong_width, *_series_events("m2", 1, seed=4)], model="tiny-series")
+        assert_event_error(
+            reply.results[0], pb.ERROR_CODE_INVALID_ARGUMENT, "values_wrong_width", ["expected 2 (load, temperature)"]
+        )
+        assert outcome(reply.results[1]) == "forecast"
+        refused = stream.send(_series_events("m", 1, seed=4), model="nope")
+        assert refused.request_error.reason == "model_unknown" and "'tiny-series'" in refused.request_error.message
+        stream.close()
+        samples = scrape(srv.metrics_url)
+        assert metric(samples, "aaren_model_events_total", model="tiny-series", outcome="applied") == 1
+        assert metric(samples, "aaren_model_events_total", model="tiny-series", outcome="rejected") == 1
+        assert metric(samples, "aaren_model_sessions", model="tiny-series") == 1
+        stub = stub_for(channel)
+        small = stub.GetSession(pb.GetSessionRequest(session_id="m2", model="tiny-series"), timeout=CALL_TIMEOUT_S)
+        assert small.model.name == "tiny-series" and small.last_seq == 1
+        assert metric(samples, "aaren_model_state_bytes_per_session", model="tiny-series") == small.state_bytes
+        error = rpc_error(stub.GetSession, pb.GetSessionRequest(session_id="m2"))  # the default model has none
+        assert_rpc_error(error, grpc.StatusCode.NOT_FOUND, "session_not_found")
+
+
+def test_series_state_stays_one_size_and_survives_a_restart_with_redis(start_server, repository, redis_url):
+    url = redis_url
+    events = _series_events("meter-r", 300, seed=5)
+    mean, _ = _offline_series(repository, events)
+    srv = start_server(store_url=url)
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        stream.send(events[:1], model="tiny-series")
+        stub = stub_for(channel)
+        first = stub.GetSession(pb.GetSessionRequest(session_id="meter-r", model="tiny-series"), timeout=CALL_TIMEOUT_S)
+        stream.send(events[1:200], model="tiny-series")
+        later = stub.GetSession(pb.GetSessionRequest(session_id="meter-r", model="tiny-series"), timeout=CALL_TIMEOUT_S)
+        assert first.state_bytes == later.state_bytes and later.last_seq == 200
+        stream.close()
+    srv.stop()
+    again = start_server(store_url=url)
+    with grpc.insecure_channel(again.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        got, _ = _served_series(stream.send(events[200:], model="tiny-series", layout=pb.RESPONSE_LAYOUT_COLUMNS))
+        np.testing.assert_allclose(got, mean[200:], atol=ATOL, rtol=1e-4)
+        stream.close()
+
+
+def test_the_python_client_reads_series_and_class_forecasts_in_both_layouts(start_server, repository):
+    from aaren.client import ClassForecastOut, SeriesForecastOut, SyncClient
+
+    srv = start_server()
+    series = [EventIn(e.session_id, e.seq, e.time, values=list(e.values)) for e in _series_events("s", 6, seed=6)]
+    trial = [EventIn(e.session_id, e.seq, e.time, values=list(e.values)) for e in _class_events("t", 4, seed=7)]
+    mean, quantiles = _offline_series(repository, _series_events("s", 6, seed=6))
+    probs = _offline_class(repository, _class_events("t", 4, seed=7))
+    with SyncClient(srv.address) as client:
+        info = client.describe_model("tiny-series")
+        assert (info.task, info.horizon, info.served_models[0]) == ("series", 3, "tiny")
+        rows = client.apply(series[:3], model="tiny-series").forecasts
+        cols = client.apply(series[3:], model="tiny-series", columns=True).forecasts
+        for i, f in enumerate(rows + cols):
+            assert isinstance(f, SeriesForecastOut) and f.seq == i + 1
+            np.testing.assert_allclose(f.means, mean[i], atol=ATOL, rtol=1e-4)
+            np.testing.assert_allclose(f.quantiles[0.9], quantiles[i, :, :, 2], atol=ATOL, rtol=1e-4)
+        got = client.apply(trial[:2], model="tiny-class", top_k=2).forecasts
+        got += client.apply(trial[2:], model="tiny-class", top_k=2, columns=True).forecasts
+        for f, want in zip(got, probs, strict=True):
+            assert isinstance(f, ClassForecastOut)
+            assert f.predicted == CLASSES[int(np.argmax(want))] and len(f.classes) == 2
+            np.testing.assert_allclose([p for _, p in f.classes], np.sort(want)[::-1][:2], atol=1e-5)
+        last = client.forecast("t", model="tiny-class").forecast
+        assert isinstance(last, ClassForecastOut) and last.class_indices[0] == int(np.argmax(probs[-1]))
+        assert client.end_session("t", model="tiny-class").existed
