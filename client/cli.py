@@ -262,13 +262,19 @@ def replay(
     time_unit: Annotated[
         str | None, typer.Option(help="unit of the file's times (seconds/minutes/hours/days) [default: the model's]")
     ] = None,
-    top_k: Annotated[int, typer.Option(help="marks per forecast (0: server default)", min=0)] = 0,
+    top_k: Annotated[int, typer.Option(help="marks (or classes) per forecast (0: server default)", min=0)] = 0,
     progress: Annotated[bool, typer.Option(help="show a live progress bar")] = True,
     as_json: AsJson = False,
+    model: Annotated[
+        str, typer.Option(help="the served model by name (`aaren model` lists them) [default: the server's]")
+    ] = "",
 ) -> None:
     """Stream a file of events (session_id, time, mark[, values]) through the server and report.
 
-    Events go out in time order across sessions (seq 1.. per session) over several streams.
+    Events go out in time order across sessions (seq 1.. per session) over several streams. For a
+    series model (--model) the file holds time and one column per channel (session_id optional);
+    for a class model session_id, time, the channels and optionally label: the replay is then also
+    scored against the file (series MSE/MAE of the next H steps; class accuracy by fraction seen).
 
     Example: aaren replay flights --target 127.0.0.1:50051 --out forecasts.csv
     """
@@ -295,6 +301,7 @@ def replay(
         top_k=top_k,
         progress=progress,
         as_json=as_json,
+        model=model,
     )
     raise typer.Exit(code)
 
@@ -346,11 +353,15 @@ def end(
 
 
 @app.command()
-def model(target: Target = DEFAULT_TARGET, as_json: AsJson = False) -> None:
-    """Describe the served model and the server's limits."""
+def model(
+    target: Target = DEFAULT_TARGET,
+    as_json: AsJson = False,
+    name: Annotated[str, typer.Option("--model", help="a served model by name [default: the server's default]")] = "",
+) -> None:
+    """Describe a served model (its task, shapes, names) and the server's limits."""
     from aaren.client.commands import model_command
 
-    raise typer.Exit(model_command(target, as_json=as_json))
+    raise typer.Exit(model_command(target, as_json=as_json, model=name))
 
 
 @app.command()

@@ -9,7 +9,7 @@ import asyncio
 import json
 import math
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,12 @@ from aaren.client.client import (
     ModelInfoOut,
     Outcome,
     SessionOut,
+    StreamResult,
     to_jsonable,
 )
 from aaren.client.events_file import EventsFileError, ModelSchema, load_source
 from aaren.client.replay import ForecastWriter, ReplayError, ReplayStats, replay, schedule
+from aaren.client.task_scores import TaskScorer
 
 __all__ = [
     "end_command",
@@ -235,12 +237,18 @@ def _model_table(m: ModelInfoOut) -> Table:
     table.add_column()
     marks = ", ".join(m.mark_names[:20]) + (", ..." if len(m.mark_names) > 20 else "")
     rows = [
+        ("task", m.task),
         ("version", m.version),
         ("backbone", f"{m.backbone}, d_model {m.d_model}, {m.n_layers} layers, {m.n_heads} heads"),
         ("parameters", f"{m.parameters:,}"),
         ("state per session", f"{m.state_bytes_per_session:,} bytes"),
-        ("marks", f"{m.num_marks}" + (f": {marks}" if marks else "")),
-        ("values", f"{m.value_width}" + (f": {', '.join(m.value_names)}" if m.value_names else "")),
+        *([("marks", f"{m.num_marks}" + (f": {marks}" if marks else ""))] if m.task == "event" else []),
+        (
+            "channels" if m.task != "event" else "values",
+            f"{m.value_width}" + (f": {', '.join(m.value_names)}" if m.value_names else ""),
+        ),
+        *([("horizon", f"{m.horizon} steps of {m.step_seconds:g} s")] if m.task == "series" else []),
+        *([("classes", f"{len(m.class_names)}: {', '.join(m.class_names)}")] if m.task == "class" else []),
         ("time unit", m.time_unit or "-"),
         ("quantiles", ", ".join(f"{q:g}" for q in m.quantile_levels)),
         ("device", m.device),
@@ -254,14 +262,16 @@ def _model_table(m: ModelInfoOut) -> Table:
         ("default top-k", str(lim.default_top_k)),
         ("idle TTL", f"{lim.idle_ttl_seconds:g} s" if lim.idle_ttl_seconds else "none"),
     ]
+    if len(m.served_models) > 1:
+        rows.append(("served models", ", ".join(m.served_models)))
     for key, value in rows:
         table.add_row(key, escape(value))
     return table
 
 
-async def _model(target: str, as_json: bool) -> int:
+async def _model(target: str, as_json: bool, model: str = "") -> int:
     async with await _connect(target) as client:
-        m = await client.describe_model()
+        m = await client.describe_model(model)
     if as_json:
         _print_json(m)
     else:
@@ -269,8 +279,8 @@ async def _model(target: str, as_json: bool) -> int:
     return 0
 
 
-def model_command(target: str, *, as_json: bool = False) -> int:
-    return _run(_model(target, as_json))
+def model_command(target: str, *, as_json: bool = False, model: str = "") -> int:
+    return _run(_model(target, as_json, model))
 
 
 def _summary_table(stats: ReplayStats) -> Table:
@@ -323,11 +333,14 @@ async def _replay(
     top_k: int,
     progress: bool,
     as_json: bool,
+    model_name: str = "",
 ) -> int:
     err = _console(stderr=True)
     async with await _connect(target) as client:
-        model = await client.describe_model()
+        model = await client.describe_model(model_name)
+        model_name = model.name
         data = load_source(source, ModelSchema.from_model(model, time_unit=time_unit), split=split)
+        scorer = TaskScorer(data, model) if model.task != "event" else None
         if source == "flights" and not Path(source).exists():
             warning = _check_flights_fit(data.mark_names, data.value_names, model)
             if warning:
@@ -364,6 +377,7 @@ async def _replay(
                     on_result=(lambda result: writer.write(result, keep)) if writer is not None else None,
                     stats=history_stats,
                     last_only=True,
+                    model=model_name,
                 )
             except ReplayError as exc:
                 if writer is not None:
@@ -411,8 +425,9 @@ async def _replay(
                     rate=rate,
                     window=window,
                     top_k=top_k,
-                    on_result=writer.write if writer is not None else None,
+                    on_result=_both(writer.write if writer is not None else None, scorer.see if scorer else None),
                     stats=stats,
+                    model=model_name,
                 )
             except ReplayError as exc:
                 failure = exc
@@ -421,8 +436,11 @@ async def _replay(
                 if writer is not None:
                     writer.close()
                 bar.update(task, completed=stats.events_answered)
+    scores = scorer.summary() if scorer is not None else {}
     if as_json:
         summary = stats.summary()
+        if scores:
+            summary[model.task] = scores
         if history_stats is not None:
             summary["history"] = history_stats.summary()
         if failure is not None:
@@ -440,6 +458,8 @@ async def _replay(
                 soft_wrap=True,
             )
         out_console.print(_summary_table(stats))
+        if scores:
+            out_console.print(_scores_table(model, scores))
         if out is not None:
             written = writer.rows if writer else 0
             out_console.print(f"{written:,} results written to {out}", markup=False, soft_wrap=True)
@@ -447,6 +467,38 @@ async def _replay(
         _print_error(err, f"a stream failed: {_describe(failure.error)}")
         return 1
     return 0
+
+
+def _both(*calls: Callable[[StreamResult], None] | None) -> Callable[[StreamResult], None] | None:
+    """One callback that calls each of ``calls`` that is given (None when none is)."""
+    given = [c for c in calls if c is not None]
+    if not given:
+        return None
+
+    def call(result: StreamResult) -> None:
+        for c in given:
+            c(result)
+
+    return call
+
+
+def _scores_table(model: ModelInfoOut, scores: dict[str, Any]) -> Table:
+    """The replay scored against the file's own truth (``TaskScorer``)."""
+    table = Table(box=box.SIMPLE_HEAVY, show_header=False, title="Scored against the file", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    if model.task == "series":
+        table.add_row("forecast origins", f"{scores['origins']:,} (every step of the next {model.horizon} in the file)")
+        table.add_row("MSE / MAE (raw units)", f"{scores['mse']:.4g} / {scores['mae']:.4g}")
+        table.add_row("last value MSE / MAE", f"{scores['last_value_mse']:.4g} / {scores['last_value_mae']:.4g}")
+        for key, value in scores.items():
+            if key.startswith("coverage_"):
+                table.add_row(key.replace("_", " "), f"{value:.3f}")
+    else:
+        table.add_row("labelled sequences", f"{scores['sequences']:,}")
+        for fraction, accuracy in scores["accuracy_by_fraction"].items():
+            table.add_row(f"accuracy after {float(fraction):.0%} seen", f"{accuracy:.3f}")
+    return table
 
 
 def replay_command(
@@ -465,6 +517,7 @@ def replay_command(
     top_k: int = 0,
     progress: bool = True,
     as_json: bool = False,
+    model: str = "",
 ) -> int:
     return _run(
         _replay(
@@ -482,6 +535,7 @@ def replay_command(
             top_k=top_k,
             progress=progress,
             as_json=as_json,
+            model_name=model,
         )
     )
 

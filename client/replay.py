@@ -28,12 +28,14 @@ from aaren.client.client import (
     AarenClient,
     AarenError,
     AckOut,
+    ClassForecastOut,
     EventErrorOut,
     EventIn,
     EventStream,
     ForecastOut,
     ModelInfoOut,
     Outcome,
+    SeriesForecastOut,
     StreamResult,
     to_jsonable,
 )
@@ -182,6 +184,7 @@ async def replay(
     on_result: Callable[[StreamResult], None] | None = None,
     stats: ReplayStats | None = None,
     last_only: bool = False,
+    model: str = "",
 ) -> ReplayStats:
     """Send ``events`` in order over ``streams`` streams and wait for every answer.
 
@@ -190,7 +193,8 @@ async def replay(
     them); while pacing, partial batches go out rather than wait. ``window``: unanswered messages
     per stream. ``on_result`` sees each ``StreamResult`` as it arrives. ``last_only``: only each
     session's last event in a message gets a forecast (the others an ack): for sending histories,
-    which the server ingests in one parallel call. Raises ``ReplayError`` if a stream fails.
+    which the server ingests in one parallel call. ``model``: the served model by name ("" the
+    default). Raises ``ReplayError`` if a stream fails.
     """
     if streams < 1 or batch < 1 or window < 1:
         raise ValueError(f"streams ({streams}), batch ({batch}) and window ({window}) must be >= 1")
@@ -254,7 +258,7 @@ async def replay(
         async with contextlib.AsyncExitStack() as stack:
             tasks = [asyncio.create_task(dispatch(), name="replay-dispatch")]
             for queue in queues:
-                stream = await stack.enter_async_context(client.stream())
+                stream = await stack.enter_async_context(client.stream(model))
                 slots = asyncio.Semaphore(window)
                 sizes: dict[str, int] = {}
                 tasks.append(asyncio.create_task(send(stream, queue, slots, sizes)))
@@ -290,6 +294,10 @@ class ForecastWriter:
     mean_gap, expected_time``, one ``q<level>`` per quantile level, ``mark_i, p_i`` for the top
     marks (by name), ``<value>_mean, <value>_std`` per value column, ``error_code, error_reason,
     error_message, latency_ms``. JSONL rows hold the same, with marks as ``[id, name, p]``.
+
+    Series models: one CSV row per forecast step ``step`` (1..H) at ``step_time`` (last_time + step
+    x step_seconds), with ``<channel>_mean`` and ``<channel>_q<level>`` per channel. Class models:
+    ``class_i, p_i`` for the top classes. JSONL rows hold the forecast as the client reads it.
     """
 
     def __init__(self, path: Path | str, model: ModelInfoOut, top_k: int = 0) -> None:
@@ -299,8 +307,10 @@ class ForecastWriter:
             raise ValueError(f"{self.path}: unsupported output type; expected .csv or .jsonl")
         self.jsonl = suffix != ".csv"
         self.model = model
+        self.task = model.task
         self.levels = model.quantile_levels
-        self.k = min(top_k or model.limits.default_top_k or model.num_marks, model.num_marks or 1)
+        ranked = len(model.class_names) if self.task == "class" else model.num_marks
+        self.k = min(top_k or model.limits.default_top_k or ranked, ranked or 1)
         self.rows = 0
         self._file: IO[str] = self.path.open("w", newline="", encoding="utf-8")
         self._csv: Any = None
@@ -309,6 +319,16 @@ class ForecastWriter:
             self._csv.writerow(self.columns())
 
     def columns(self) -> list[str]:
+        if self.task == "series":
+            cols = ["session_id", "seq", "status", "last_time", "step", "step_time"]
+            cols += [f"{c}_mean" for c in self.model.value_names]
+            cols += [f"{c}_q{level:g}" for c in self.model.value_names for level in self.levels]
+            return [*cols, "error_code", "error_reason", "error_message", "latency_ms"]
+        if self.task == "class":
+            cols = ["session_id", "seq", "status", "last_time"]
+            for i in range(1, self.k + 1):
+                cols += [f"class_{i}", f"p_{i}"]
+            return [*cols, "error_code", "error_reason", "error_message", "latency_ms"]
         cols = ["session_id", "seq", "status", "last_time", "mean_gap", "expected_time"]
         cols += [f"q{level:g}" for level in self.levels]
         for i in range(1, self.k + 1):
@@ -329,6 +349,9 @@ class ForecastWriter:
 
     def _row(self, r: Outcome, latency_ms: float) -> None:
         self.rows += 1
+        if isinstance(r, SeriesForecastOut | ClassForecastOut):
+            self._task_row(r, latency_ms)
+            return
         status = (
             "forecast"
             if isinstance(r, ForecastOut)
@@ -352,7 +375,7 @@ class ForecastWriter:
             self._file.write(json.dumps(row) + "\n")
             return
         cells: list[Any] = [r.session_id, r.seq, status]
-        n_blank = 3 + len(self.levels) + 2 * self.k + 2 * len(self.model.value_names)
+        n_blank = len(self.columns()) - 7
         if isinstance(r, ForecastOut):
             cells += [r.last_time, r.mean_gap, r.expected_time]
             cells += [r.quantiles.get(level, "") for level in self.levels]
@@ -367,6 +390,26 @@ class ForecastWriter:
             cells += [""] * n_blank + [r.code, r.reason, r.message]
         cells.append(f"{latency_ms:.3f}")
         self._csv.writerow(cells)
+
+    def _task_row(self, r: SeriesForecastOut | ClassForecastOut, latency_ms: float) -> None:
+        if self.jsonl:
+            row = {"session_id": r.session_id, "seq": r.seq, "status": "forecast", **to_jsonable(r)}
+            row["latency_ms"] = latency_ms
+            self._file.write(json.dumps(row) + "\n")
+            return
+        tail = ["", "", "", f"{latency_ms:.3f}"]
+        if isinstance(r, ClassForecastOut):
+            cells: list[Any] = [r.session_id, r.seq, "forecast", r.last_time]
+            for i in range(self.k):
+                cells += list(r.classes[i]) if i < len(r.classes) else ["", ""]
+            self._csv.writerow(cells + tail)
+            return
+        step_s = self.model.step_seconds
+        for h, means in enumerate(r.means):
+            cells = [r.session_id, r.seq, "forecast", r.last_time, h + 1, r.last_time + (h + 1) * step_s, *means]
+            cells += [r.quantiles[level][h][c] for c in range(len(means)) for level in self.levels]
+            self._csv.writerow(cells + tail)
+        self.rows += len(r.means) - 1
 
     def close(self) -> None:
         self._file.close()

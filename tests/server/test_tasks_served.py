@@ -308,3 +308,49 @@ def test_the_python_client_reads_series_and_class_forecasts_in_both_layouts(star
         last = client.forecast("t", model="tiny-class").forecast
         assert isinstance(last, ClassForecastOut) and last.class_indices[0] == int(np.argmax(probs[-1]))
         assert client.end_session("t", model="tiny-class").existed
+
+
+def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_the_models_compute(
+    start_server, repository, tmp_path, capsys
+):
+    import datetime as dt
+    import json
+
+    import pandas as pd
+
+    from aaren.client.commands import replay_command
+
+    srv = start_server()
+    events = _series_events("x", 10, seed=8)
+    stamps = [dt.datetime.fromtimestamp(e.time, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S") for e in events]
+    frame = pd.DataFrame({"time": stamps, "temperature": [e.values[1] for e in events],
+                          "load": [e.values[0] for e in events]})  # fmt: skip
+    frame.to_csv(tmp_path / "meter.csv", index=False)
+    out = tmp_path / "series_out.csv"
+    assert replay_command(srv.address, str(tmp_path / "meter.csv"), model="tiny-series", out=out,
+                          progress=False, as_json=True) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    mean, _ = _offline_series(repository, events)
+    written = pd.read_csv(out)
+    assert len(written) == 10 * 3 and set(written["session_id"]) == {"meter"}
+    got = written.sort_values(["seq", "step"])[["load_mean", "temperature_mean"]].to_numpy().reshape(10, 3, 2)
+    np.testing.assert_allclose(got, mean, atol=ATOL, rtol=1e-4)
+    step_times = written.loc[written["seq"] == 1, "step_time"].to_numpy()
+    np.testing.assert_allclose(step_times, [events[0].time + h * HOUR for h in (1, 2, 3)])
+    truth = np.array([list(e.values) for e in events])
+    errors = np.stack([mean[i] - truth[i + 1 : i + 4] for i in range(7)])  # origins with 3 steps in the file
+    assert summary["series"]["origins"] == 7
+    np.testing.assert_allclose(summary["series"]["mse"], float((errors**2).mean()), rtol=1e-4)
+
+    sequences = {"a": _class_events("a", 6, seed=9), "b": _class_events("b", 3, seed=10)}
+    labels = {"a": CLASSES[int(np.argmax(_offline_class(repository, sequences["a"])[-1]))], "b": "jump"}
+    rows = [{"session_id": sid, "time": e.time, "x": e.values[0], "y": e.values[1], "z": e.values[2],
+             "label": labels[sid]} for sid, evs in sequences.items() for e in evs]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "trials.csv", index=False)
+    assert replay_command(srv.address, str(tmp_path / "trials.csv"), model="tiny-class",
+                          out=tmp_path / "class_out.jsonl", progress=False, as_json=True) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    expected = (1 + (CLASSES[int(np.argmax(_offline_class(repository, sequences["b"])[-1]))] == "jump")) / 2
+    assert summary["class"]["sequences"] == 2 and summary["class"]["accuracy"] == expected
+    lines = [json.loads(line) for line in (tmp_path / "class_out.jsonl").read_text().splitlines()]
+    assert len(lines) == 9 and all(line["status"] == "forecast" for line in lines)
