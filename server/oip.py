@@ -174,6 +174,7 @@ class OipServicer:
         self.metrics = metrics
         self._core: Any = None
         self._tensors: _Tensors | None = None
+        self._described: ModelDescription | None = None
         self._checker: EventChecker | None = None
         self._streams: set[asyncio.Queue[object]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -184,10 +185,16 @@ class OipServicer:
         self.serving = False
 
     def attach(self, core: Any) -> None:
-        """Serve through ``core``: an ``EngineCore`` or a client of one with the same calls."""
-        d = core.description
-        self._tensors = _Tensors(d, self.settings.default_top_k)
-        self._checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+        """Serve through ``core``: an ``EngineCore`` or a client of one with the same calls. The Open
+        Inference Protocol serves the first event model of the server (the default when it is one);
+        its tensors have the event task's shapes. Without an event model every request is for an
+        unknown model."""
+        events = [d for d in core.descriptions if d.task == "event"]
+        self._described = events[0] if events else None
+        if self._described is not None:
+            d = self._described
+            self._tensors = _Tensors(d, self.settings.default_top_k)
+            self._checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
         self._core = core
 
     def close_streams(self) -> None:
@@ -212,16 +219,18 @@ class OipServicer:
 
     async def _model(self, context: grpc.aio.ServicerContext, name: str, version: str) -> ModelDescription:
         """The served model's description, or NOT_FOUND for another name or version."""
-        core = await self._ready(context)
-        d: ModelDescription = core.description
-        if name != d.name or version not in ("", d.version):
+        await self._ready(context)
+        d = self._described
+        if d is None or name != d.name or version not in ("", d.version):
             await _abort(context, catalogue.model_unknown(name, version))
+        assert d is not None
         return d
 
     def _decode(self, request: pb.ModelInferRequest) -> _Event:
         """The request's sequence, flags and event; ``_RefusedError`` says what is wrong with it."""
         t = self._tensors
-        assert t is not None and self._checker is not None
+        if t is None or self._checker is None:
+            raise _RefusedError(catalogue.model_unknown(request.model_name, request.model_version))
         event = _Event()
         event.request_id = request.id
         if request.model_name != t.model_name or request.model_version not in ("", t.model_version):
@@ -312,6 +321,7 @@ class OipServicer:
             [event.values],
             next_seq=True,
             tenant=tenant,
+            model=self._described.name if self._described is not None else "",
         )
 
     def _answer(
@@ -338,7 +348,7 @@ class OipServicer:
 
     async def _end_session(self, core: Any, session_id: str, tenant: str) -> None:
         with contextlib.suppress(ServiceError):
-            await core.end_session(session_id, tenant)
+            await core.end_session(session_id, tenant, model=self._described.name if self._described else "")
 
     def _infer(
         self,
@@ -398,8 +408,8 @@ class OipServicer:
     ) -> pb.ModelReadyResponse:
         if self._core_error() is not None:
             return pb.ModelReadyResponse(ready=False)
-        d = self._core.description
-        known = request.name == d.name and request.version in ("", d.version)
+        d = self._described
+        known = d is not None and request.name == d.name and request.version in ("", d.version)
         return pb.ModelReadyResponse(ready=known and self.serving and not self.draining)
 
     async def ServerMetadata(  # noqa: N802
@@ -460,19 +470,22 @@ class OipServicer:
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
         """The served model (read-only: loading and unloading are not served)."""
-        core = await self._ready(context)
-        d = core.description
+        await self._ready(context)
+        d = self._described
         state = "READY" if self.serving and not self.draining else "UNAVAILABLE"
-        model = pb.RepositoryIndexResponse.ModelIndex(name=d.name, version=d.version, state=state)
-        return pb.RepositoryIndexResponse(models=[model])
+        models = (
+            [] if d is None else [pb.RepositoryIndexResponse.ModelIndex(name=d.name, version=d.version, state=state)]
+        )
+        return pb.RepositoryIndexResponse(models=models)
 
     async def ModelStatistics(  # noqa: N802
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
-        core = await self._ready(context)
-        d = core.description
-        if request.name and (request.name != d.name or request.version not in ("", d.version)):
+        await self._ready(context)
+        d = self._described
+        if d is None or (request.name and (request.name != d.name or request.version not in ("", d.version))):
             await _abort(context, catalogue.model_unknown(request.name, request.version))
+        assert d is not None
         s = self._stats
         stats = pb.ModelStatistics(
             name=d.name,
