@@ -49,7 +49,8 @@ class ServedModel:
 class EngineCore:
     """``engine`` and ``store`` are the default model's; ``more`` are the other served models, each
     ``(engine, store)`` (``aaren.server.repository``), reached by ``CoreRequest.model`` or the unary
-    calls' ``model``. The admission and limits are shared: a tenant's budget spans every model."""
+    calls' ``model``. Admission is shared: a tenant's event rate, pending events and streams span every
+    model; its sessions are counted per model (each model's store holds its own)."""
 
     def __init__(
         self,

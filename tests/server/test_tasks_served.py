@@ -354,3 +354,34 @@ def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_t
     assert summary["class"]["sequences"] == 2 and summary["class"]["accuracy"] == expected
     lines = [json.loads(line) for line in (tmp_path / "class_out.jsonl").read_text().splitlines()]
     assert len(lines) == 9 and all(line["status"] == "forecast" for line in lines)
+
+
+def test_tenants_share_one_event_budget_over_every_model_and_never_see_each_others_sessions(start_server, tmp_path):
+    from aaren.server.auth import hash_token, new_token
+
+    tokens = {"tenant-a": new_token(), "tenant-b": new_token()}
+    path = tmp_path / "tokens.txt"
+    path.write_text("".join(f"{tenant} {hash_token(token)}\n" for tenant, token in tokens.items()))
+    srv = start_server(auth_tokens_file=path, tenant_events_per_s=0.5, tenant_burst_events=6)
+    a_meta = [("authorization", f"Bearer {tokens['tenant-a']}")]
+    b_meta = [("authorization", f"Bearer {tokens['tenant-b']}")]
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = stub_for(channel)
+        a, b = OpenStream(stub, metadata=a_meta), OpenStream(stub, metadata=b_meta)
+        assert all(
+            outcome(r) == "forecast" for r in a.send(_series_events("s", 4, seed=11), model="tiny-series").results
+        )
+        assert all(outcome(r) == "forecast" for r in a.send(_class_events("c", 2, seed=12), model="tiny-class").results)
+        refused = a.send(_class_events("d", 1, seed=13), model="tiny-class")  # the burst of 6 is spent
+        assert refused.request_error.reason == "tenant_rate_limited"
+        # B has its own budget, and A's series session "s" is not B's: B's seq 5 finds no session.
+        reply = b.send(_series_events("s", 1, seed=11, first_seq=5), model="tiny-series")
+        assert_event_error(reply.results[0], pb.ERROR_CODE_NOT_FOUND, "session_not_found")
+        error = rpc_error(stub.GetSession, pb.GetSessionRequest(session_id="s", model="tiny-series"), metadata=b_meta)
+        assert_rpc_error(error, grpc.StatusCode.NOT_FOUND, "session_not_found")
+        mine = stub.GetSession(
+            pb.GetSessionRequest(session_id="s", model="tiny-series"), metadata=a_meta, timeout=CALL_TIMEOUT_S
+        )
+        assert mine.last_seq == 4
+        a.end_requests()
+        b.close()

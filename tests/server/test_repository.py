@@ -1,0 +1,63 @@
+"""The model repository: which models a server loads, their names, the default, and clear refusals."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from aaren.server.errors import ConfigError
+from aaren.server.repository import load_models
+from aaren_core.backbones import BackboneConfig
+from aaren_core.checkpoint import save_checkpoint
+from aaren_core.class_model import ClassModel, ClassModelConfig
+
+CPU = torch.device("cpu")
+LEVELS = (0.1, 0.5, 0.9)
+
+
+def _class_checkpoint(path: Path, name: str, kind: str = "aaren") -> None:
+    torch.manual_seed(0)
+    model = ClassModel(ClassModelConfig(BackboneConfig(kind=kind, d_model=8, n_layers=1, n_heads=2), 2, 3))
+    save_checkpoint(
+        path, model, {"task": "class", "name": name, "channels": ["a", "b"], "class_names": ["x", "y", "z"]}
+    )
+
+
+def _load(root: Path, default_model: str | None = None):
+    return load_models(checkpoint=None, models_dir=root, default_model=default_model, device=CPU, quantiles=LEVELS)
+
+
+def test_the_folder_default_comes_first_and_folders_are_aliases(tmp_path, tiny_checkpoint):
+    shutil.copytree(tiny_checkpoint, tmp_path / "default")
+    _class_checkpoint(tmp_path / "aa-first", "gestures")
+    served = _load(tmp_path)
+    assert [t.description.name for t in served.tasks] == ["tiny", "gestures"]
+    assert served.aliases == {"default": "tiny", "aa-first": "gestures"}
+    chosen = _load(tmp_path, default_model="aa-first")  # a folder name works as well as a model name
+    assert [t.description.name for t in chosen.tasks] == ["gestures", "tiny"]
+    assert chosen.default.description.task == "class"
+
+
+def test_refusals_name_what_is_wrong(tmp_path, tiny_checkpoint):
+    shutil.copytree(tiny_checkpoint, tmp_path / "one")
+    shutil.copytree(tiny_checkpoint, tmp_path / "two")
+    with pytest.raises(ConfigError, match="two models are named 'tiny'"):
+        _load(tmp_path)
+    shutil.rmtree(tmp_path / "two")
+    with pytest.raises(ConfigError, match=r"default_model 'nope' is not among .*\['tiny'\]"):
+        _load(tmp_path, default_model="nope")
+    _class_checkpoint(tmp_path / "growing", "growing", kind="transformer")
+    with pytest.raises(ConfigError, match="grows with every event"):
+        _load(tmp_path)
+    with pytest.raises(ConfigError, match="is not a directory"):
+        _load(tmp_path / "missing")
+
+
+def test_an_empty_repository_serves_a_random_tiny_event_model(tmp_path):
+    served = _load(tmp_path)
+    assert len(served.tasks) == 1 and served.default.description.name == "aaren-random"
+    with pytest.raises(ConfigError, match="holds no model"):
+        _load(tmp_path, default_model="x")
