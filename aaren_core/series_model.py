@@ -10,11 +10,19 @@ Features after observation ``t`` forecast the next ``H`` steps of every channel:
     mu_t    = W_mu y_t + b_mu                         [H, C]     (standardized units)
     q_t^1   = W_1 y_t + b_1,  q_t^j = q_t^{j-1} + softplus(W_j y_t + b_j)   [H, C, Q]
 
-Heads. The mean is trained with squared error, the quantiles with the pinball loss
-``rho_tau(e) = max(tau e, (tau - 1) e)`` for ``e = target - q``; the cumulative softplus keeps the
-quantiles ordered. Direct heads need no distributional assumption (meters and traffic are skewed
-and bounded), the mean is exactly what TSLib's MSE scores, and the median (not the mean) is what
-MAE rewards, so both are reported. All outputs are in standardized units; ``to_raw`` maps back.
+Heads (``SeriesModelConfig.head``). ``quantile`` (the default): the mean is trained with squared
+error, the quantiles with the pinball loss ``rho_tau(e) = max(tau e, (tau - 1) e)`` for
+``e = target - q``; the cumulative softplus keeps the quantiles ordered. Direct heads need no
+distributional assumption (meters and traffic are skewed and bounded), the mean is exactly what
+TSLib's MSE scores, and the median (not the mean) is what MAE rewards, so both are reported.
+``gaussian``: the same mean, and a Gaussian per step and channel around it,
+
+    sigma_t = softplus(W_s y_t + b_s) + 1e-3          [H, C]
+    q_t^j   = mu_t + sigma_t Phi^{-1}(tau_j)          (ordered by construction)
+
+trained with the Gaussian NLL ``log sigma + (y - mu)^2 / (2 sigma^2)`` on a detached mean (so the
+mean stays the squared-error estimate). ``bench/series_heads.py`` measures the two against each
+other. All outputs are in standardized units; ``to_raw`` maps back.
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from torch import Tensor, nn
 from aaren_core.backbones import Backbone, BackboneConfig, build_backbone
 from aaren_core.state import State
 
-__all__ = ["SeriesForecast", "SeriesModel", "SeriesModelConfig", "pinball_loss", "series_loss"]
+__all__ = ["HEADS", "SeriesForecast", "SeriesModel", "SeriesModelConfig", "pinball_loss", "series_loss"]
+
+HEADS = ("quantile", "gaussian")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +53,14 @@ class SeriesModelConfig:
     horizon: int = 96
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
     time_features: int = 0
+    #: ``quantile`` (direct quantiles, pinball loss) or ``gaussian`` (module docstring).
+    head: str = "quantile"
 
     def __post_init__(self) -> None:
         q = tuple(float(x) for x in self.quantiles)
         object.__setattr__(self, "quantiles", q)
+        if self.head not in HEADS:
+            raise ValueError(f"unknown series head {self.head!r}; expected one of {HEADS}")
         if self.n_channels < 1 or self.horizon < 1 or self.time_features < 0:
             raise ValueError(f"need n_channels >= 1, horizon >= 1, time_features >= 0; got {self}")
         if not q or any(not 0 < x < 1 for x in q) or any(a >= b for a, b in itertools.pairwise(q)):
@@ -72,10 +86,12 @@ class SeriesModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SeriesForecast:
-    """Forecasts of the next ``H`` steps: ``mean [..., H, C]``, ``quantiles [..., H, C, Q]``."""
+    """Forecasts of the next ``H`` steps: ``mean [..., H, C]``, ``quantiles [..., H, C, Q]``; the
+    Gaussian head also ``std [..., H, C]``."""
 
     mean: Tensor
     quantiles: Tensor
+    std: Tensor | None = None
 
 
 class SeriesModel(nn.Module):
@@ -90,7 +106,12 @@ class SeriesModel(nn.Module):
         self.embed = nn.Linear(c + config.time_features, d)
         self.backbone: Backbone[Any] = build_backbone(config.backbone)
         self.mean_head = nn.Linear(d, h * c)
-        self.quantile_head = nn.Linear(d, h * c * q)
+        if config.head == "gaussian":
+            self.scale_head = nn.Linear(d, h * c)
+            normal = torch.distributions.Normal(0.0, 1.0)
+            self.register_buffer("z_levels", normal.icdf(torch.tensor(config.quantiles)))
+        else:
+            self.quantile_head = nn.Linear(d, h * c * q)
 
     def set_normalization(self, mean: Tensor, std: Tensor) -> None:
         """Fix the standardization (train statistics, ``[C]`` each) before training."""
@@ -136,6 +157,9 @@ class SeriesModel(nn.Module):
         """Features ``y [..., d_model]`` -> forecast (standardized units)."""
         c, h, q = self.config.n_channels, self.config.horizon, len(self.config.quantiles)
         mean = self.mean_head(y).unflatten(-1, (h, c))
+        if self.config.head == "gaussian":
+            std = F.softplus(self.scale_head(y).unflatten(-1, (h, c))) + 1e-3
+            return SeriesForecast(mean, mean.unsqueeze(-1) + std.unsqueeze(-1) * self.z_levels, std)
         raw = self.quantile_head(y).unflatten(-1, (h, c, q))
         quantiles = torch.cat([raw[..., :1], F.softplus(raw[..., 1:])], dim=-1).cumsum(dim=-1)
         return SeriesForecast(mean, quantiles)
@@ -147,7 +171,8 @@ class SeriesModel(nn.Module):
     def to_raw(self, forecast: SeriesForecast) -> SeriesForecast:
         """Standardized forecast -> raw units (``x = z std + mean`` per channel)."""
         mean, std = self.value_mean, self.value_std
-        return SeriesForecast(forecast.mean * std + mean, forecast.quantiles * std[:, None] + mean[:, None])
+        scale = None if forecast.std is None else forecast.std * std
+        return SeriesForecast(forecast.mean * std + mean, forecast.quantiles * std[:, None] + mean[:, None], scale)
 
 
 def pinball_loss(quantiles: Tensor, target: Tensor, levels: Tensor) -> Tensor:
@@ -160,10 +185,12 @@ def pinball_loss(quantiles: Tensor, target: Tensor, levels: Tensor) -> Tensor:
 def series_loss(
     forecast: SeriesForecast, target: Tensor, mask: Tensor, levels: Tensor, quantile_weight: float = 1.0
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Mean squared error of the mean plus ``quantile_weight`` times the mean pinball loss.
+    """Mean squared error of the mean plus ``quantile_weight`` times the mean pinball loss (the
+    quantile head) or the Gaussian NLL around the detached mean (the Gaussian head).
 
     ``target [B, N, H, C]`` standardized, ``mask [B, N]`` the positions scored. Returns the loss
-    and its terms (``mse``, ``mae`` of the mean, ``pinball``), each a mean over scored entries.
+    and its terms (``mse``, ``mae`` of the mean, ``pinball``; ``nll`` for the Gaussian head), each a
+    mean over scored entries.
     """
     w = mask.to(target.dtype)[..., None, None]  # [B, N, 1, 1]
     n = (w.sum() * target.shape[-1] * target.shape[-2]).clamp_min(1)
@@ -171,4 +198,10 @@ def series_loss(
     mse = (err.square() * w).sum() / n
     mae = (err.abs() * w).sum() / n
     pin = (pinball_loss(forecast.quantiles, target, levels).mean(-1) * w).sum() / n
-    return mse + quantile_weight * pin, {"mse": mse, "mae": mae, "pinball": pin}
+    terms = {"mse": mse, "mae": mae, "pinball": pin}
+    if forecast.std is None:
+        return mse + quantile_weight * pin, terms
+    std = forecast.std
+    nll = ((std.log() + 0.5 * ((forecast.mean.detach() - target) / std).square()) * w).sum() / n
+    terms["nll"] = nll
+    return mse + quantile_weight * nll, terms

@@ -78,6 +78,8 @@ class TaskTrainConfig:
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
     time_features: bool = True
     quantile_weight: float = 1.0
+    #: Series: ``quantile`` (direct quantiles) or ``gaussian`` (``aaren_core.series_model``).
+    head: str = "quantile"
     val_stride: int = 1
     aux_weight: float = 0.0
     val_fraction: float = 0.2
@@ -200,7 +202,12 @@ def _series_model(config: TaskTrainConfig, data: SeriesData) -> nn.Module:
         return DLinear(DLinearConfig(config.lookback, config.horizon))
     model = SeriesModel(
         SeriesModelConfig(
-            config.backbone(), data.n_channels, config.horizon, config.quantiles, 4 if config.time_features else 0
+            config.backbone(),
+            data.n_channels,
+            config.horizon,
+            config.quantiles,
+            4 if config.time_features else 0,
+            config.head,
         )
     )
     model.set_normalization(torch.from_numpy(data.mean), torch.from_numpy(data.std))

@@ -160,3 +160,29 @@ def test_save_load_rebuilds_the_same_function(tmp_path, make):
             assert ckpt.model.config == model.config
         else:
             assert torch.equal(model(x), ckpt.model(x))
+
+
+def test_the_gaussian_head_orders_its_quantiles_around_the_mean_and_trains_its_scale():
+    torch.manual_seed(3)
+    backbone = BackboneConfig(kind="aaren", d_model=16, n_layers=1, n_heads=2)
+    model = SeriesModel(
+        SeriesModelConfig(backbone, n_channels=2, horizon=4, quantiles=(0.1, 0.5, 0.9), head="gaussian")
+    )
+    model.set_normalization(torch.tensor([5.0, -1.0]), torch.tensor([2.0, 0.5]))
+    values = torch.randn(3, 7, 2)
+    f = model(values)
+    assert f.std is not None and (f.std > 0).all()
+    assert (f.quantiles.diff(dim=-1) > 0).all()
+    torch.testing.assert_close(f.quantiles[..., 1], f.mean)  # the median of a Gaussian is its mean
+    raw = model.to_raw(f)
+    torch.testing.assert_close(raw.std, f.std * model.value_std)
+    target = torch.randn(3, 7, 4, 2)
+    loss, terms = series_loss(f, target, torch.ones(3, 7, dtype=torch.bool), torch.tensor([0.1, 0.5, 0.9]))
+    loss.backward()
+    assert "nll" in terms and model.scale_head.weight.grad.abs().sum() > 0
+    # The NLL term never moves the mean (detached): with the MSE term off, the mean head gets no gradient.
+    model.zero_grad()
+    series_loss(model(values), target, torch.ones(3, 7, dtype=torch.bool), torch.tensor([0.1, 0.5, 0.9]))[1][
+        "nll"
+    ].backward()
+    assert model.mean_head.weight.grad is None or model.mean_head.weight.grad.abs().sum() == 0
