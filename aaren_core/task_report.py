@@ -143,8 +143,16 @@ def _model_text(metrics: dict[str, Any], config: TaskTrainConfig) -> str:
             if config.task == "series"
             else f"val accuracy {_f3(metrics['val_accuracy'])}"
         )
-        selection = f"; best validation epoch {metrics['best_epoch']} of {metrics['epochs_run']} run ({val})"
-    return f"Model `{metrics['model_version']}`: {what}, {metrics['parameters']:,} parameters{selection}."
+        selection = f"; selected after epoch {metrics['best_epoch'] + 1} of {metrics['epochs_run']} run ({val})"
+    rule = (
+        f"the lowest validation MSE of the forecast from the last {config.lookback} steps"
+        if config.task == "series"
+        else "the highest validation accuracy, ties going to the lower training loss"
+    )
+    return (
+        f"Model `{metrics['model_version']}`: {what}, {metrics['parameters']:,} parameters{selection}. "
+        f"Selection: {rule}, early stopping after {config.patience} epochs without a better one."
+    )
 
 
 def _series_data_text(metrics: dict[str, Any], data: SeriesData) -> list[str]:
