@@ -1,11 +1,16 @@
-"""Task reports: the fan chart draws the forecasts that are scored, stand-ins are named so, and the
-stored config reads back (also from before ``name`` existed)."""
+"""Task reports: the fan chart draws the forecasts that are scored, stand-ins are named so, the
+stored config reads back (also from before ``name`` existed), and the bundled task models' reports
+quote their metrics."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from aaren_core.checkpoint import load_checkpoint
 from aaren_core.datasets import SERIES_DATASETS
 from aaren_core.series_data import SeriesData, ratio_borders
 from aaren_core.task_metrics import model_window_predictor, streaming_forecasts
@@ -77,3 +82,39 @@ def test_stored_configs_read_back_and_print_as_commands():
     assert command_line(series).endswith("--set quantiles=0.05,0.5,0.95 --set time_features=false")
     with pytest.raises(ValueError, match="task 'event'"):
         TaskTrainConfig.from_dict({"task": "event"})
+
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+@pytest.mark.parametrize(
+    ("folder", "name", "plot"),
+    [
+        ("series-power", "aaren-series-power", "fan_chart.png"),
+        ("class-vowels", "aaren-class-vowels", "accuracy_by_fraction.png"),
+    ],
+)
+def test_bundled_task_models_load_and_their_reports_give_their_metrics(folder, name, plot):
+    """The bundled folders: a checkpoint at the top (as models/default), metrics.json, report.md
+    quoting those numbers and the command that trained them, the plot, under 1 MB in all."""
+    path = MODELS / folder
+    ckpt = load_checkpoint(path)
+    metrics = json.loads((path / "metrics.json").read_text())
+    report = (path / "report.md").read_text()
+    assert ckpt.metadata["name"] == name == metrics["name"] and ckpt.model_version == metrics["model_version"]
+    assert ckpt.metadata["train_config"] == metrics["config"] and metrics["config"]["model"] == "aaren"
+    assert (path / plot).is_file() and f"![{plot}]({plot})" in report
+    assert sum(f.stat().st_size for f in path.iterdir()) < 1_000_000
+    command = f"aaren train --task {metrics['task']} --data {metrics['data']} --name {name} "
+    assert command in report and "--set threads=1" in report
+    test = metrics["test"]
+    if metrics["task"] == "series":
+        assert ckpt.metadata["step_seconds"] == 3600.0 and ckpt.metadata["time_unit"] == "seconds"
+        assert ckpt.metadata["horizon"] == 24 and ckpt.metadata["quantiles"] == [0.1, 0.5, 0.9]
+        assert "STAND-IN, not TSLib's ETTh1/ETTh2" in report
+        for scores in (test["restricted"], test["streaming"], *metrics["baselines"].values()):
+            assert f"| {scores['mse']:.4f} | {scores['mae']:.4f} |" in report
+    else:
+        assert len(ckpt.metadata["class_names"]) == 9 and len(ckpt.metadata["channels"]) == 12
+        assert f"| model, after the whole sequence | {test['accuracy']:.3f} |" in report
+        assert " | ".join(f"{v:.3f}" for v in test["accuracy_by_fraction"].values()) in report
