@@ -26,6 +26,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 import time
 import typing
 from collections.abc import Sequence
@@ -52,9 +53,58 @@ from aaren_core.task_metrics import (
     score_streaming,
 )
 
-__all__ = ["TaskResult", "TaskTrainConfig", "baseline_scores", "main", "train_task"]
+__all__ = [
+    "DEFAULT_DATA",
+    "SET_KEYS",
+    "TaskResult",
+    "TaskTrainConfig",
+    "baseline_scores",
+    "checkpoint_metadata",
+    "command_line",
+    "load_task_data",
+    "main",
+    "score_task",
+    "train_task",
+]
 
 METRICS_FILE = "metrics.json"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+SET_KEYS: dict[str, str] = {
+    "task": "series (forecast the next horizon steps) or class (class probabilities after every step)",
+    "model": "backbone: aaren, transformer or gru (series also dlinear)",
+    "data": "a data set of aaren_core.datasets (series: power-hourly...; class: JapaneseVowels...)",
+    "d_model": "model width",
+    "n_layers": "backbone layers",
+    "n_heads": "attention heads",
+    "d_ff": "feed-forward width (0: the backbone's default)",
+    "dropout": "dropout rate",
+    "time_decay": "aaren only: age the state by the gaps (true/false)",
+    "horizon": "series: steps forecast after each observation (H)",
+    "lookback": "series: steps a window model sees; the restricted score's window (L)",
+    "window": "series: train window length in steps (the loss is taken inside it)",
+    "loss_stride": "series: score every n-th position of a train window",
+    "quantiles": "series: quantile levels, comma-separated and increasing",
+    "time_features": "series: feed 4 calendar features of the time (true/false)",
+    "quantile_weight": "series: weight of the pinball loss beside the MSE",
+    "val_stride": "series: score every n-th validation origin",
+    "aux_weight": "class: weight of the mean cross-entropy over every step (early predictions)",
+    "val_fraction": "class: stratified fraction of train held out for model selection",
+    "epochs": "most epochs (early stopping may end sooner)",
+    "batch_size": "windows (series) or sequences (class) per batch",
+    "steps_per_epoch": "most batches per epoch (0: all)",
+    "lr": "AdamW learning rate",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "gradient-norm clip (0: none)",
+    "patience": "epochs without a better validation score before stopping early",
+    "seed": "seed of everything random",
+    "threads": "torch CPU threads (0: torch's default)",
+    "max_minutes": "time budget in minutes: no new epoch starts once it is spent (0: none)",
+    "out_dir": "run directory (best/, metrics.json, report.md)",
+    "cache": "wheel cache of the data sets (default $AAREN_WHEEL_CACHE or ~/.cache/aaren/wheels)",
+    "name": "served model name in the checkpoint (default: aaren-<task>-<data>)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +146,7 @@ class TaskTrainConfig:
     max_minutes: float = 0.0
     out_dir: str = "runs/tasks"
     cache: str = ""
+    name: str = ""
 
     def __post_init__(self) -> None:
         checks = {
@@ -110,10 +161,23 @@ class TaskTrainConfig:
             "steps_per_epoch, threads >= 0": min(self.steps_per_epoch, self.threads) >= 0,
             "0 < val_fraction < 1": 0 < self.val_fraction < 1,
             "lr > 0": self.lr > 0,
+            "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name or bool(NAME_PATTERN.fullmatch(self.name)),
         }
         failed = [k for k, ok in checks.items() if not ok]
         if failed:
             raise ValueError(f"task config: expected {', '.join(failed)}")
+
+    @property
+    def run_name(self) -> str:
+        """The served model name: ``name``, or ``aaren-<task>-<data>`` (``aaren-series-power-hourly``)."""
+        return self.name or f"aaren-{self.task}-{self.data}"
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> TaskTrainConfig:
+        """The config a checkpoint's ``train_config`` stored; keys added since default (``name``)."""
+        if record.get("task") not in ("series", "class"):
+            raise ValueError(f"train_config: task {record.get('task')!r}; expected 'series' or 'class'")
+        return cls(task=record["task"]).replace(**{k: v for k, v in record.items() if k != "task"})
 
     def backbone(self) -> BackboneConfig:
         return BackboneConfig(
@@ -148,9 +212,13 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if value.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"{key} must be true or false; got {value!r}")
         return value.lower() in ("true", "1")
-    if hint == tuple[float, ...]:
-        return tuple(float(x) for x in value.split(","))
-    return hint(value)
+    try:
+        if hint == tuple[float, ...]:
+            return tuple(float(x) for x in value.split(","))
+        return hint(value)
+    except ValueError:
+        kind = "comma-separated numbers" if hint == tuple[float, ...] else getattr(hint, "__name__", str(hint))
+        raise ValueError(f"{key}={value!r}; expected {kind}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +319,7 @@ def _train_series(config: TaskTrainConfig, data: SeriesData, say: Any) -> tuple[
         raise DataError(
             f"{data.name}: {train_end} train steps are too few for window/lookback and horizon {config.horizon}"
         )
-    best, best_mse, stale, history = copy.deepcopy(model.state_dict()), math.inf, 0, []
+    best, best_mse, best_epoch, stale, history = copy.deepcopy(model.state_dict()), math.inf, 0, 0, []
     deadline = time.monotonic() + config.max_minutes * 60 if config.max_minutes else math.inf
     for epoch in range(config.epochs):
         model.train()
@@ -270,31 +338,58 @@ def _train_series(config: TaskTrainConfig, data: SeriesData, say: Any) -> tuple[
         )
         say(f"epoch {epoch}: train loss {np.mean(losses):.4f}, val MSE {val['mse']:.4f} MAE {val['mae']:.4f}")
         if val["mse"] < best_mse:
-            best, best_mse, stale = copy.deepcopy(model.state_dict()), val["mse"], 0
+            best, best_mse, best_epoch, stale = copy.deepcopy(model.state_dict()), val["mse"], epoch, 0
         else:
             stale += 1
         if stale >= config.patience or time.monotonic() > deadline:
             break
     model.load_state_dict(best)
     model.eval()
-    test = {
-        "restricted": score_series(
-            model_window_predictor(model, data, config.lookback, config.horizon),
-            data,
-            "test",
-            config.lookback,
-            config.horizon,
-        )
+    metrics = {"history": history, "val_mse": best_mse, "best_epoch": best_epoch, "epochs_run": len(history)}
+    return model, {**metrics, **score_task(model, config, data)}
+
+
+def score_task(model: nn.Module, config: TaskTrainConfig, data: SeriesData | ClassData) -> dict[str, Any]:
+    """The test scores training reports (``test``, ``baselines``), for ``train_task`` and for
+    ``aaren evaluate`` re-scoring a checkpoint from its stored config.
+
+    Series: ``test.restricted`` (the last ``lookback`` steps, every model) and ``test.streaming``
+    (all history through the state; Aaren and GRU), MSE and MAE on standardized values, beside
+    last value and seasonal naive. Class: ``test.accuracy`` at the end and
+    ``test.accuracy_by_fraction`` (keys ``"0.1"``..``"1.0"``), beside the train majority class.
+    """
+    model.eval()
+    if config.task == "series":
+        if not isinstance(data, SeriesData):
+            raise DataError(f"task series needs SeriesData; got {type(data).__name__}")
+        test = {
+            "restricted": score_series(
+                model_window_predictor(model, data, config.lookback, config.horizon),
+                data,
+                "test",
+                config.lookback,
+                config.horizon,
+            )
+        }
+        if isinstance(model, SeriesModel) and config.model in ("aaren", "gru"):
+            test["streaming"] = score_streaming(model, data, "test", config.lookback, config.horizon)
+        return {"test": test, "baselines": baseline_scores(data, config.lookback, config.horizon)}
+    if not isinstance(data, ClassData) or not isinstance(model, ClassModel):
+        raise DataError(f"task class needs ClassData and a ClassModel; got {type(data).__name__}")
+    scores = early_accuracy(class_logits(model, data.test), data.test.labels)
+    majority = int(np.bincount(data.train.labels, minlength=data.n_classes).argmax())
+    return {
+        "test": {
+            "accuracy": scores.final,
+            "accuracy_by_fraction": {str(k): v for k, v in scores.by_fraction.items()},
+        },
+        "baselines": {
+            "majority_class": {
+                "class": data.class_names[majority],
+                "accuracy": float(np.mean(data.test.labels == majority)),
+            }
+        },
     }
-    if isinstance(model, SeriesModel) and config.model in ("aaren", "gru"):
-        test["streaming"] = score_streaming(model, data, "test", config.lookback, config.horizon)
-    metrics = {
-        "history": history,
-        "val_mse": best_mse,
-        "test": test,
-        "baselines": baseline_scores(data, config.lookback, config.horizon),
-    }
-    return model, metrics
 
 
 def _padded(data: ClassSet, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -313,7 +408,7 @@ def _train_class(config: TaskTrainConfig, data: ClassData, say: Any) -> tuple[nn
     model.set_normalization(torch.from_numpy(data.mean), torch.from_numpy(data.std))
     optimizer = _optimizer(model, config)
     fit, val = data.validation_split(config.val_fraction, config.seed)
-    best, best_key, stale, history = copy.deepcopy(model.state_dict()), (-1.0, 0.0), 0, []
+    best, best_key, best_epoch, stale, history = copy.deepcopy(model.state_dict()), (-1.0, 0.0), 0, 0, []
     deadline = time.monotonic() + config.max_minutes * 60 if config.max_minutes else math.inf
     for epoch in range(config.epochs):
         model.train()
@@ -329,20 +424,48 @@ def _train_class(config: TaskTrainConfig, data: ClassData, say: Any) -> tuple[nn
         say(f"epoch {epoch}: train loss {np.mean(losses):.4f}, val accuracy {acc:.3f}")
         key = (acc, -float(np.mean(losses)))
         if key > best_key:
-            best, best_key, stale = copy.deepcopy(model.state_dict()), key, 0
+            best, best_key, best_epoch, stale = copy.deepcopy(model.state_dict()), key, epoch, 0
         else:
             stale += 1
         if stale >= config.patience or time.monotonic() > deadline:
             break
     model.load_state_dict(best)
     model.eval()
-    test = early_accuracy(class_logits(model, data.test), data.test.labels)
-    metrics = {
-        "history": history,
-        "val_accuracy": best_key[0],
-        "test": {"accuracy": test.final, "accuracy_by_fraction": {str(k): v for k, v in test.by_fraction.items()}},
-    }
-    return model, metrics
+    metrics = {"history": history, "val_accuracy": best_key[0], "best_epoch": best_epoch, "epochs_run": len(history)}
+    return model, {**metrics, **score_task(model, config, data)}
+
+
+DEFAULT_DATA = {"series": "power-hourly", "class": "JapaneseVowels"}
+
+
+def load_task_data(config: TaskTrainConfig) -> SeriesData | ClassData:
+    """Read ``config.data`` (a name of ``SERIES_DATASETS`` or ``CLASS_DATASETS``, by task) from the
+    wheel cache; ``DataError`` for an unknown name or a missing wheel."""
+    known = SERIES_DATASETS if config.task == "series" else CLASS_DATASETS
+    if config.data not in known:
+        raise DataError(f"unknown {config.task} data set {config.data!r}; expected one of {sorted(known)}")
+    cache = config.cache or None
+    return load_series(config.data, cache) if config.task == "series" else load_class(config.data, cache)
+
+
+def checkpoint_metadata(config: TaskTrainConfig, data: SeriesData | ClassData) -> dict[str, Any]:
+    """What ``train_task`` stores beside the weights: ``task``, ``data``, ``source``, ``name`` (the
+    served model name), ``channels``, ``train_config``; series also ``horizon``, ``quantiles``,
+    ``step_seconds`` (the regular step, ``SeriesData.period``) and ``time_unit`` (``"seconds"``:
+    event times are seconds since the Unix epoch, the calendar features come from them); class
+    also ``class_names``."""
+    meta: dict[str, Any] = {"task": config.task, "data": config.data, "source": data.source, "name": config.run_name}
+    if isinstance(data, SeriesData):
+        meta |= {
+            "channels": list(data.channels),
+            "horizon": config.horizon,
+            "quantiles": list(config.quantiles),
+            "step_seconds": float(data.period),
+            "time_unit": "seconds",
+        }
+    else:
+        meta |= {"channels": list(data.channels), "class_names": list(data.class_names)}
+    return {**meta, "train_config": config.to_dict()}
 
 
 def train_task(config: TaskTrainConfig, data: SeriesData | ClassData | None = None, verbose: bool = True) -> TaskResult:
@@ -354,35 +477,53 @@ def train_task(config: TaskTrainConfig, data: SeriesData | ClassData | None = No
         if verbose:
             print(message, flush=True)
 
-    cache = config.cache or None
+    loaded = data if data is not None else load_task_data(config)
     if config.task == "series":
-        series = data if data is not None else load_series(config.data, cache)
-        if not isinstance(series, SeriesData):
-            raise DataError(f"task series needs SeriesData; got {type(series).__name__}")
-        model, metrics = _train_series(config, series, say)
-        info: dict[str, Any] = {
-            "channels": list(series.channels),
-            "horizon": config.horizon,
-            "quantiles": list(config.quantiles),
-        }
+        if not isinstance(loaded, SeriesData):
+            raise DataError(f"task series needs SeriesData; got {type(loaded).__name__}")
+        model, metrics = _train_series(config, loaded, say)
     else:
-        labelled = data if data is not None else load_class(config.data, cache)
-        if not isinstance(labelled, ClassData):
-            raise DataError(f"task class needs ClassData; got {type(labelled).__name__}")
-        model, metrics = _train_class(config, labelled, say)
-        info = {"channels": list(labelled.channels), "class_names": list(labelled.class_names)}
-    source = (series if config.task == "series" else labelled).source  # type: ignore[union-attr]
-    metrics = {"task": config.task, "data": config.data, "source": source, "config": config.to_dict(), **metrics}
+        if not isinstance(loaded, ClassData):
+            raise DataError(f"task class needs ClassData; got {type(loaded).__name__}")
+        model, metrics = _train_class(config, loaded, say)
+    metrics = {
+        "task": config.task,
+        "name": config.run_name,
+        "data": config.data,
+        "source": loaded.source,
+        "config": config.to_dict(),
+        **metrics,
+    }
     metrics["parameters"] = sum(p.numel() for p in model.parameters())
     out = Path(config.out_dir)
-    version = save_checkpoint(
-        out / "best",
-        model,
-        {"task": config.task, "data": config.data, "source": source, **info, "train_config": config.to_dict()},
-    )
+    meta = checkpoint_metadata(config, loaded)
+    meta["selection"] = {k: metrics[k] for k in ("val_mse", "val_accuracy", "best_epoch", "epochs_run") if k in metrics}
+    version = save_checkpoint(out / "best", model, meta)
     metrics["model_version"] = version
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
     return TaskResult(model, metrics, out)
+
+
+def command_line(config: TaskTrainConfig) -> str:
+    """The ``aaren train --task ...`` command that runs ``config``: ``--data``, ``--name`` and
+    ``--out-dir`` always, ``--set`` for every other key that differs from the defaults."""
+    default = TaskTrainConfig(task=config.task).to_dict()
+    parts = [f"aaren train --task {config.task} --data {config.data}"]
+    if config.name:
+        parts.append(f"--name {config.name}")
+    parts.append(f"--out-dir {config.out_dir}")
+    for key, value in config.to_dict().items():
+        if key in ("task", "data", "name", "out_dir") or value == default[key]:
+            continue
+        text = (
+            ",".join(f"{v:g}" for v in value)
+            if isinstance(value, list)
+            else str(value).lower()
+            if isinstance(value, bool)
+            else str(value)
+        )
+        parts.append(f"--set {key}={text}")
+    return " ".join(parts)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -391,13 +532,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any TaskTrainConfig field")
     args = parser.parse_args(argv)
     changes = dict(item.split("=", 1) for item in args.set)
-    if args.task == "class" and "data" not in changes:
-        changes["data"] = "JapaneseVowels"
+    changes.setdefault("data", DEFAULT_DATA[args.task])
     try:
         config = TaskTrainConfig(task=args.task).replace(**changes)
-        known = SERIES_DATASETS if config.task == "series" else CLASS_DATASETS
-        if config.data not in known:
-            raise DataError(f"unknown {config.task} data set {config.data!r}; expected one of {sorted(known)}")
         result = train_task(config)
     except (DataError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None

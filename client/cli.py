@@ -6,6 +6,7 @@ client commands run with the client's dependencies only.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -39,12 +40,102 @@ class _TrainCommand(typer.core.TyperCommand):
     """``aaren train --help`` ends with the ``--set`` keys, read from aaren_core when help is shown."""
 
     def format_help(self, ctx: typer.Context, formatter: typer.core.click.HelpFormatter) -> None:
+        from aaren_core import task_training
         from aaren_core.training import SET_KEYS, TrainConfig
 
         defaults = TrainConfig().to_dict()
         keys = "\n".join(f"  {k}: {text} [default: {_shown(defaults[k])}]" for k, text in SET_KEYS.items())
-        self.epilog = f"Keys for --set KEY=VALUE (or a --config file):\n\n{keys}"
+        task_defaults = task_training.TaskTrainConfig().to_dict()
+        task_keys = "\n".join(
+            # Parentheses: rich would take "[default: ...]" for markup and drop it.
+            f"  {k}: {text} (default: {_shown_task(task_defaults[k])})"
+            for k, text in task_training.SET_KEYS.items()
+            if k not in ("task", "data", "out_dir", "name")
+        )
+        self.epilog = (
+            f"Keys for --set KEY=VALUE (or a --config file):\n\n{keys}\n\n"
+            f"With --task series or --task class (data sets: series {', '.join(_series_sets())}; class "
+            f"{', '.join(_class_sets())}), --set takes these keys instead (the shared flags --data, --out-dir, "
+            f"--name, --backbone, --d-model, --n-layers, --n-heads, --epochs, --batch-size, --lr, --seed "
+            f"work too):\n\n{task_keys}"
+        )
         super().format_help(ctx, formatter)
+
+
+def _shown_task(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(f"{v:g}" for v in value)
+    return "none" if value == "" else str(value).lower()
+
+
+def _series_sets() -> list[str]:
+    from aaren_core.datasets import SERIES_DATASETS
+
+    return list(SERIES_DATASETS)
+
+
+def _class_sets() -> list[str]:
+    from aaren_core.datasets import CLASS_DATASETS
+
+    return list(CLASS_DATASETS)
+
+
+def _fail(message: str) -> typer.Exit:
+    """Print ``error: message`` to stderr; the caller raises the returned exit (status 1)."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+def _set_items(items: list[str] | None) -> dict[str, object]:
+    changes: dict[str, object] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
+        changes[key.strip().replace("-", "_")] = value
+    return changes
+
+
+def _train_task(task: str, flags: dict[str, object], set_items: list[str] | None) -> None:
+    """``aaren train --task series|class``: ``aaren_core.task_training.train_task``, then the report."""
+    from aaren_core import task_training
+    from aaren_core.checkpoint import CheckpointError
+    from aaren_core.data import DataError
+    from aaren_core.task_report import write_task_report
+
+    changes = _set_items(set_items)
+    if "task" in changes:
+        raise _fail("give the task with --task, not --set task=...")
+    changes = {"data": task_training.DEFAULT_DATA[task], **flags, **changes}
+    try:
+        cfg = task_training.TaskTrainConfig(task=task).replace(**changes)
+        data = task_training.load_task_data(cfg)
+        result = task_training.train_task(cfg, data)
+        write_task_report(result.metrics, result.model, data, result.out_dir)
+    except (DataError, CheckpointError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(_task_summary(result.metrics))
+    typer.echo(f"checkpoint {result.out_dir / 'best'}; report {result.out_dir / 'report.md'}")
+
+
+def _task_summary(metrics: dict[str, object]) -> str:
+    """One line of a series or class run's test scores."""
+    test, base = metrics["test"], metrics["baselines"]
+    assert isinstance(test, dict) and isinstance(base, dict)
+    if metrics["task"] == "series":
+        seasonal = next(k for k in base if k.startswith("seasonal_naive_"))
+        stream = test.get("streaming")
+        streaming = f", streaming {stream['mse']:.4f}/{stream['mae']:.4f}" if stream else ""
+        return (
+            f"{metrics['name']} on test: MSE/MAE restricted {test['restricted']['mse']:.4f}/"
+            f"{test['restricted']['mae']:.4f}{streaming}; last value {base['last_value']['mse']:.4f}/"
+            f"{base['last_value']['mae']:.4f}, seasonal naive {base[seasonal]['mse']:.4f}/{base[seasonal]['mae']:.4f}"
+        )
+    by = test["accuracy_by_fraction"]
+    return (
+        f"{metrics['name']} on test: accuracy {test['accuracy']:.3f} (majority class "
+        f"{base['majority_class']['accuracy']:.3f}); after 10% / 50% of each sequence {by['0.1']:.3f} / {by['0.5']:.3f}"
+    )
 
 
 def _shown(value: object) -> str:
@@ -60,13 +151,24 @@ def _data_path(data: str) -> str:
 
 @app.command(cls=_TrainCommand)
 def train(
+    task: Annotated[
+        str,
+        typer.Option(
+            help="event (forecast the next event), series (the next H steps of every channel, mean and "
+            "quantiles) or class (class probabilities after every step)"
+        ),
+    ] = "event",
     config: Annotated[Path | None, typer.Option(help="a .json or .toml train config (flags override it)")] = None,
     backbone: Annotated[str | None, typer.Option(help="aaren, transformer or gru")] = None,
     d_model: Annotated[int | None, typer.Option(help="model width")] = None,
     n_layers: Annotated[int | None, typer.Option(help="backbone layers")] = None,
     n_heads: Annotated[int | None, typer.Option(help="attention heads")] = None,
     data: Annotated[
-        str | None, typer.Option(help="`flights` or a .csv/.parquet of session_id,time,mark[,values]")
+        str | None,
+        typer.Option(
+            help="`flights` or a .csv/.parquet of session_id,time,mark[,values]; with --task series or "
+            "class a data set name (power-hourly, JapaneseVowels...)"
+        ),
     ] = None,
     time_unit: Annotated[
         str | None, typer.Option(help="unit of numeric times in --data: seconds, minutes, hours or days")
@@ -76,13 +178,39 @@ def train(
     lr: Annotated[float | None, typer.Option(help="peak learning rate")] = None,
     seed: Annotated[int | None, typer.Option(help="seed of everything random")] = None,
     out_dir: Annotated[str | None, typer.Option(help="run directory (best/ and last/ checkpoints)")] = None,
+    name: Annotated[str | None, typer.Option(help="model name in the checkpoint (the served name)")] = None,
     set_: Annotated[
         list[str] | None,
         typer.Option("--set", help="any other config key, KEY=VALUE (repeatable)", metavar="KEY=VALUE"),
     ] = None,
     resume: Annotated[bool, typer.Option(help="continue from <out_dir>/last")] = False,
 ) -> None:
-    """Train a forecaster (also under `torchrun --nproc_per_node=N`, with DistributedDataParallel)."""
+    """Train a forecaster (also under `torchrun --nproc_per_node=N`, with DistributedDataParallel).
+
+    --task series or --task class trains a series forecaster or a sequence classifier on a named
+    data set instead and writes best/, metrics.json and report.md (with plots) into --out-dir.
+    """
+    if task in ("series", "class"):
+        for flag, given in (("--config", config), ("--time-unit", time_unit), ("--resume", resume or None)):
+            if given is not None:
+                raise _fail(f"{flag} is for the event task; with --task {task} use --set KEY=VALUE")
+        shared = {
+            "model": backbone,
+            "d_model": d_model,
+            "n_layers": n_layers,
+            "n_heads": n_heads,
+            "data": data,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "lr": lr,
+            "seed": seed,
+            "out_dir": out_dir,
+            "name": name,
+        }
+        _train_task(task, {k: v for k, v in shared.items() if v is not None}, set_)
+        return
+    if task != "event":
+        raise _fail(f"--task {task!r}: expected event, series or class")
     from aaren_core.data import DataError
     from aaren_core.training import TrainConfig
     from aaren_core.training import train as run_training
@@ -100,6 +228,7 @@ def train(
         "lr": lr,
         "seed": seed,
         "out_dir": out_dir,
+        "name": name,
     }
     changes: dict[str, object] = {k: v for k, v in flags.items() if v is not None}
     for item in set_ or []:
@@ -131,7 +260,15 @@ def evaluate(
     out: Annotated[Path | None, typer.Option(help="report directory [default: the checkpoint directory]")] = None,
     plots: Annotated[bool, typer.Option(help="draw PNG plots")] = True,
 ) -> None:
-    """Score a checkpoint and the no-history/constant baselines; write report.md, metrics.json, plots."""
+    """Score a checkpoint and the no-history/constant baselines; write report.md, metrics.json, plots.
+
+    A series or class checkpoint (from `aaren train --task series|class`) is re-scored on its test
+    split from its stored config, as training scored it, beside its baselines.
+    """
+    task = _checkpoint_task(checkpoint)
+    if task in ("series", "class"):
+        _evaluate_task(checkpoint, split=split, data=data, out=out or checkpoint, plots=plots)
+        return
     from aaren_core.data import DataError
     from aaren_core.evaluation import evaluate_checkpoint, shows_top3
 
@@ -157,6 +294,33 @@ def evaluate(
         f"q50 {r['calib_q50_below']:.3f}-{r['calib_q50']:.3f}, q90 {r['calib_q90_below']:.3f}-{r['calib_q90']:.3f}, "
         f"PIT KS {r['pit_ks']:.4f}; report in {out or checkpoint}"
     )
+
+
+def _checkpoint_task(checkpoint: Path) -> str | None:
+    """The ``task`` in a checkpoint's metadata (read as JSON, no torch), or ``None``: event checkpoints
+    and anything unreadable go the event way, which reports its own errors."""
+    try:
+        record = json.loads((checkpoint / "config.json").read_text())
+        task = record["metadata"]["task"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return task if isinstance(task, str) else None
+
+
+def _evaluate_task(checkpoint: Path, *, split: str, data: str | None, out: Path, plots: bool) -> None:
+    from aaren_core.checkpoint import CheckpointError
+    from aaren_core.data import DataError
+    from aaren_core.task_report import evaluate_task_checkpoint
+
+    if split != "test":
+        raise _fail(f"--split {split}: a series or class checkpoint is scored on its test split only")
+    if data is not None:
+        raise _fail("--data is for event checkpoints; a series or class checkpoint reads the data set it names")
+    try:
+        metrics = evaluate_task_checkpoint(checkpoint, out_dir=out, plots=plots)
+    except (DataError, CheckpointError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"{_task_summary(metrics)}; report in {out}")
 
 
 split_app = typer.Typer(help="The train/val/test parts of a data set, as training splits it.", no_args_is_help=True)
