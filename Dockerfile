@@ -72,11 +72,12 @@ COPY --from=deps /opt/aaren/venv /opt/aaren/venv
 RUN --mount=type=bind,from=build,source=/dist,target=/dist \
     /opt/aaren/venv/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl \
     && /opt/aaren/venv/bin/pip check
-COPY models/default /opt/aaren/models/default
+# The model repository: the default event model and one model per task, each served by name.
+COPY models /opt/aaren/models
 ENV PATH=/opt/aaren/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    AAREN_CHECKPOINT=/opt/aaren/models/default \
+    AAREN_MODELS_DIR=/opt/aaren/models \
     AAREN_ADDRESS=0.0.0.0:50051 \
     AAREN_METRICS_ADDRESS=0.0.0.0 \
     AAREN_METRICS_PORT=9464

@@ -99,7 +99,7 @@ def copies() -> list[tuple[list[str], str]]:
 
 def test_every_copy_source_exists_and_is_in_the_build_context():
     sources = [s for srcs, _ in copies() for s in srcs]
-    assert "models/default" in sources and "server" in sources
+    assert "models" in sources and "server" in sources
     for source in sources:
         assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
         assert not ignored(source), f"COPY {source}: excluded from the build context by .dockerignore"
@@ -111,9 +111,9 @@ def test_runtime_stage_runs_as_non_root_with_the_bundled_model():
     users = [rest for instruction, rest in final if instruction == "USER"]
     assert users and users[-1] not in ("root", "0"), "the runtime stage must switch to a non-root user"
     env = " ".join(rest for instruction, rest in final if instruction == "ENV")
-    checkpoint = re.search(r"AAREN_CHECKPOINT=(\S+)", env)
-    model_dest = next(dest for srcs, dest in copies() if "models/default" in srcs)
-    assert checkpoint and checkpoint.group(1) == model_dest, "AAREN_CHECKPOINT must point at the copied model"
+    repository = re.search(r"AAREN_MODELS_DIR=(\S+)", env)
+    model_dest = next(dest for srcs, dest in copies() if "models" in srcs)
+    assert repository and repository.group(1) == model_dest, "AAREN_MODELS_DIR must point at the copied models"
     for name in re.findall(r"\b(AAREN_[A-Z_]+)=", env):
         assert name in SETTINGS, f"ENV {name} is not a setting of aaren serve"
     exposed = {p for instruction, rest in final if instruction == "EXPOSE" for p in rest.split()}
@@ -326,6 +326,14 @@ def test_image_serves_the_flights_one_forecast_per_event(engine, network, start_
             return engine.run("inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true"
 
         wait_serving(address, alive)
+        # The image serves the whole bundled repository: the event model by default, a model per task.
+        from aaren.client import SyncClient
+
+        with SyncClient(address) as client:
+            info = client.describe_model()
+            assert (info.name, info.task) == ("aaren-flights", "event")
+            assert set(info.served_models) == {"aaren-flights", "aaren-series-power", "aaren-class-vowels"}
+            assert client.describe_model("aaren-series-power").horizon == 24
         out = tmp_path / "forecasts.csv"
         # Many events a message: the same forecasts, in a fraction of one-event messages' time.
         summary = replay(address, "--batch", "16", out=out)
