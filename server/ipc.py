@@ -75,7 +75,7 @@ def _array(raw: RawArray) -> np.ndarray:
 
 
 def pack_requests(items: list[tuple[int, CoreRequest]]) -> dict[str, Any]:
-    """Requests (with their ids) as one set of concatenated columns."""
+    """Requests (with their ids) as one set of concatenated columns (all of one value width)."""
     requests = [r for _, r in items]
     sizes = [len(r.index) for r in requests]
     events = [r.events for r in requests]
@@ -109,8 +109,32 @@ def unpack_requests(packed: dict[str, Any]) -> list[tuple[int, CoreRequest]]:
     return out
 
 
+def output_signature(outcomes: Outcomes) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The names and trailing shapes of ``outcomes``' output columns: outcomes of one signature (one
+    model's, or none) concatenate into one set of columns."""
+    return tuple((name, column.shape[1:]) for name, column in outcomes.outputs.items())
+
+
+def group_by_signature(items: list[tuple[int, Outcomes]]) -> list[list[tuple[int, Outcomes]]]:
+    """``items`` in groups that ``pack_outcomes`` can pack together (outcomes without outputs go with
+    the first group), each in the order given."""
+    groups: dict[tuple[Any, ...], list[tuple[int, Outcomes]]] = {}
+    bare: list[tuple[int, Outcomes]] = []
+    for item in items:
+        if item[1].outputs:
+            groups.setdefault(output_signature(item[1]), []).append(item)
+        else:
+            bare.append(item)
+    out = list(groups.values())
+    if not out:
+        return [bare] if bare else []
+    out[0] = bare + out[0]
+    return out
+
+
 def pack_outcomes(items: list[tuple[int, Outcomes]]) -> dict[str, Any]:
-    """Outcomes (with their request ids) as one set of concatenated columns."""
+    """Outcomes (with their request ids) as one set of concatenated columns; every outcome with
+    outputs must have the same ``output_signature`` (``group_by_signature``)."""
     outcomes = [o for _, o in items]
     names = next((list(o.outputs) for o in outcomes if o.outputs), [])
     with_outputs = [o for o in outcomes if o.outputs]
@@ -175,10 +199,12 @@ class _Connection:
         self.flush_scheduled = False
         items, self.outbox = self.outbox, []
         if items and not self.closed:
-            try:
-                self.send(("results", pack_outcomes(items)))
-            except Exception:
-                log.exception("sending results to front end %d failed", self.index)
+            # Several models answer on one connection: one frame per set of output columns.
+            for group in group_by_signature(items):
+                try:
+                    self.send(("results", pack_outcomes(group)))
+                except Exception:
+                    log.exception("sending results to front end %d failed", self.index)
 
 
 class CoreServer:
@@ -345,9 +371,10 @@ class CoreClient:
         reader, self._writer = await asyncio.open_unix_connection(self.path)
         self._writer.write(_LENGTH.pack(len(self.key)) + self.key)
         write_frame(self._writer, ("hello", self.index))
-        kind, (descriptions, aliases), serving = await read_frame(reader)
+        kind, payload, serving = await read_frame(reader)
         if kind != "welcome":
             raise ConnectionError(f"the engine core answered {kind!r} to hello")
+        descriptions, aliases = payload
         self.descriptions, self.aliases, self.serving = tuple(descriptions), dict(aliases), serving
         self.description = self.descriptions[0]
         self._reader_task = asyncio.create_task(self._read(reader), name="aaren-core-client")
@@ -381,7 +408,12 @@ class CoreClient:
         self._flush_scheduled = False
         items, self._outbox = self._outbox, []
         if items and not self.lost and self._writer is not None:
-            write_frame(self._writer, ("submit", pack_requests(items)))
+            # Models differ in their value width: one frame per width (usually one).
+            by_width: dict[int, list[tuple[int, CoreRequest]]] = {}
+            for item in items:
+                by_width.setdefault(item[1].events.values.shape[1], []).append(item)
+            for group in by_width.values():
+                write_frame(self._writer, ("submit", pack_requests(group)))
 
     def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:
         if not self.lost and self._writer is not None:

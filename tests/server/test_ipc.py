@@ -10,11 +10,12 @@ import stat
 
 import grpc
 import numpy as np
+import pytest
 from server_helpers import OpenStream, assert_forecast, ev, stub_for
 
 from aaren.server.columns import ACK, ERROR, FORECAST, Outcomes
 from aaren.server.errors import catalogue
-from aaren.server.ipc import pack_outcomes, pack_requests, unpack_outcomes, unpack_requests
+from aaren.server.ipc import group_by_signature, pack_outcomes, pack_requests, unpack_outcomes, unpack_requests
 from aaren.server.validation import EventChecker
 
 CHECKER = EventChecker(5, ("a", "b"), 64)
@@ -73,6 +74,32 @@ def test_outcomes_survive_packing_and_pickling():
         assert got.outputs.keys() == want.outputs.keys()
         for name in want.outputs:
             np.testing.assert_array_equal(got.outputs[name], want.outputs[name])
+
+
+def test_outcomes_of_several_models_travel_in_one_frame_per_set_of_columns():
+    """Each model's batcher answers on its own: one flush may hold event, series (of two horizons)
+    and class outcomes, which cannot share columns; each reaches its request whole."""
+
+    def forecast(outputs: dict[str, np.ndarray]) -> Outcomes:
+        return Outcomes(np.array([FORECAST], np.int8), np.zeros(1, np.int64), {}, np.array([0]), outputs)
+
+    items = [
+        (1, forecast({"time_mean": np.array([1.5]), "top_marks": np.array([[1, 0]])})),
+        (2, forecast({"series_mean": np.ones((1, 3, 2)), "series_quantiles": np.ones((1, 3, 2, 3))})),
+        (3, Outcomes.refused(catalogue.too_many_events(20_000, 10_000))),
+        (4, forecast({"series_mean": np.zeros((1, 4, 2)), "series_quantiles": np.zeros((1, 4, 2, 3))})),
+        (5, forecast({"class_top": np.array([[2, 0, 1]]), "class_probs": np.array([[0.5, 0.3, 0.2]])})),
+        (6, forecast({"time_mean": np.array([0.5]), "top_marks": np.array([[0, 1]])})),
+    ]
+    with pytest.raises((KeyError, ValueError)):
+        pack_outcomes(items)  # what one frame for all of them did
+    groups = group_by_signature(items)
+    assert sorted(i for group in groups for i, _ in group) == [1, 2, 3, 4, 5, 6] and len(groups) == 4
+    back = dict(item for group in groups for item in unpack_outcomes(pickle.loads(pickle.dumps(pack_outcomes(group)))))
+    for i, want in items:
+        assert back[i].outputs.keys() == want.outputs.keys() and back[i].request_error == want.request_error
+        for name, column in want.outputs.items():
+            np.testing.assert_array_equal(back[i].outputs[name], column)
 
 
 def test_the_core_socket_is_private_and_refuses_a_connection_without_its_key(start_server):

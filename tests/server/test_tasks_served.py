@@ -385,3 +385,39 @@ def test_tenants_share_one_event_budget_over_every_model_and_never_see_each_othe
         assert mine.last_seq == 4
         a.end_requests()
         b.close()
+
+
+def test_concurrent_streams_of_three_models_on_one_connection_are_all_answered(start_server, repository):
+    """One connection (one front-end process in the multi-process layout) streams to all three models
+    at once: their batchers answer independently, often in the same turn of the core's loop."""
+    srv = start_server()
+    n = 15
+    series = _series_events("mix", n, seed=14)
+    trial = _class_events("mix", n, seed=15)
+    mean, _ = _offline_series(repository, series)
+    probs = _offline_class(repository, trial)
+    with grpc.insecure_channel(srv.address) as channel:
+        stub = stub_for(channel)
+        streams = {model: OpenStream(stub) for model in ("", "tiny-series", "tiny-class")}
+        for i in range(n):
+            streams[""].put([pb.Event(session_id="mix", seq=i + 1, time=float(i), values=[0.5, -0.5])])
+            streams["tiny-series"].put([series[i]], model="tiny-series")
+            streams["tiny-class"].put([trial[i]], model="tiny-class", layout=pb.RESPONSE_LAYOUT_COLUMNS)
+        for i in range(n):
+            event = streams[""].next()
+            assert outcome(event.results[0]) == "forecast" and event.results[0].forecast.HasField("next_time")
+            got_mean, _ = _served_series(streams["tiny-series"].next())
+            np.testing.assert_allclose(got_mean[0], mean[i], atol=ATOL, rtol=1e-4)
+            (top, *_), *_ = _served_class(streams["tiny-class"].next(), 3)
+            assert top[0] == int(np.argmax(probs[i]))
+        for stream in streams.values():
+            stream.close()
+        # Ending one model's session leaves the same id under the other models alone.
+        stub.EndSession(pb.EndSessionRequest(session_id="mix", model="tiny-class"), timeout=CALL_TIMEOUT_S)
+        for model, seq in (("", n), ("tiny-series", n)):
+            view = stub.GetSession(
+                pb.GetSessionRequest(session_id="mix", model=model, include_state=True), timeout=CALL_TIMEOUT_S
+            )
+            assert view.last_seq == seq and view.state and len(view.state) > 0
+        error = rpc_error(stub.GetSession, pb.GetSessionRequest(session_id="mix", model="tiny-class"))
+        assert_rpc_error(error, grpc.StatusCode.NOT_FOUND, "session_not_found")
