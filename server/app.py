@@ -115,12 +115,15 @@ class AarenServer:
         engine = served.default
         stores = [
             open_store(
-                model_store_url(s.store_url, task.description.name, default=i == 0),
+                model_store_url(
+                    s.store_url, task.description.name, default=task.description.name == served.legacy_keys
+                ),
                 StateLayout(task.layout_rows()),
                 capacity=s.session_capacity,
                 idle_ttl_s=s.idle_ttl_s,
             )
-            for i, task in enumerate(served.tasks)
+            for task in served.tasks
+            for name in [task.description.name]
         ]
         store = stores[0]
         self.core = EngineCore(

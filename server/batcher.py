@@ -139,6 +139,10 @@ class Batcher:
         self.sessions_held = 0
         #: Called after each count: the engine core sums the models' gauges.
         self.on_sessions_counted: Callable[[], None] | None = None
+        #: A tenant's sessions (all models': the engine core sets it); default: this store's.
+        self.count_tenant_sessions: Callable[[str], Awaitable[int]] = store.count_group
+        #: Whether that count is cheap (exact every time) rather than cached for TENANT_COUNT_TTL_S.
+        self.cheap_tenant_count = store.cheap_count
         self._by_reason: dict[str, object] = {}
         self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
         #: Every forecast ranks every mark (or class); front ends keep a request's top_k.
@@ -440,10 +444,10 @@ class Batcher:
         now = time.monotonic()
         limit = self.settings.max_sessions_per_tenant
         for tenant in tenants:
-            cached = None if self.store.cheap_count else self._tenant_counts.get(tenant)
+            cached = None if self.cheap_tenant_count else self._tenant_counts.get(tenant)
             if cached is None or now - cached[0] > TENANT_COUNT_TTL_S or cached[1] >= limit:
                 try:
-                    cached = (now, await self.store.count_group(tenant))
+                    cached = (now, await self.count_tenant_sessions(tenant))
                 except StoreUnavailableError:
                     cached = (now, 0)  # the load just worked; the save will tell if the store is gone
                 self._tenant_counts[tenant] = cached

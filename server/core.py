@@ -49,8 +49,8 @@ class ServedModel:
 class EngineCore:
     """``engine`` and ``store`` are the default model's; ``more`` are the other served models, each
     ``(engine, store)`` (``aaren.server.repository``), reached by ``CoreRequest.model`` or the unary
-    calls' ``model``. Admission is shared: a tenant's event rate, pending events and streams span every
-    model; its sessions are counted per model (each model's store holds its own)."""
+    calls' ``model``. Admission is shared: a tenant's event rate, pending events, streams and
+    sessions span every model."""
 
     def __init__(
         self,
@@ -74,6 +74,10 @@ class EngineCore:
                 raise ValueError(f"two served models are named {d.name!r}")
             self.models[d.name] = self._served(task, task_store)
         self.aliases = {k: v for k, v in (aliases or {}).items() if v in self.models}
+        if len(self.models) > 1:  # a tenant's session limit counts its sessions of every model
+            cheap = all(m.store.cheap_count for m in self.models.values())
+            for m in self.models.values():
+                m.batcher.count_tenant_sessions, m.batcher.cheap_tenant_count = self._tenant_sessions, cheap
         default = self.models[engine.description.name]
         self.engine, self.store, self.batcher = engine, store, default.batcher
         self.checker, self.sessions = default.checker, default.sessions
@@ -94,6 +98,10 @@ class EngineCore:
         store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
         metrics.model_state_bytes_per_session.labels(d.name).set(d.state_bytes_per_session)
         return ServedModel(engine, store, batcher, checker, sessions)
+
+    async def _tenant_sessions(self, tenant: str) -> int:
+        """The tenant's sessions over every model's store."""
+        return sum([await m.store.count_group(tenant) for m in self.models.values()])
 
     def _set_session_totals(self) -> None:
         """The session gauges over every model (each batcher counts its own model's)."""
@@ -163,7 +171,7 @@ class EngineCore:
             if refusal is not None:
                 self.metrics.limit_refusals.labels(refusal.reason).inc()
         if refusal is not None:
-            (served or self.sessions).batcher.count_rejection(refusal, n)
+            self.count_rejection(refusal, n, request.model)
             on_done(Outcomes.refused(refusal))
             return
         assert served is not None
@@ -175,8 +183,14 @@ class EngineCore:
         served.batcher.enqueue(request, on_done)
 
     def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:
-        """Count events a front end refused whole (e.g. an unknown layout)."""
-        (self.served(model) or self.models[self.engine.description.name]).batcher.count_rejection(error, n)
+        """Count events refused whole (e.g. an unknown layout), by their model when it is served;
+        those for a model not served count in the service's totals only."""
+        served = self.served(model)
+        if served is not None:
+            served.batcher.count_rejection(error, n)
+        else:
+            self.metrics.events.labels("rejected").inc(n)
+            self.metrics.rejections.labels(error.reason).inc(n)
 
     async def open_stream(self, tenant: str) -> ErrorInfo | None:
         refusal = self.admission.open_stream(tenant)

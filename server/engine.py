@@ -20,7 +20,7 @@ from torch import Tensor
 
 from aaren.server.columns import ModelDescription
 from aaren.server.tasks import Outputs
-from aaren_core.checkpoint import load_checkpoint
+from aaren_core.checkpoint import Checkpoint, load_checkpoint
 from aaren_core.event_model import EventModel, EventModelConfig
 from aaren_core.fused import FusedEventModel
 from aaren_core.state import State
@@ -31,6 +31,7 @@ __all__ = [
     "ModelDescription",
     "Outputs",
     "RunColumns",
+    "engine_of_checkpoint",
     "load_engine",
     "resolve_device",
 ]
@@ -352,6 +353,14 @@ def load_engine(
     ckpt = load_checkpoint(checkpoint, map_location=device)
     if not isinstance(ckpt.model, EventModel):
         raise ValueError(f"{checkpoint} holds a {ckpt.kind!r} model; the service needs an event_model checkpoint")
+    return engine_of_checkpoint(ckpt, device, quantiles, compile_model=compile_model)
+
+
+def engine_of_checkpoint(
+    ckpt: Checkpoint, device: torch.device, quantiles: Sequence[float], *, compile_model: bool = False
+) -> Engine:
+    """The engine of a loaded event-model checkpoint."""
+    assert isinstance(ckpt.model, EventModel)
     name = str(ckpt.metadata.get("name", f"aaren-{ckpt.config['backbone']['kind']}"))
     return Engine(
         ckpt.model,

@@ -8,21 +8,24 @@ comes from the model kind it holds: an ``EventModel`` is served by the event tas
 requests may also use its folder's name. Names are unique within a server.
 
 The default model (requests that name none) is ``default_model`` when set, else the folder
-``default``, else the first folder in name order. ``checkpoint`` serves that one checkpoint
-alone; no repository and no checkpoint serves a random tiny event model (said loudly).
+``default``, else the first folder in name order. Sessions of the folder ``default``'s model keep
+the store's own key space (where a one-model server kept them); every other model's live under
+its name (``aaren.server.stores.model_store_url``), so choosing another default moves no session.
+``checkpoint`` serves that one checkpoint alone; no repository and no checkpoint serves a random
+tiny event model (said loudly).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from aaren.server.engine import load_engine
+from aaren.server.engine import engine_of_checkpoint, load_engine
 from aaren.server.errors import ConfigError
 from aaren.server.task_engines import ClassEngine, SeriesEngine
 from aaren.server.tasks import Task
@@ -38,12 +41,20 @@ log = logging.getLogger(__name__)
 DEFAULT_FOLDER = "default"
 
 
+#: Model names: they name metrics, store key spaces (Redis key prefixes) and requests' models.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ServedModels:
-    """The loaded models, the default first; ``aliases`` maps folder names to model names."""
+    """The loaded models, the default first; ``aliases`` maps folder names to model names;
+    ``legacy_keys`` names the model whose sessions keep the store's own key space (the folder
+    ``default``'s, or the one ``checkpoint``'s: where a one-model server kept them), whichever
+    model is the default; every other model's sessions live under its name."""
 
-    tasks: list[Any]
+    tasks: list[Task]
     aliases: dict[str, str]
+    legacy_keys: str | None = None
 
     @property
     def default(self) -> Task:
@@ -63,21 +74,30 @@ def load_task(
     except CheckpointError as exc:
         raise ConfigError(f"model {checkpoint}: {exc}") from None
     model, metadata = ckpt.model, ckpt.metadata
-    if isinstance(model, EventModel):
-        return load_engine(str(checkpoint), device, quantiles, compile_model=compile_model)
+    task: Task
     try:
-        if isinstance(model, SeriesModel):
+        if isinstance(model, EventModel):
+            task = engine_of_checkpoint(ckpt, device, quantiles, compile_model=compile_model)
+        elif isinstance(model, SeriesModel):
             name = str(metadata.get("name") or f"aaren-series-{metadata.get('data', 'model')}")
-            return SeriesEngine(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
-        if isinstance(model, ClassModel):
+            task = SeriesEngine(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
+        elif isinstance(model, ClassModel):
             name = str(metadata.get("name") or f"aaren-class-{metadata.get('data', 'model')}")
-            return ClassEngine(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
+            task = ClassEngine(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
+        else:
+            raise ConfigError(
+                f"model {checkpoint} holds a {ckpt.kind!r} model; the service serves event_model, series_model "
+                "and class_model checkpoints"
+            )
     except ValueError as exc:
         raise ConfigError(f"model {checkpoint}: {exc}") from None
-    raise ConfigError(
-        f"model {checkpoint} holds a {ckpt.kind!r} model; the service serves event_model, series_model "
-        "and class_model checkpoints"
-    )
+    name = task.description.name
+    if not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(
+            f"model {checkpoint} is named {name!r}; expected letters, digits, '.', '_' or '-' (at most 128, "
+            "starting with a letter or digit): the name keys its sessions and metrics"
+        )
+    return task
 
 
 def model_folders(root: Path) -> list[Path]:
@@ -99,13 +119,14 @@ def load_models(
     """Every model to serve (module docstring), the default first."""
     if checkpoint is not None:
         task = load_task(checkpoint, device, quantiles, compile_model=compile_model)
-        return ServedModels([task], {Path(checkpoint).name: task.description.name})
+        return ServedModels([task], {Path(checkpoint).name: task.description.name}, task.description.name)
     folders = model_folders(models_dir)
     if not folders:
         if default_model is not None:
             raise ConfigError(f"default_model {default_model!r}: {models_dir} holds no model")
-        return ServedModels([load_engine(None, device, quantiles, compile_model=compile_model)], {})
-    tasks: list[Any] = []
+        random = load_engine(None, device, quantiles, compile_model=compile_model)
+        return ServedModels([random], {}, random.description.name)
+    tasks: list[Task] = []
     aliases: dict[str, str] = {}
     by_name: dict[str, Path] = {}
     for folder in folders:
@@ -131,6 +152,7 @@ def load_models(
     for task in tasks:
         d = task.description
         log.info("model %s: task %s, version %s, %d parameters", d.name, d.task, d.version, d.parameters)
+    legacy = aliases.get(DEFAULT_FOLDER)
     # Folder names that are also another model's name would be ambiguous: the model name wins.
     aliases = {k: v for k, v in aliases.items() if k not in by_name or k == v}
-    return ServedModels(tasks, aliases)
+    return ServedModels(tasks, aliases, legacy)

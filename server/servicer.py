@@ -363,7 +363,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         view = self._view(request.model)
         if view is None:
             info = catalogue.served_model_unknown(request.model, self._served_names())
-            core.count_rejection(info, len(request.events))
+            core.count_rejection(info, len(request.events), request.model)
             stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
             self._stream_latency.observe(time.perf_counter() - started)
             return

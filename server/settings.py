@@ -60,7 +60,9 @@ class ServerSettings(BaseSettings):
         1.0, gt=0, description="how often the store's health is checked (health service and aaren_store_up)"
     )
     session_capacity: PositiveInt = Field(
-        100_000, description="sessions the memory store holds before LRU eviction (Redis: bounded by its maxmemory)"
+        100_000,
+        description="sessions the memory store holds per served model before LRU eviction (Redis: bounded by "
+        "its maxmemory)",
     )
     idle_ttl_s: float = Field(3600.0, gt=0, description="a session idle this long is evicted")
     frontends: int = Field(
@@ -145,7 +147,9 @@ class ServerSettings(BaseSettings):
         1000, description="concurrent Stream calls of one tenant (past it: RESOURCE_EXHAUSTED)"
     )
     max_sessions_per_tenant: PositiveInt = Field(
-        1_000_000, description="sessions one tenant may hold (new sessions past it: RESOURCE_EXHAUSTED)"
+        1_000_000,
+        description="sessions one tenant may hold, of all served models together (new sessions past it: "
+        "RESOURCE_EXHAUSTED)",
     )
     tenant_events_per_s: float = Field(
         0.0, ge=0, description="events/s one tenant may send, token bucket (0: unlimited)"

@@ -61,3 +61,26 @@ def test_an_empty_repository_serves_a_random_tiny_event_model(tmp_path):
     assert len(served.tasks) == 1 and served.default.description.name == "aaren-random"
     with pytest.raises(ConfigError, match="holds no model"):
         _load(tmp_path, default_model="x")
+
+
+def test_model_names_must_be_safe_keys(tmp_path):
+    _class_checkpoint(tmp_path / "odd", "gestures{all}")
+    with pytest.raises(ConfigError, match=r"named 'gestures\{all\}'; expected letters, digits"):
+        _load(tmp_path)
+
+
+def test_the_default_folders_model_keeps_the_stores_own_keys_whichever_model_is_default(tmp_path, tiny_checkpoint):
+    from aaren.server.stores import model_store_url
+
+    shutil.copytree(tiny_checkpoint, tmp_path / "default")
+    _class_checkpoint(tmp_path / "gestures", "gestures")
+    for default_model in (None, "gestures"):
+        served = _load(tmp_path, default_model)
+        assert served.legacy_keys == "tiny"
+    url = "redis://127.0.0.1:6379/0?prefix=app:&timeout_s=3"
+    assert model_store_url(url, "tiny", default=True) == url
+    assert (
+        model_store_url(url, "gestures", default=False)
+        == "redis://127.0.0.1:6379/0?timeout_s=3&prefix=app%3Agestures%3A"
+    )
+    assert model_store_url("memory://?capacity=5", "gestures", default=False) == "memory://?capacity=5"

@@ -251,6 +251,9 @@ def test_each_model_checks_its_own_events_and_an_unknown_model_is_refused(start_
         assert metric(samples, "aaren_model_events_total", model="tiny-series", outcome="applied") == 1
         assert metric(samples, "aaren_model_events_total", model="tiny-series", outcome="rejected") == 1
         assert metric(samples, "aaren_model_sessions", model="tiny-series") == 1
+        # The unknown model's event counts in the service's totals only, never as the default model's.
+        assert metric(samples, "aaren_events_total", outcome="rejected") == 2
+        assert metric(samples, "aaren_model_events_total", model="tiny", outcome="rejected") == 0
         stub = stub_for(channel)
         small = stub.GetSession(pb.GetSessionRequest(session_id="m2", model="tiny-series"), timeout=CALL_TIMEOUT_S)
         assert small.model.name == "tiny-series" and small.last_seq == 1
@@ -385,6 +388,25 @@ def test_tenants_share_one_event_budget_over_every_model_and_never_see_each_othe
         assert mine.last_seq == 4
         a.end_requests()
         b.close()
+
+
+def test_a_tenants_session_limit_counts_its_sessions_of_every_model(start_server, tmp_path):
+    from aaren.server.auth import hash_token, new_token
+
+    token = new_token()
+    path = tmp_path / "tokens.txt"
+    path.write_text(f"tenant-a {hash_token(token)}\n")
+    srv = start_server(auth_tokens_file=path, max_sessions_per_tenant=2)
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel), metadata=[("authorization", f"Bearer {token}")])
+        assert outcome(stream.send(_series_events("one", 1, seed=16), model="tiny-series").results[0]) == "forecast"
+        assert outcome(stream.send(_class_events("two", 1, seed=17), model="tiny-class").results[0]) == "forecast"
+        third = stream.send([pb.Event(session_id="three", seq=1, time=1.0, values=[0.0, 0.0])])
+        assert_event_error(third.results[0], pb.ERROR_CODE_RESOURCE_EXHAUSTED, "tenant_session_limit")
+        assert outcome(stream.send(_series_events("one", 1, seed=16, first_seq=2), model="tiny-series").results[0]) == (
+            "forecast"
+        )  # its sessions go on
+        stream.close()
 
 
 def test_concurrent_streams_of_three_models_on_one_connection_are_all_answered(start_server, repository):
