@@ -153,13 +153,14 @@ def fast_quantiles(mix: LogNormalMixture, levels, dtype=torch.float32, schedule=
 def test_mixture_quantiles_against_float64_bisection(k, seed, schedule):
     """Spreads sigma in [e^-1.5, e^0.5] (trained models: about e^-1 to e^0.5). Float32: 1e-7 to 1e-6
     relative typically; at worst a few 1e-5 where the level falls where the CDF is flat (float32's
-    CDF then fixes the root no better; LogNormalMixture.quantiles, the old search, measured alike).
-    Float64 shows the search itself is exact to about 1e-9 there."""
+    CDF then fixes the root no better; LogNormalMixture.quantiles, the old search, measured alike),
+    and on some CPUs 2e-4 (one quantile of 20,000, level 0.01, on a Xeon whose float32 exp and erf
+    round differently). Float64 shows the search itself is exact to about 1e-9 there."""
     mix = random_mixture(4000, k, seed, min_log_scale=-1.5)
     want = bisection_quantiles(mix, LEVELS)
     err32 = ((fast_quantiles(mix, LEVELS, schedule=schedule).double() - want) / want).abs()
     err64 = ((fast_quantiles(mix, LEVELS, torch.float64, schedule) - want) / want).abs()
-    assert err32.max() < 1e-4 and err32.median() < 5e-7, (err32.max(), err32.median())
+    assert err32.max() < 5e-4 and err32.median() < 5e-7, (err32.max(), err32.median())
     assert err64.max() < 1e-9, err64.max()
     assert (fast_quantiles(mix, LEVELS, schedule=schedule).diff(dim=-1) >= 0).all()
 
