@@ -480,13 +480,24 @@ def forecast(
     top_k: Annotated[int, typer.Option(help="most likely marks to list (0: server default)", min=0)] = 0,
     paths: Annotated[bool, typer.Option("--paths", help="also return every sampled future (with --json)")] = False,
     as_json: AsJson = False,
+    model_name: Annotated[
+        str, typer.Option("--model", help="the session's model by name [default: the server's]")
+    ] = "",
 ) -> None:
     """Forecast a session's next event(s) from its current state (changes nothing)."""
     from aaren.client.commands import forecast_command
 
     raise typer.Exit(
         forecast_command(
-            target, session_id, horizon=horizon, samples=samples, seed=seed, top_k=top_k, paths=paths, as_json=as_json
+            target,
+            session_id,
+            horizon=horizon,
+            samples=samples,
+            seed=seed,
+            top_k=top_k,
+            paths=paths,
+            as_json=as_json,
+            model=model_name,
         )
     )
 
@@ -497,11 +508,14 @@ def session(
     target: Target = DEFAULT_TARGET,
     state_out: Annotated[Path | None, typer.Option(help="write the session's state (safetensors) to this file")] = None,
     as_json: AsJson = False,
+    model_name: Annotated[
+        str, typer.Option("--model", help="the session's model by name [default: the server's]")
+    ] = "",
 ) -> None:
     """Describe a session: last seq and time, state size, model, timestamps."""
     from aaren.client.commands import session_command
 
-    raise typer.Exit(session_command(target, session_id, state_out=state_out, as_json=as_json))
+    raise typer.Exit(session_command(target, session_id, state_out=state_out, as_json=as_json, model=model_name))
 
 
 @app.command()
@@ -509,11 +523,14 @@ def end(
     session_id: Annotated[str, typer.Argument(metavar="SESSION", help="the session to end")],
     target: Target = DEFAULT_TARGET,
     as_json: AsJson = False,
+    model_name: Annotated[
+        str, typer.Option("--model", help="the session's model by name [default: the server's]")
+    ] = "",
 ) -> None:
     """End a session and delete its state (ending an unknown session is not an error)."""
     from aaren.client.commands import end_command
 
-    raise typer.Exit(end_command(target, session_id, as_json=as_json))
+    raise typer.Exit(end_command(target, session_id, as_json=as_json, model=model_name))
 
 
 @app.command()

@@ -23,11 +23,13 @@ from rich.table import Table
 from aaren.client.client import (
     AarenClient,
     AarenError,
+    ClassForecastOut,
     EventErrorOut,
     ForecastOut,
     ForecastResult,
     ModelInfoOut,
     Outcome,
+    SeriesForecastOut,
     SessionOut,
     StreamResult,
     to_jsonable,
@@ -146,18 +148,53 @@ def _steps_table(result: ForecastResult, model: ModelInfoOut) -> Table:
     return table
 
 
+def _task_forecast_table(f: SeriesForecastOut | ClassForecastOut, model: ModelInfoOut) -> Table:
+    """A series model's next steps (means and the outermost quantiles), or a class model's classes."""
+    title = f"Forecast of {escape(repr(f.session_id))} after seq {f.seq} ({escape(model.name)})"
+    table = Table(box=box.SIMPLE_HEAVY, title=title, title_justify="left")
+    if isinstance(f, ClassForecastOut):
+        table.add_column("class")
+        table.add_column("probability", justify="right")
+        for name, p in f.classes:
+            table.add_row(escape(name), f"{p:.1%}")
+        return table
+    low, high = min(f.quantiles), max(f.quantiles)
+    table.add_column("step")
+    for name in model.value_names:
+        table.add_column(escape(f"{name} mean (q{low:g}-q{high:g})"), justify="right")
+    for h, means in enumerate(f.means):
+        cells = [
+            f"{_num(m, 6)} ({_num(f.quantiles[low][h][c], 4)}-{_num(f.quantiles[high][h][c], 4)})"
+            for c, m in enumerate(means)
+        ]
+        table.add_row(f"+{(h + 1) * model.step_seconds:g} s" if model.step_seconds else str(h + 1), *cells)
+    return table
+
+
 async def _forecast(
-    target: str, session_id: str, horizon: int, samples: int, seed: int | None, top_k: int, paths: bool, as_json: bool
+    target: str,
+    session_id: str,
+    horizon: int,
+    samples: int,
+    seed: int | None,
+    top_k: int,
+    paths: bool,
+    as_json: bool,
+    model_name: str = "",
 ) -> int:
     async with await _connect(target) as client:
         result = await client.forecast(
-            session_id, horizon=horizon, num_samples=samples, seed=seed, top_k=top_k, include_paths=paths
-        )
+            session_id, horizon=horizon, num_samples=samples, seed=seed, top_k=top_k, include_paths=paths,
+            model=model_name,
+        )  # fmt: skip
         if as_json:
             _print_json(result)
             return 0
-        model = await client.describe_model()
+        model = await client.describe_model(model_name)
     out = _console()
+    if isinstance(result.forecast, SeriesForecastOut | ClassForecastOut):
+        out.print(_task_forecast_table(result.forecast, model))
+        return 0
     out.print(_forecast_table(result.forecast, model))
     if result.steps:
         out.print(_steps_table(result, model))
@@ -176,8 +213,9 @@ def forecast_command(
     top_k: int = 0,
     paths: bool = False,
     as_json: bool = False,
+    model: str = "",
 ) -> int:
-    return _run(_forecast(target, session_id, horizon, samples, seed, top_k, paths, as_json))
+    return _run(_forecast(target, session_id, horizon, samples, seed, top_k, paths, as_json, model))
 
 
 def _session_table(s: SessionOut) -> Table:
@@ -196,9 +234,9 @@ def _session_table(s: SessionOut) -> Table:
     return table
 
 
-async def _session(target: str, session_id: str, state_out: Path | None, as_json: bool) -> int:
+async def _session(target: str, session_id: str, state_out: Path | None, as_json: bool, model: str = "") -> int:
     async with await _connect(target) as client:
-        s = await client.get_session(session_id, include_state=state_out is not None)
+        s = await client.get_session(session_id, include_state=state_out is not None, model=model)
     if state_out is not None:
         state_out.write_bytes(s.state)
     if as_json:
@@ -211,13 +249,15 @@ async def _session(target: str, session_id: str, state_out: Path | None, as_json
     return 0
 
 
-def session_command(target: str, session_id: str, *, state_out: Path | None = None, as_json: bool = False) -> int:
-    return _run(_session(target, session_id, state_out, as_json))
+def session_command(
+    target: str, session_id: str, *, state_out: Path | None = None, as_json: bool = False, model: str = ""
+) -> int:
+    return _run(_session(target, session_id, state_out, as_json, model))
 
 
-async def _end(target: str, session_id: str, as_json: bool) -> int:
+async def _end(target: str, session_id: str, as_json: bool, model: str = "") -> int:
     async with await _connect(target) as client:
-        r = await client.end_session(session_id)
+        r = await client.end_session(session_id, model=model)
     if as_json:
         _print_json(r)
     elif r.existed:
@@ -227,8 +267,8 @@ async def _end(target: str, session_id: str, as_json: bool) -> int:
     return 0
 
 
-def end_command(target: str, session_id: str, *, as_json: bool = False) -> int:
-    return _run(_end(target, session_id, as_json))
+def end_command(target: str, session_id: str, *, as_json: bool = False, model: str = "") -> int:
+    return _run(_end(target, session_id, as_json, model))
 
 
 def _model_table(m: ModelInfoOut) -> Table:
@@ -363,8 +403,15 @@ async def _replay(
 
             def keep(r: Outcome) -> bool:
                 return isinstance(r, EventErrorOut) or (
-                    isinstance(r, ForecastOut) and last_history.get(r.session_id) == r.seq
+                    isinstance(r, ForecastOut | SeriesForecastOut | ClassForecastOut)
+                    and last_history.get(r.session_id) == r.seq
                 )
+
+            def on_history(result: StreamResult) -> None:
+                if writer is not None:
+                    writer.write(result, keep)
+                if scorer is not None:
+                    scorer.see(result)
 
             try:
                 await replay(
@@ -374,7 +421,7 @@ async def _replay(
                     batch=most or HISTORY_BATCH,
                     window=window,
                     top_k=top_k,
-                    on_result=(lambda result: writer.write(result, keep)) if writer is not None else None,
+                    on_result=on_history,
                     stats=history_stats,
                     last_only=True,
                     model=model_name,

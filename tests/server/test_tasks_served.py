@@ -345,6 +345,18 @@ def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_t
     assert summary["series"]["origins"] == 7
     np.testing.assert_allclose(summary["series"]["mse"], float((errors**2).mean()), rtol=1e-4)
 
+    # With history rows (a `context` column, as `aaren split export` writes): the forecast after the
+    # last history row is written and scored too.
+    frame.assign(context=[1] * 4 + [0] * 6).to_csv(tmp_path / "meter_split.csv", index=False)
+    assert replay_command(srv.address, str(tmp_path / "meter_split.csv"), model="tiny-series",
+                          out=tmp_path / "split_out.csv", progress=False, as_json=True) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    split = pd.read_csv(tmp_path / "split_out.csv")
+    assert sorted(set(split["seq"])) == list(range(4, 11)) and summary["series"]["origins"] == 4
+    np.testing.assert_allclose(
+        split.sort_values(["seq", "step"])[["load_mean"]].to_numpy().reshape(7, 3), mean[3:, :, 0], atol=ATOL
+    )
+
     sequences = {"a": _class_events("a", 6, seed=9), "b": _class_events("b", 3, seed=10)}
     labels = {"a": CLASSES[int(np.argmax(_offline_class(repository, sequences["a"])[-1]))], "b": "jump"}
     rows = [{"session_id": sid, "time": e.time, "x": e.values[0], "y": e.values[1], "z": e.values[2],
@@ -443,3 +455,26 @@ def test_concurrent_streams_of_three_models_on_one_connection_are_all_answered(s
             assert view.last_seq == seq and view.state and len(view.state) > 0
         error = rpc_error(stub.GetSession, pb.GetSessionRequest(session_id="mix", model="tiny-class"))
         assert_rpc_error(error, grpc.StatusCode.NOT_FOUND, "session_not_found")
+
+
+def test_the_session_commands_take_a_model(start_server, capsys):
+    from aaren.client.commands import end_command, forecast_command, session_command
+
+    srv = start_server()
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        stream.send(_series_events("cli", 2, seed=18), model="tiny-series")
+        stream.send(_class_events("cli", 2, seed=19), model="tiny-class")
+        stream.close()
+    assert forecast_command(srv.address, "cli", model="tiny-series") == 0
+    shown = capsys.readouterr().out
+    assert "load mean" in shown and "+10800 s" in shown  # 3 hourly steps ahead
+    assert forecast_command(srv.address, "cli", model="tiny-class", top_k=4) == 0
+    shown = capsys.readouterr().out
+    assert all(name in shown for name in CLASSES)
+    assert session_command(srv.address, "cli", model="tiny-class", as_json=True) == 0
+    assert '"model_name": "tiny-class"' in capsys.readouterr().out
+    assert end_command(srv.address, "cli", model="tiny-series") == 0
+    assert "ended session 'cli' (last seq 2)" in capsys.readouterr().out
+    assert end_command(srv.address, "cli", model="tiny-series") == 0
+    assert "did not exist" in capsys.readouterr().out
