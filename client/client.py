@@ -368,10 +368,10 @@ class StreamResult:
         return self._request_error
 
     @property
-    def forecasts(self) -> list[Any]:
+    def forecasts(self) -> list[AnyForecast]:
         """The forecasts, in event order (``ForecastOut``, or for series and class models
         ``SeriesForecastOut`` / ``ClassForecastOut``)."""
-        return [r for r in self.results if isinstance(r, ForecastOut | SeriesForecastOut | ClassForecastOut)]
+        return [r for r in self.results if isinstance(r, AnyForecast)]
 
     @property
     def errors(self) -> list[EventErrorOut]:

@@ -276,9 +276,10 @@ class catalogue:  # noqa: N801 - a namespace of constructors, used as ``catalogu
 
     @staticmethod
     def sampling_unsupported(model: str, task: str) -> ErrorInfo:
+        """A Forecast call asking a series or class model for sampled futures (horizon > 1)."""
         return ErrorInfo(
             Code.INVALID_ARGUMENT,
-            "horizon_unsupported",
+            "sampling_unsupported",
             f"model {model!r} is a {task} model: its forecast already covers its horizon; sampled futures "
             "(horizon > 1) exist for event models only; expected horizon 0 or 1",
         )

@@ -73,11 +73,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self.settings = settings
         self.metrics = metrics
         self._core: Any = None
-        self._model_ref = pb.ModelRef()
-        self._levels: tuple[float, ...] = ()
         self._streams: set[asyncio.Queue[object]] = set()
         self._stream_latency = metrics.request_latency.labels("Stream")
-        self._checker: EventChecker | None = None
         self._views: dict[str, _ModelView] = {}
         self._default: _ModelView | None = None
         self.draining = False
@@ -92,7 +89,6 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             views.setdefault(alias, views[name])
         default = views[core.descriptions[0].name]
         self._views, self._default = views, default
-        self._model_ref, self._levels, self._checker = default.ref, default.levels, default.checker
         self._core = core
 
     def _view(self, model: str) -> _ModelView | None:
@@ -139,7 +135,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         probs: list[float],
         value_means: list[float],
         value_stds: list[float],
-        view: _ModelView | None = None,
+        view: _ModelView,
     ) -> None:
         """Write one forecast into ``out`` in place: about 2.5x cheaper than building nested messages
         by keyword, which copies each submessage into its parent."""
@@ -151,7 +147,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         next_time.expected_time = last_time + mean
         # add() then attribute writes: about 20% cheaper than add(**fields) with upb (measured).
         add = next_time.quantiles.add
-        for q, v in zip(view.levels if view is not None else self._levels, quantiles, strict=True):
+        for q, v in zip(view.levels, quantiles, strict=True):
             item = add()
             item.q = q
             item.value = v
@@ -165,7 +161,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             item = add()
             item.mean = m
             item.std = sd
-        out.model.CopyFrom(view.ref if view is not None else self._model_ref)
+        out.model.CopyFrom(view.ref)
 
     def _forecast_message(self, future: SampledFuture, view: _ModelView) -> pb.Forecast:
         out = pb.Forecast()
@@ -190,10 +186,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         )
         return out
 
-    def _top_k(self, request_top_k: int, view: _ModelView | None = None) -> int:
+    def _top_k(self, request_top_k: int, view: _ModelView) -> int:
         k = request_top_k or self.settings.default_top_k
-        view = view or self._default
-        return min(k, view.description.ranked) if view is not None else k
+        return min(k, view.description.ranked)
 
     def _fill_task_forecast(self, out: pb.Forecast, view: _ModelView, o: dict[str, np.ndarray], f: int, k: int) -> None:
         """A series or class forecast (row ``f`` of the output columns) into ``out``."""
@@ -326,7 +321,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         means = out["time_mean"].tolist()
         block.mean_gap.extend(means)
         block.expected_time.extend([t + m for t, m in zip(last_times, means, strict=True)])
-        block.quantile_levels.extend(self._levels)
+        block.quantile_levels.extend(view.levels)
         block.gap_quantiles.extend(out["time_quantiles"].reshape(-1).tolist())
         top = out["top_marks"][:, :k]
         block.top_k = top.shape[1]
@@ -588,13 +583,11 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeModelResponse:
         await self._ready(context)
-        view = self._view(request.model)
-        if view is None:
-            info = catalogue.served_model_unknown(request.model, self._served_names())
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, info.message, trailing_metadata=((REASON_METADATA_KEY, info.reason),)
-            )
-        assert view is not None
+
+        async def call() -> _ModelView:
+            return self._view_or_abort(request.model)
+
+        view = await self._unary("DescribeModel", context, call())
         d, s = view.description, self.settings
         return pb.DescribeModelResponse(
             name=d.name,

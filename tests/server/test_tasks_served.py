@@ -193,7 +193,7 @@ def test_series_stream_equals_offline_event_by_event_and_as_one_history(start_se
         unary = stub.Forecast(pb.ForecastRequest(session_id="meter-1", model="tiny-series"), timeout=CALL_TIMEOUT_S)
         np.testing.assert_allclose(np.array(unary.forecast.series.means).reshape(3, 2), mean[-1], atol=ATOL)
         error = rpc_error(stub.Forecast, pb.ForecastRequest(session_id="meter-1", model="tiny-series", horizon=5))
-        assert_rpc_error(error, grpc.StatusCode.INVALID_ARGUMENT, "horizon_unsupported", ["event models only"])
+        assert_rpc_error(error, grpc.StatusCode.INVALID_ARGUMENT, "sampling_unsupported", ["event models only"])
 
 
 @pytest.mark.parametrize("layout", [pb.RESPONSE_LAYOUT_ROWS, pb.RESPONSE_LAYOUT_COLUMNS], ids=["rows", "columns"])
