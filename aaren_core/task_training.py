@@ -80,7 +80,7 @@ SET_KEYS: dict[str, str] = {
     "n_heads": "attention heads",
     "d_ff": "feed-forward width (0: the backbone's default)",
     "dropout": "dropout rate",
-    "time_decay": "aaren only: age the state by the gaps (true/false)",
+    "time_decay": "aaren only: age the state by the steps (true/false; default: true for series, false for class)",
     "horizon": "series: steps forecast after each observation (H)",
     "lookback": "series: steps a window model sees; the restricted score's window (L)",
     "window": "series: train window length in steps (the loss is taken inside it)",
@@ -120,7 +120,8 @@ class TaskTrainConfig:
     n_heads: int = 4
     d_ff: int = 0
     dropout: float = 0.0
-    time_decay: bool = False
+    #: None: on for series Aaren (measured: it closes the streaming-vs-restricted gap), else off.
+    time_decay: bool | None = None
 
     horizon: int = 96
     lookback: int = 96
@@ -169,6 +170,14 @@ class TaskTrainConfig:
             raise ValueError(f"task config: expected {', '.join(failed)}")
 
     @property
+    def decays(self) -> bool:
+        """Whether the backbone ages its state by the steps: ``time_decay``, by default on for a
+        series Aaren and off otherwise; never for the Transformer, GRU or DLinear."""
+        if self.model != "aaren":
+            return False
+        return self.task == "series" if self.time_decay is None else self.time_decay
+
+    @property
     def run_name(self) -> str:
         """The served model name: ``name``, or ``aaren-<task>-<data>`` (``aaren-series-power-hourly``)."""
         return self.name or f"aaren-{self.task}-{self.data}"
@@ -188,12 +197,15 @@ class TaskTrainConfig:
             n_heads=self.n_heads,
             d_ff=self.d_ff,
             dropout=self.dropout,
-            time_decay=self.time_decay,
+            time_decay=self.decays,
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields, ``time_decay`` as it applies (so a stored config reads the same whatever
+        later defaults say)."""
         out = dataclasses.asdict(self)
         out["quantiles"] = list(self.quantiles)
+        out["time_decay"] = self.decays
         return out
 
     def replace(self, **changes: Any) -> TaskTrainConfig:
@@ -209,7 +221,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         )
     if not isinstance(value, str):
         return tuple(value) if hint == tuple[float, ...] else value
-    if hint is bool:
+    if hint in (bool, bool | None):
         if value.lower() not in ("true", "false", "1", "0"):
             raise ValueError(f"{key} must be true or false; got {value!r}")
         return value.lower() in ("true", "1")

@@ -74,3 +74,13 @@ def test_config_checks_and_set_coercion():
 def test_cli_rejects_unknown_data_clearly():
     with pytest.raises(SystemExit, match="unknown series data set 'ETTh1'"):
         main(["--task", "series", "--set", "data=ETTh1"])
+
+
+def test_time_decay_is_on_by_default_for_a_series_aaren_only():
+    assert TaskTrainConfig().backbone().time_decay and TaskTrainConfig().to_dict()["time_decay"] is True
+    assert not TaskTrainConfig(task="class").backbone().time_decay
+    assert not TaskTrainConfig(model="transformer").backbone().time_decay
+    assert not TaskTrainConfig().replace(time_decay="false").backbone().time_decay
+    assert TaskTrainConfig(task="class").replace(time_decay="true").backbone().time_decay
+    # A stored config says what applied: an old series run without decay stays without it.
+    assert not TaskTrainConfig.from_dict({**TaskTrainConfig().to_dict(), "time_decay": False}).backbone().time_decay
