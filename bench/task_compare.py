@@ -121,6 +121,17 @@ def loss_stride(horizon: int) -> int:
     return max(1, horizon // 24)
 
 
+def scored_phases(window: int, stride: int, period: int) -> int:
+    """How many of the ``period`` phases (hours of the day, for hourly data) the trained forecast origins
+    cover: ``task_training`` starts windows every ``window // 4`` steps from step 0 and scores the positions
+    ``(window - 1) % stride, ... , window - 1``; the origin after position ``p`` of the window at ``s`` is
+    ``s + p + 1``. When ``window // 4`` and ``stride`` share factors with ``period``, only some phases are
+    ever trained (e.g. 3 of 24 for stride 8 and starts every 48 hours)."""
+    step = max(1, window // 4)
+    positions = range((window - 1) % stride, window, stride)
+    return len({(k * step + p + 1) % period for k in range(period) for p in positions})
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One planned training: its group, config (``d_model`` already matched) and output folder."""
@@ -354,6 +365,7 @@ def series_report(
     command: str,
     budget_minutes: float,
     seeds: Sequence[int],
+    note_text: str = "",
 ) -> str:
     """The series Markdown report from the finished runs (and the naive baselines of every planned cell)."""
     series_runs = [r for r in runs if r.config.task == "series"]
@@ -393,27 +405,32 @@ def series_report(
             lines.append(_series_targets(name, h, grouped, baselines))
         lines += ["", "### Models and training", ""]
         lines += [
-            "| H | model | d_model | params | seeds | epochs run (best) | stopped by | loss stride | train s |",
-            "|---:|---|---:|---:|---:|---|---|---:|---:|",
+            "| H | model | d_model | params | seeds | epochs run (best) | stopped by | loss stride | phases trained "
+            "| train s |",
+            "|---:|---|---:|---:|---:|---|---|---:|---:|---:|",
         ]
         for h in horizons:
             for kind in SERIES_KINDS:
                 rs = grouped.get((name, h, kind), [])
                 if not rs:
-                    lines.append(f"| {h} | {TITLES[kind]} | - | - | 0 | - | not run | - | - |")
+                    lines.append(f"| {h} | {TITLES[kind]} | - | - | 0 | - | not run | - | - | - |")
                     continue
                 epochs, why = _stopped(rs)
                 c = rs[0]["config"]
                 d = c["d_model"] if kind != "dlinear" else "-"
                 stride = c["loss_stride"] if kind != "dlinear" else "-"
+                day = round(86400 / SERIES_DATASETS[name].period)
+                phases = f"{scored_phases(c['window'], c['loss_stride'], day)}/{day}" if kind != "dlinear" else "all"
                 lines.append(
                     f"| {h} | {TITLES[kind]} | {d} | {rs[0]['parameters']:,} | {len(rs)} | {epochs} | {why} | "
-                    f"{stride} | {_seconds(rs)} |"
+                    f"{stride} | {phases} | {_seconds(rs)} |"
                 )
         name_records = [r for r in records if r["data"] == name and r["config"]["model"] != "dlinear"]
         note = _budget_note(name_records)
         lines += ["", f"Budget: {note}" if note else "Budget: no run finished yet.", ""]
     lines += _series_setup(series_runs, missing)
+    if note_text:
+        lines += [note_text.rstrip(), ""]
     lines += _per_seed_series(records)
     return "\n".join(lines) + "\n"
 
@@ -718,7 +735,8 @@ def write_reports(
     if any(r.config.task == "series" for r in runs):
         out = Path(args.series_out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(series_report(runs, baselines, sources, command, args.budget_minutes, args.seeds))
+        note = Path(args.series_note).read_text() if args.series_note else ""
+        out.write_text(series_report(runs, baselines, sources, command, args.budget_minutes, args.seeds, note))
     if any(r.config.task == "class" for r in runs):
         out = Path(args.class_out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -746,6 +764,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--cache", default=None, help="wheel cache (default $AAREN_WHEEL_CACHE or ~/.cache/aaren/wheels)"
     )
     parser.add_argument("--report-only", action="store_true", help="rewrite the reports; train nothing")
+    parser.add_argument("--series-note", default="", help="a Markdown file appended to the series report's setup")
     return parser.parse_args(argv)
 
 

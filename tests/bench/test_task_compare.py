@@ -70,6 +70,11 @@ def test_mean_std_and_loss_stride():
     assert [tc.loss_stride(h) for h in (96, 192, 336, 720, 8)] == [4, 8, 14, 30, 1]
 
 
+def test_scored_phases_counts_the_hours_of_day_trained():
+    # Windows start every 48 steps (a multiple of the 24-step day), so only the stride sets the phases.
+    assert [tc.scored_phases(192, s, 24) for s in (1, 4, 8, 14, 30, 7)] == [24, 6, 3, 12, 4, 24]
+
+
 def test_tiny_campaign_is_resumable(tmp_path, monkeypatch):
     series, labelled = tiny_series(), tiny_class()
     monkeypatch.setattr(tc, "load_series", lambda name, cache=None: series)
