@@ -91,7 +91,7 @@ its figures for these three sets, so none is shown rather than a guess.
 - **Protocol difference**: TSLib selects on the test set for these archives: `exp/exp_classification.py` (thuml/\
 Time-Series-Library at commit 4e938a1) loads the validation data with `flag='TEST'` (line 81) and early-stops and \
 keeps the checkpoint on that accuracy (line 135). Our runs select on a stratified 20% of the train part and score \
-the test part once, so TSLib's figures are optimistic by comparison, more so on the small, noisy SCP sets.
+the test part once, so TSLib's figures are optimistic by comparison.
 """
 
 
@@ -672,6 +672,8 @@ def _class_setup(class_runs: Sequence[Run], missing: Sequence[str]) -> list[str]
         f"{budgets}.",
         "- Selection: best accuracy (ties: lower train loss) on a stratified 20% of the archive's train part "
         "(seeded by the run's seed), never on the test part. The test part is scored once, at the end.",
+        "- Ties in validation accuracy go to the lower train loss, so a run whose validation accuracy has stopped "
+        "rising can still show its best epoch at the epoch cap (JapaneseVowels: best val acc in the per-seed table).",
         "- One thread (`threads=1`), one run at a time, on a shared 2-core CPU: train seconds are indicative only.",
     ]
     if missing:
