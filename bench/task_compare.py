@@ -773,7 +773,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(raw)
-    command = shlex.join(["python", "-m", "bench.task_compare", *[a for a in raw if a != "--report-only"]])
+    kept = [
+        a
+        for i, a in enumerate(raw)
+        if a not in ("--report-only", "--series-note") and raw[i - 1 : i] != ["--series-note"]
+    ]
+    command = shlex.join(["python", "-m", "bench.task_compare", *kept])
     root = Path(args.runs_dir)
     data = DataCache(args.cache)
     runs = plan(args, data)
