@@ -88,6 +88,7 @@ SET_KEYS: dict[str, str] = {
     "quantiles": "series: quantile levels, comma-separated and increasing",
     "time_features": "series: feed 4 calendar features of the time (true/false)",
     "quantile_weight": "series: weight of the pinball loss (or the Gaussian NLL) beside the MSE",
+    "window_offsets": "series: shift the train windows by a random offset each epoch (true/false)",
     "head": "series: quantile (direct quantiles, pinball loss) or gaussian (a Gaussian per step and channel)",
     "val_stride": "series: score every n-th validation origin",
     "aux_weight": "class: weight of the mean cross-entropy over every step (early predictions)",
@@ -132,6 +133,11 @@ class TaskTrainConfig:
     quantile_weight: float = 1.0
     #: Series: ``quantile`` (direct quantiles) or ``gaussian`` (``aaren_core.series_model``).
     head: str = "quantile"
+    #: Series: each epoch shifts every train window's start by one random offset below the spacing
+    #: of the starts, so windows (and the positions the loss scores) start at every hour of the day
+    #: over the epochs. Without it they start every ``window // 4`` steps from step 0: with hourly
+    #: data and window 192, always at the same hour. Stored configs without the key read false.
+    window_offsets: bool = True
     val_stride: int = 1
     aux_weight: float = 0.0
     val_fraction: float = 0.2
@@ -187,6 +193,9 @@ class TaskTrainConfig:
         """The config a checkpoint's ``train_config`` stored; keys added since default (``name``)."""
         if record.get("task") not in ("series", "class"):
             raise ValueError(f"train_config: task {record.get('task')!r}; expected 'series' or 'class'")
+        # Series runs stored before window offsets existed trained without them.
+        if record["task"] == "series":
+            record = {"window_offsets": False, **record}
         return cls(task=record["task"]).replace(**{k: v for k, v in record.items() if k != "task"})
 
     def backbone(self) -> BackboneConfig:
@@ -278,6 +287,13 @@ def baseline_scores(data: SeriesData, lookback: int, horizon: int, part: str = "
     }
 
 
+def shifted_starts(starts: np.ndarray, spacing: int, last: int, rng: np.random.Generator) -> np.ndarray:
+    """One epoch's window starts: ``starts`` (every ``spacing`` steps from 0) shifted by one random
+    offset in ``[0, spacing)``, those past ``last`` dropped."""
+    shifted = starts + int(rng.integers(spacing))
+    return shifted[shifted <= last]
+
+
 def _series_model(config: TaskTrainConfig, data: SeriesData) -> nn.Module:
     if config.model == "dlinear":
         return DLinear(DLinearConfig(config.lookback, config.horizon))
@@ -323,11 +339,13 @@ def _train_series(config: TaskTrainConfig, data: SeriesData, say: Any) -> tuple[
     optimizer = _optimizer(model, config)
     z, feats = data.standardized(), calendar_features(data.times)
     train_end = data.part("train")[1]
+    spacing = 1
     if isinstance(model, DLinear):
         starts = np.arange(config.lookback, train_end - config.horizon + 1)
     else:
         # Window starts every quarter window: each train step is a scored position ~4 times an epoch.
-        starts = np.arange(0, train_end - config.window - config.horizon + 1, max(1, config.window // 4))
+        spacing = max(1, config.window // 4)
+        starts = np.arange(0, train_end - config.window - config.horizon + 1, spacing)
     if starts.size == 0:
         raise DataError(
             f"{data.name}: {train_end} train steps are too few for window/lookback and horizon {config.horizon}"
@@ -337,7 +355,11 @@ def _train_series(config: TaskTrainConfig, data: SeriesData, say: Any) -> tuple[
     for epoch in range(config.epochs):
         model.train()
         losses = []
-        for batch in _batches(rng.permutation(starts), config):
+        if config.window_offsets and spacing > 1:
+            epoch_starts = shifted_starts(starts, spacing, train_end - config.window - config.horizon, rng)
+        else:
+            epoch_starts = starts
+        for batch in _batches(rng.permutation(epoch_starts), config):
             loss = _series_batch_loss(model, data, z, feats, batch, config)
             _update(model, optimizer, loss, config)
             losses.append(loss.item())

@@ -9,7 +9,7 @@ import pytest
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.series_data import ClassData, ClassSet, SeriesData, ratio_borders
-from aaren_core.task_training import TaskTrainConfig, main, train_task
+from aaren_core.task_training import TaskTrainConfig, main, shifted_starts, train_task
 
 
 def daily_series(n: int = 600) -> SeriesData:
@@ -84,3 +84,19 @@ def test_time_decay_is_on_by_default_for_a_series_aaren_only():
     assert TaskTrainConfig(task="class").replace(time_decay="true").backbone().time_decay
     # A stored config says what applied: an old series run without decay stays without it.
     assert not TaskTrainConfig.from_dict({**TaskTrainConfig().to_dict(), "time_decay": False}).backbone().time_decay
+
+
+def test_window_offsets_start_the_train_windows_at_every_hour_of_the_day():
+    """Starts every 48 steps (window 192) of hourly data always fall at the same hour; one random
+    offset per epoch spreads them over the day (what the loss sees: issue 13's phase aliasing)."""
+    starts = np.arange(0, 1000, 48)
+    rng = np.random.default_rng(0)
+    hours = set()
+    for _ in range(200):
+        epoch = shifted_starts(starts, 48, 1000 - 1, rng)
+        assert epoch.max() <= 999 and len(epoch) >= len(starts) - 1
+        assert len({int(s) % 24 for s in epoch}) == 1  # one offset per epoch: the spacing stays
+        hours |= {int(s) % 24 for s in epoch}
+    assert hours == set(range(24)) and {int(s) % 24 for s in starts} == {0}
+    assert TaskTrainConfig().window_offsets
+    assert not TaskTrainConfig.from_dict({"task": "series"}).window_offsets  # stored before they existed
