@@ -64,6 +64,27 @@ class _RecurrentTask:
         """Width of the ``last`` row (what a forecast is computed from)."""
         raise NotImplementedError
 
+    def _describe(self, name: str, channels: tuple[str, ...], **task_fields: Any) -> ModelDescription:
+        """The description every task shares (backbone, sizes, one mark, the channels as values)
+        plus the task's own fields."""
+        b = self.model.config.backbone
+        return ModelDescription(
+            name=name,
+            version=self.version,
+            backbone=b.kind,
+            d_model=b.d_model,
+            n_layers=b.n_layers,
+            n_heads=b.n_heads,
+            num_marks=1,
+            value_width=len(channels),
+            parameters=sum(p.numel() for p in self.model.parameters()),
+            state_bytes_per_session=self.state_bytes,
+            value_names=channels,
+            device=str(self.device),
+            task=self.task,
+            **task_fields,
+        )
+
     def _step(self, values: Tensor, times: Tensor | None, state: State) -> tuple[Tensor, State]:
         raise NotImplementedError
 
@@ -128,24 +149,12 @@ class SeriesEngine(_RecurrentTask):
         channels = tuple(metadata.get("channels") or (f"value_{i}" for i in range(c.n_channels)))
         if len(channels) != c.n_channels:
             raise ValueError(f"the checkpoint names {len(channels)} channels; its model has {c.n_channels}")
-        b = c.backbone
-        self.description = ModelDescription(
-            name=name,
-            version=version,
-            backbone=b.kind,
-            d_model=b.d_model,
-            n_layers=b.n_layers,
-            n_heads=b.n_heads,
-            num_marks=1,
-            value_width=c.n_channels,
-            parameters=sum(p.numel() for p in model.parameters()),
-            state_bytes_per_session=self.state_bytes,
+        self.description = self._describe(
+            name,
+            channels,
             mark_names=("observation",),
-            value_names=channels,
             time_unit="seconds",
-            device=str(device),
             quantiles=tuple(c.quantiles),
-            task="series",
             horizon=c.horizon,
             step_seconds=float(metadata.get("step_seconds", 0.0)),
         )
@@ -201,23 +210,11 @@ class ClassEngine(_RecurrentTask):
                 f"the checkpoint names {len(channels)} channels and {len(classes)} classes; "
                 f"its model has {c.n_channels} and {c.n_classes}"
             )
-        b = c.backbone
-        self.description = ModelDescription(
-            name=name,
-            version=version,
-            backbone=b.kind,
-            d_model=b.d_model,
-            n_layers=b.n_layers,
-            n_heads=b.n_heads,
-            num_marks=1,
-            value_width=c.n_channels,
-            parameters=sum(p.numel() for p in model.parameters()),
-            state_bytes_per_session=self.state_bytes,
+        self.description = self._describe(
+            name,
+            channels,
             mark_names=("step",),
-            value_names=channels,
             time_unit=str(metadata.get("time_unit", "steps")),
-            device=str(device),
-            task="class",
             class_names=classes,
         )
 
