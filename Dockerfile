@@ -51,7 +51,8 @@ RUN --mount=type=secret,id=extra_ca --mount=type=tmpfs,target=/run/ca \
 
 FROM deps AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY aaren ./aaren
 COPY aaren_core ./aaren_core
 COPY server ./server
 COPY client ./client

@@ -27,11 +27,11 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from aaren_core.backbones import Backbone, BackboneConfig, build_backbone
-from aaren_core.class_model import ClassModel, ClassModelConfig
-from aaren_core.event_model import EventModel, EventModelConfig
-from aaren_core.series_baselines import DLinear, DLinearConfig
-from aaren_core.series_model import SeriesModel, SeriesModelConfig
+from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
+from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
+from aaren_core.tasks.event.model import EventModel, EventModelConfig
+from aaren_core.tasks.series.baselines import DLinear, DLinearConfig
+from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
 
 __all__ = [
     "CONFIG_FILE",

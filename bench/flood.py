@@ -34,7 +34,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from aaren.server.auth import hash_token, new_token
+from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 from bench.service import ROOT, Subprocess

@@ -2,7 +2,7 @@
 
 Trains every backbone with every seed (sequentially, same config but the backbone and, for the
 GRU, the width that matches Aaren's parameter count), scores each run's best checkpoint on the
-test split with ``aaren_core.evaluation``, adds the no-history baseline and the constant gap
+test split with ``aaren_core.tasks.event.evaluation``, adds the no-history baseline and the constant gap
 forecasts, and writes a Markdown table of mean ± std over seeds. Finished runs are reused, so an
 interrupted comparison continues where it stopped.
 
@@ -11,7 +11,7 @@ interrupted comparison continues where it stopped.
         --epochs 12 --length-buckets 50 --runs-dir /tmp/aaren-runs/aircraft --out bench/results/time_decay_aircraft.md
 
 ``aaren-decay`` is the Aaren backbone with ``time_decay`` (scores decay with each event's age at
-a learned rate per head, ``aaren_core.layers.AarenAttention``).
+a learned rate per head, ``aaren_core.nn.layers.AarenAttention``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.data import BUILTIN_DATASETS
-from aaren_core.evaluation import EvalSplit, compute_metrics, constant_gap_metrics, model_predictor
-from aaren_core.event_model import EventModel, EventModelConfig
-from aaren_core.training import TrainConfig, command_line, train
+from aaren_core.tasks.event.data import BUILTIN_DATASETS
+from aaren_core.tasks.event.evaluation import EvalSplit, compute_metrics, constant_gap_metrics, model_predictor
+from aaren_core.tasks.event.model import EventModel, EventModelConfig
+from aaren_core.training.event import TrainConfig, command_line, train
 
 KINDS = ("aaren", "aaren-decay", "transformer", "gru")
 TITLES = {

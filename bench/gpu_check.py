@@ -5,10 +5,10 @@
 
 Three parts, one table each (printed, and written to ``OUT/gpu_check.md`` and ``.json``):
 
-(a) **Equality**: the bundled model's ``Engine`` on the device against the same checkpoint's
-    ``Engine`` on the CPU (float32) and against a float64 reference on the CPU that steps every
-    event one at a time (shared/DESIGN.md section 1, invariant 1). Three phases over the same
-    sessions: a history ingest from fresh state (``Engine.apply`` with runs of mixed lengths
+(a) **Equality**: the bundled model's ``EventTask`` on the device against the same checkpoint's
+    ``EventTask`` on the CPU (float32) and against a float64 reference on the CPU that steps every
+    event one at a time (docs/architecture.md section 1, invariant 1). Three phases over the same
+    sessions: a history ingest from fresh state (``EventTask.apply`` with runs of mixed lengths
     1..257: the parallel scan), one step of every session (the batched step), and a second ingest
     from the stored state (runs of mixed lengths: gather, scan, scatter). Compared: every state
     field, the features and every forecast column, as the largest error relative to the column's
@@ -45,8 +45,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aaren.server.engine import FEATURES, Engine, RunColumns, load_engine
 from aaren.server.settings import bundled_checkpoint
+from aaren.server.tasks.event.task import FEATURES, EventTask, RunColumns, load_event_task
 from bench.harness import ROOT, describe, start_aaren
 
 __all__ = ["main"]
@@ -110,7 +110,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def fresh_rows(engine: Engine, n: int) -> dict[str, Tensor]:
+def fresh_rows(engine: EventTask, n: int) -> dict[str, Tensor]:
     """``n`` fresh rows of every per-session tensor, on the engine's device (``name -> [n, ...]``)."""
     return {k: t.unsqueeze(0).repeat(n, *([1] * t.dim())).contiguous() for k, t in engine.layout_rows().items()}
 
@@ -136,7 +136,7 @@ def random_runs(rng: np.random.Generator, lengths: np.ndarray, num_marks: int, w
 class Reference:
     """The model in float64 on the CPU, stepping every event one at a time (batched across sessions)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EventTask) -> None:
         self.model = copy.deepcopy(engine.model).to("cpu").double().eval()
         self.state_type = engine._state_type
         self.fields = engine._state_fields
@@ -216,7 +216,7 @@ def summarize(checks: list[dict[str, object]]) -> list[dict[str, object]]:
     return list(rows.values())
 
 
-def equality(cpu: Engine, dev: Engine, sizes: Sizes, seed: int) -> list[dict[str, object]]:
+def equality(cpu: EventTask, dev: EventTask, sizes: Sizes, seed: int) -> list[dict[str, object]]:
     """Rows of the equality table: one per (phase, compared pair, column)."""
     rng = np.random.default_rng(seed)
     reference = Reference(cpu)
@@ -283,7 +283,7 @@ def timed(fn: Callable[[], None], device: torch.device, min_time: float) -> floa
                 return elapsed / calls
 
 
-def cycle(engine: Engine, pool: dict[str, Tensor], chunks: Sequence[Tensor], runs: RunColumns) -> Callable[[], None]:
+def cycle(engine: EventTask, pool: dict[str, Tensor], chunks: Sequence[Tensor], runs: RunColumns) -> Callable[[], None]:
     """One batch: gather the next chunk's rows from ``pool``, apply ``runs``, scatter the new rows back."""
     turn = [0]
 
@@ -299,7 +299,7 @@ def cycle(engine: Engine, pool: dict[str, Tensor], chunks: Sequence[Tensor], run
 
 
 @torch.inference_mode()
-def throughput(engine: Engine, sizes: Sizes, seed: int) -> list[dict[str, object]]:
+def throughput(engine: EventTask, sizes: Sizes, seed: int) -> list[dict[str, object]]:
     d = engine.description
     device = engine.device
     rng = np.random.default_rng(seed)
@@ -442,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     checkpoint = a.checkpoint or str(bundled_checkpoint())
     torch.manual_seed(a.seed)
-    cpu = load_engine(checkpoint, torch.device("cpu"), QUANTILES)
-    dev = cpu if device.type == "cpu" else load_engine(checkpoint, device, QUANTILES)
+    cpu = load_event_task(checkpoint, torch.device("cpu"), QUANTILES)
+    dev = cpu if device.type == "cpu" else load_event_task(checkpoint, device, QUANTILES)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     head = [
         "# bench/gpu_check.py",

@@ -1,6 +1,6 @@
 """What the front end <-> engine core IPC costs: packing, pickling and a unix-socket round trip.
 
-The IPC (``aaren.server.ipc``) sends the requests a front end received in one loop turn as one
+The IPC (``aaren.server.ipc.channel``) sends the requests a front end received in one loop turn as one
 frame of concatenated columns, and the outcomes of one batch back as one frame. This measures,
 per event, for the two shapes that matter (many one-event requests; one request of many events):
 
@@ -29,9 +29,16 @@ import time
 
 import numpy as np
 
-from aaren.server.columns import FORECAST, Outcomes
-from aaren.server.ipc import pack_outcomes, pack_requests, read_frame, unpack_outcomes, unpack_requests, write_frame
-from aaren.server.validation import EventChecker
+from aaren.server.contract.columns import FORECAST, Outcomes
+from aaren.server.contract.validation import EventChecker
+from aaren.server.ipc.channel import (
+    pack_outcomes,
+    pack_requests,
+    read_frame,
+    unpack_outcomes,
+    unpack_requests,
+    write_frame,
+)
 
 MARKS = 16
 VALUES = ("v0", "v1")

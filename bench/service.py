@@ -542,7 +542,7 @@ def thread_label(pid: int, tid: int, comm: str, names: dict[int, str]) -> str:
     if tid in names:
         name = names[tid]
         if name.startswith("aaren-model"):
-            return f"{name} (model worker: Engine.apply)"
+            return f"{name} (model worker: EventTask.apply)"
         if "_poll_wrapper" in name:
             return f"{name} (grpc.aio poller)"
         return name

@@ -211,7 +211,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     seconds = args.minutes * 60
     tokens = {"tenant-a": "aaren_soak-a-" + os.urandom(8).hex(), "tenant-b": "aaren_soak-b-" + os.urandom(8).hex()}
-    from aaren.server.auth import hash_token
+    from aaren.server.security.auth import hash_token
 
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="aaren-soak-") as tmp:

@@ -1,14 +1,14 @@
-"""Benchmark of the serving step: ``Engine.apply`` of one event per session, and ``forecast_outputs``.
+"""Benchmark of the serving step: ``EventTask.apply`` of one event per session, and ``forecast_outputs``.
 
 What it measures (CPU by default, float32, the bundled model ``models/default``: d_model 64,
 2 layers, 4 heads, 16 marks, 2 values; in one run, so that ratios compare like with like):
 
-1. ``Engine.apply`` of one event for each of ``B`` sessions (one batched step, then the forecast
+1. ``EventTask.apply`` of one event for each of ``B`` sessions (one batched step, then the forecast
    of every session ranking every mark, as the engine core asks), at ``B`` = 1, 16, 64, 256:
-   ``reference`` (``Engine.fused = False``: ``EventModel.step`` and ``EventModel.forecast``, module
-   by module) against ``fused`` (``aaren_core.fused``, the default), and with ``--compiled`` an
+   ``reference`` (``EventTask.fused = False``: ``EventModel.step`` and ``EventModel.forecast``, module
+   by module) against ``fused`` (``aaren_core.tasks.event.fused``, the default), and with ``--compiled`` an
    engine built with ``compile_model=True`` (inductor; it traces the reference modules).
-2. ``Engine.forecast_outputs`` alone on ``B`` feature rows, the same candidates.
+2. ``EventTask.forecast_outputs`` alone on ``B`` feature rows, the same candidates.
 
 The candidates of one cell take turns, round by round (``bench.core.time_round_robin``), and the
 median over rounds is reported, so drift in the load of these shared machines hits each alike.
@@ -36,7 +36,7 @@ import torch
 from rich.console import Console
 from torch.profiler import ProfilerActivity, profile
 
-from aaren.server.engine import Engine, RunColumns, load_engine
+from aaren.server.tasks.event.task import EventTask, RunColumns, load_event_task
 from bench.core import Table, fmt, ratio, time_round_robin
 
 BATCHES = (1, 16, 64, 256)
@@ -53,16 +53,16 @@ def aten_ops(fn: Callable[[], object]) -> int:
     return sum(1 for e in events if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
 
 
-def engines(device: torch.device, compiled: bool) -> dict[str, Engine]:
-    reference = load_engine(CHECKPOINT, device, QUANTILES)
+def engines(device: torch.device, compiled: bool) -> dict[str, EventTask]:
+    reference = load_event_task(CHECKPOINT, device, QUANTILES)
     reference.fused = False
-    out = {"reference": reference, "fused": load_engine(CHECKPOINT, device, QUANTILES)}
+    out = {"reference": reference, "fused": load_event_task(CHECKPOINT, device, QUANTILES)}
     if compiled:
-        out["compiled"] = load_engine(CHECKPOINT, device, QUANTILES, compile_model=True)
+        out["compiled"] = load_event_task(CHECKPOINT, device, QUANTILES, compile_model=True)
     return out
 
 
-def candidates(engs: dict[str, Engine], batch: int, what: str) -> dict[str, Callable[[], object]]:
+def candidates(engs: dict[str, EventTask], batch: int, what: str) -> dict[str, Callable[[], object]]:
     """One call of ``apply`` (one event per session) or ``forecast_outputs`` per candidate, at ``batch``."""
     rng = np.random.default_rng(batch)
     any_engine = next(iter(engs.values()))
@@ -89,7 +89,9 @@ def run(batches: Sequence[int], compiled: bool, device: torch.device, quick: boo
     if compiled:
         headers.append("reference ÷ compiled")
     headers += [f"{n} aten ops (B=1)" for n in names if n != "compiled"]
-    table = Table(f"Engine: one event per session, µs per call ({device}, {torch.get_num_threads()} threads)", headers)
+    table = Table(
+        f"EventTask: one event per session, µs per call ({device}, {torch.get_num_threads()} threads)", headers
+    )
     for what in ("apply", "forecast_outputs"):
         ops = {n: aten_ops(f) for n, f in candidates(engs, 1, what).items() if n != "compiled"}
         for batch in batches:

@@ -40,8 +40,8 @@ class _TrainCommand(typer.core.TyperCommand):
     """``aaren train --help`` ends with the ``--set`` keys, read from aaren_core when help is shown."""
 
     def format_help(self, ctx: typer.Context, formatter: typer.core.click.HelpFormatter) -> None:
-        from aaren_core import task_training
-        from aaren_core.training import SET_KEYS, TrainConfig
+        from aaren_core.training import task as task_training
+        from aaren_core.training.event import SET_KEYS, TrainConfig
 
         defaults = TrainConfig().to_dict()
         keys = "\n".join(f"  {k}: {text} [default: {_shown(defaults[k])}]" for k, text in SET_KEYS.items())
@@ -97,11 +97,11 @@ def _set_items(items: list[str] | None) -> dict[str, object]:
 
 
 def _train_task(task: str, flags: dict[str, object], set_items: list[str] | None) -> None:
-    """``aaren train --task series|class``: ``aaren_core.task_training.train_task``, then the report."""
-    from aaren_core import task_training
+    """``aaren train --task series|class``: ``aaren_core.training.task.train_task``, then the report."""
     from aaren_core.checkpoint import CheckpointError
-    from aaren_core.data import DataError
-    from aaren_core.task_report import write_task_report
+    from aaren_core.tasks.event.data import DataError
+    from aaren_core.tasks.report import write_task_report
+    from aaren_core.training import task as task_training
 
     changes = _set_items(set_items)
     if "task" in changes:
@@ -144,7 +144,7 @@ def _shown(value: object) -> str:
 
 def _data_path(data: str) -> str:
     """``--data`` as stored in the checkpoint: absolute, so evaluate works from any directory."""
-    from aaren_core.data import BUILTIN_DATASETS
+    from aaren_core.tasks.event.data import BUILTIN_DATASETS
 
     return data if data in BUILTIN_DATASETS else str(Path(data).expanduser().resolve())
 
@@ -211,9 +211,9 @@ def train(
         return
     if task != "event":
         raise _fail(f"--task {task!r}: expected event, series or class")
-    from aaren_core.data import DataError
-    from aaren_core.training import TrainConfig
-    from aaren_core.training import train as run_training
+    from aaren_core.tasks.event.data import DataError
+    from aaren_core.training.event import TrainConfig
+    from aaren_core.training.event import train as run_training
 
     base = TrainConfig.from_file(config) if config else TrainConfig()
     flags = {
@@ -269,8 +269,8 @@ def evaluate(
     if task in ("series", "class"):
         _evaluate_task(checkpoint, split=split, data=data, out=out or checkpoint, plots=plots)
         return
-    from aaren_core.data import DataError
-    from aaren_core.evaluation import evaluate_checkpoint, shows_top3
+    from aaren_core.tasks.event.data import DataError
+    from aaren_core.tasks.event.evaluation import evaluate_checkpoint, shows_top3
 
     if split not in ("train", "val", "test"):
         raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
@@ -309,8 +309,8 @@ def _checkpoint_task(checkpoint: Path) -> str | None:
 
 def _evaluate_task(checkpoint: Path, *, split: str, data: str | None, out: Path, plots: bool) -> None:
     from aaren_core.checkpoint import CheckpointError
-    from aaren_core.data import DataError
-    from aaren_core.task_report import evaluate_task_checkpoint
+    from aaren_core.tasks.event.data import DataError
+    from aaren_core.tasks.report import evaluate_task_checkpoint
 
     if split != "test":
         raise _fail(f"--split {split}: a series or class checkpoint is scored on its test split only")
@@ -352,8 +352,8 @@ def split_export(
     time order, and writes forecasts only from the last history event on.
     """
     from aaren_core.checkpoint import load_checkpoint
-    from aaren_core.data import DataError, write_events
-    from aaren_core.training import TrainConfig, load_data
+    from aaren_core.tasks.event.data import DataError, write_events
+    from aaren_core.training.event import TrainConfig, load_data
 
     if split not in ("train", "val", "test"):
         raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
@@ -551,7 +551,7 @@ def token(
 ) -> None:
     """Make a bearer token: prints the token (give it to the client) and the line for the server's
     auth_tokens_file (only the token's SHA-256 digest is stored there)."""
-    from aaren.server.auth import TENANT_PATTERN, hash_token, new_token
+    from aaren.server.security.auth import TENANT_PATTERN, hash_token, new_token
 
     if not TENANT_PATTERN.fullmatch(tenant):
         raise typer.BadParameter(f"{tenant!r}: expected {TENANT_PATTERN.pattern}", param_hint="TENANT")

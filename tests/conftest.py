@@ -15,9 +15,9 @@ import pytest
 import torch
 from redis_process import RedisCluster, RedisProcess
 
-from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import save_checkpoint
-from aaren_core.event_model import EventModel, EventModelConfig
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
 TINY_SCHEMA = {
     "mark_names": [f"m{i}" for i in range(5)],

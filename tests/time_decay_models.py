@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from aaren_core.backbones import BackboneConfig
-from aaren_core.event_model import EventModel, EventModelConfig
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
 
 def decay_model(seed: int = 0, value_width: int = 2) -> EventModel:

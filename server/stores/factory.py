@@ -26,7 +26,7 @@ def redact_url(url: str) -> str:
 def model_store_url(url: str, model: str, *, default: bool) -> str:
     """The store URL of a served model's sessions: a session belongs to one model, so each model has
     its own key space. With ``default`` (the repository's ``default`` folder's model,
-    ``aaren.server.repository.ServedModels.legacy_keys``) ``url`` stays as it is: its keys stay
+    ``aaren.server.tasks.repository.ServedModels.legacy_keys``) ``url`` stays as it is: its keys stay
     where a one-model server put them; in Redis every other model's keys get ``<prefix><model>:``
     as their prefix. A memory store is one per model anyway."""
     parsed = urlparse(url)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from certificates import CertificateAuthority
 
-from aaren.server.auth import hash_token, new_token
+from aaren.server.security.auth import hash_token, new_token
 
 AAREN = str(Path(sys.executable).parent / "aaren")
 

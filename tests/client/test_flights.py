@@ -1,4 +1,4 @@
-"""The client's flights source gives exactly the events of ``aaren_core.data.load_flights``."""
+"""The client's flights source gives exactly the events of ``aaren_core.tasks.event.data.load_flights``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from aaren.client.events_file import (
     load_source,
     read_flights,
 )
-from aaren_core.data import load_flights
+from aaren_core.tasks.event.data import load_flights
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Import layout: one ``aaren`` namespace, and the client room's dependencies (DESIGN.md section 2)."""
+"""Import layout: one ``aaren`` namespace, and the client room's dependencies (docs/architecture.md section 2)."""
 
 from __future__ import annotations
 

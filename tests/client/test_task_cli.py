@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from aaren.client.cli import app
-from aaren_core import task_training
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.series_data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.training import task as task_training
 
 runner = CliRunner()
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aaren_core import AarenModel, BackboneConfig, TransformerModel, build_backbone
-from aaren_core.state import State
+from aaren_core.attention.state import State
 
 KINDS = ["aaren", "transformer", "gru"]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from aaren_core.data import (
+from aaren_core.tasks.event.data import (
     DataError,
     EventSchema,
     EventSequence,
@@ -307,8 +307,8 @@ def test_split_at_times_gives_held_out_parts_their_history_as_context():
 
 def test_context_events_are_read_but_not_scored():
     """A held-out part's NLL equals the full sequence's NLL restricted to its scored events."""
-    from aaren_core.backbones import BackboneConfig
-    from aaren_core.event_model import EventModel, EventModelConfig
+    from aaren_core.nn.backbones import BackboneConfig
+    from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
     torch.manual_seed(0)
     model = EventModel(EventModelConfig(BackboneConfig(d_model=8, n_layers=1, n_heads=2), num_marks=2, value_width=1))

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from aaren_core import datasets
-from aaren_core.data import DataError
 from aaren_core.datasets import find_wheel, load_class, load_series
+from aaren_core.tasks.event.data import DataError
 
 
 def _write_wheel(path, members: dict[str, bytes]) -> None:

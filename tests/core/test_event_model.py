@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
-from aaren_core.event_model import EventModel, EventModelConfig
-from aaren_core.heads import LogNormalMixture
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.heads import LogNormalMixture
+from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
 
 def mixture(batch=(3,), k=4, seed=0, dtype=torch.float64):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aaren_core.backbones import BackboneConfig
-from aaren_core.event_model import EventModel, EventModelConfig
-from aaren_core.fused import CPU_SCHEDULE, FusedEventModel, SearchConstants, mixture_quantiles
-from aaren_core.heads import LogNormalMixture
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.fused import CPU_SCHEDULE, FusedEventModel, SearchConstants, mixture_quantiles
+from aaren_core.tasks.event.heads import LogNormalMixture
+from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
 LEVELS = (0.01, 0.1, 0.5, 0.9, 0.99)
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from adversarial_heads import GAP_MAX, RESOLUTION, adversarial_model
 
-from aaren_core.fused import FusedEventModel
-from aaren_core.heads import MAX_TIME_LOC, LogNormalMixture
+from aaren_core.tasks.event.fused import FusedEventModel
+from aaren_core.tasks.event.heads import MAX_TIME_LOC, LogNormalMixture
 
 LEVELS = (0.1, 0.5, 0.9)
 

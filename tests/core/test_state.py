@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aaren_core import AarenState, BackboneConfig, GRUState, KVCacheState, StateFormatError, build_backbone
-from aaren_core.state import state_from_bytes
+from aaren_core.attention.state import state_from_bytes
 
 KINDS = ["aaren", "transformer", "gru"]
 

@@ -6,12 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from aaren_core.backbones import BackboneConfig
-from aaren_core.data import DataError
-from aaren_core.series_baselines import DLinear, DLinearConfig, last_value, seasonal_naive, windows
-from aaren_core.series_data import SeriesData, calendar_features, ett_borders, ratio_borders
-from aaren_core.series_model import SeriesModel, SeriesModelConfig
-from aaren_core.task_metrics import (
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.data import DataError
+from aaren_core.tasks.metrics import (
     ErrorSums,
     early_accuracy,
     model_window_predictor,
@@ -19,6 +16,9 @@ from aaren_core.task_metrics import (
     score_streaming,
     streaming_forecasts,
 )
+from aaren_core.tasks.series.baselines import DLinear, DLinearConfig, last_value, seasonal_naive, windows
+from aaren_core.tasks.series.data import SeriesData, calendar_features, ett_borders, ratio_borders
+from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
 
 
 def daily_series(n: int = 400, channels: int = 2, seed: int = 0) -> SeriesData:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
-from aaren_core.class_model import ClassModel, ClassModelConfig, class_loss, final_logits
-from aaren_core.series_model import SeriesModel, SeriesModelConfig, pinball_loss, series_loss
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig, class_loss, final_logits
+from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig, pinball_loss, series_loss
 
 KINDS = ["aaren", "transformer", "gru"]
 

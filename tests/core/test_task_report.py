@@ -12,10 +12,10 @@ import pytest
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.datasets import SERIES_DATASETS
-from aaren_core.series_data import SeriesData, ratio_borders
-from aaren_core.task_metrics import model_window_predictor, streaming_forecasts
-from aaren_core.task_report import fan_forecasts, report_text, write_task_report
-from aaren_core.task_training import TaskTrainConfig, command_line, train_task
+from aaren_core.tasks.metrics import model_window_predictor, streaming_forecasts
+from aaren_core.tasks.report import fan_forecasts, report_text, write_task_report
+from aaren_core.tasks.series.data import SeriesData, ratio_borders
+from aaren_core.training.task import TaskTrainConfig, command_line, train_task
 
 
 def daily_series(name: str = "daily", n: int = 500) -> SeriesData:

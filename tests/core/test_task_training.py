@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.series_data import ClassData, ClassSet, SeriesData, ratio_borders
-from aaren_core.task_training import TaskTrainConfig, main, shifted_starts, train_task
+from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.training.task import TaskTrainConfig, main, shifted_starts, train_task
 
 
 def daily_series(n: int = 600) -> SeriesData:

@@ -11,8 +11,8 @@ import pytest
 import torch
 from time_decay_models import decay_model
 
-from aaren_core.fused import FusedEventModel
-from aaren_core.layers import AarenAttention
+from aaren_core.nn.layers import AarenAttention
+from aaren_core.tasks.event.fused import FusedEventModel
 
 
 def decay_reference(attn: AarenAttention, x: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,15 @@ import torch
 from safetensors.torch import load_file
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.data import DataError, EventData, EventSchema, EventSequence, dequantize, fit_standardization
-from aaren_core.training import (
+from aaren_core.tasks.event.data import (
+    DataError,
+    EventData,
+    EventSchema,
+    EventSequence,
+    dequantize,
+    fit_standardization,
+)
+from aaren_core.training.event import (
     EarlyStopping,
     TrainConfig,
     eval_jitter,
@@ -172,7 +179,7 @@ def test_ddp_with_two_processes_matches_one_process(tmp_path):
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
         "-m",
-        "aaren_core.training",
+        "aaren_core.training.event",
         "--config",
         str(config_path),
     ]
@@ -284,7 +291,7 @@ def test_early_stopping_rides_out_noise_and_stops_on_a_plateau():
 def test_length_buckets_batch_similar_lengths_and_keep_every_sequence_once():
     import numpy as np
 
-    from aaren_core.training import TrainConfig, batch_order
+    from aaren_core.training.event import TrainConfig, batch_order
 
     lengths = [int(x) for x in np.random.default_rng(0).integers(2, 500, 203)]
     order = np.random.default_rng(1).permutation(203)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aaren_core.data import DataError
-from aaren_core.ts_format import parse_ts
+from aaren.formats.ts import parse_ts
+from aaren_core.tasks.event.data import DataError
 
 TINY = """# a comment
 @problemName Tiny

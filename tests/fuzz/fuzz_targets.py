@@ -25,21 +25,21 @@ import atheris
 import torch
 from google.protobuf.message import DecodeError
 
-import aaren.server.servicer
+import aaren.server.contract.validation
+import aaren.server.frontends.aaren_v1.servicer
 import aaren.server.stores.redis_store
-import aaren.server.validation
-import aaren_core.state
-from aaren.server.batcher import Scope
-from aaren.server.core import EngineCore
-from aaren.server.engine import load_engine
-from aaren.server.metrics import Metrics
-from aaren.server.servicer import ForecastServicer
+import aaren_core.attention.state
+from aaren.server.core.batcher import Scope
+from aaren.server.core.engine_core import EngineCore
+from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
+from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores import SessionMeta, StateLayout
 from aaren.server.stores.memory import MemoryStore
 from aaren.server.stores.redis_store import WRITE_ID_BYTES, RedisStore
+from aaren.server.tasks.event.task import load_event_task
 from aaren.v1 import aaren_pb2 as pb
-from aaren_core.state import StateFormatError, state_from_bytes
+from aaren_core.attention.state import StateFormatError, state_from_bytes
 
 
 def _instrument(*modules: object) -> None:
@@ -54,9 +54,14 @@ def _instrument(*modules: object) -> None:
                     atheris.instrument_func(function)
 
 
-_instrument(aaren_core.state, aaren.server.validation, aaren.server.servicer, aaren.server.stores.redis_store)
+_instrument(
+    aaren_core.attention.state,
+    aaren.server.contract.validation,
+    aaren.server.frontends.aaren_v1.servicer,
+    aaren.server.stores.redis_store,
+)
 
-ENGINE = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+ENGINE = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
 LAYOUT = StateLayout(ENGINE.layout_rows())
 FRONT_END = ForecastServicer(ServerSettings(), Metrics())
 FRONT_END.attach(EngineCore(ENGINE, MemoryStore(LAYOUT, capacity=10, idle_ttl_s=60), ServerSettings(), Metrics()))

@@ -1,4 +1,4 @@
-"""Bad input over a real Stream (issue 4, "Bad input (each a test)"; DESIGN.md section 3).
+"""Bad input over a real Stream (issue 4, "Bad input (each a test)"; docs/architecture.md section 3).
 
 Each bad event must get a precise ErrorCode, reason and message, change no state, and leave the
 stream and every other session going.

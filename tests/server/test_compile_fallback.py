@@ -9,19 +9,19 @@ import numpy as np
 import torch
 import torch._inductor.config as inductor_config
 
-from aaren.server.engine import RunColumns, load_engine
+from aaren.server.tasks.event.task import RunColumns, load_event_task
 
 
 def test_compile_without_a_compiler_falls_back_to_the_eager_model(caplog):
     no_compiler = {"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False, "autotune_local_cache": False}
-    with inductor_config.patch(no_compiler), caplog.at_level(logging.WARNING, logger="aaren.server.engine"):
+    with inductor_config.patch(no_compiler), caplog.at_level(logging.WARNING, logger="aaren.server.tasks.event.task"):
         torch._dynamo.reset()  # forget graphs compiled by earlier tests
-        engine = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9), compile_model=True)
+        engine = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9), compile_model=True)
     torch._dynamo.reset()
     messages = [r.getMessage() for r in caplog.records]
     assert any("torch.compile failed" in m and "serving the model uncompiled" in m for m in messages), messages
 
-    eager = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+    eager = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
     runs = RunColumns.single([1.5], [3], [[0.2, -1.0]])
     got = engine.apply({k: t.unsqueeze(0).clone() for k, t in engine.layout_rows().items()}, runs, 3)[1]
     want = eager.apply({k: t.unsqueeze(0).clone() for k, t in eager.layout_rows().items()}, runs, 3)[1]

@@ -1,5 +1,5 @@
 """The engine's fused step and forecast (the default) equal its module-by-module reference
-(``Engine.fused = False``): output columns and new rows, over a session's events and batch sizes."""
+(``EventTask.fused = False``): output columns and new rows, over a session's events and batch sizes."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from aaren.server.engine import OUTPUT_NAMES, RunColumns, load_engine
+from aaren.server.tasks.event.task import OUTPUT_NAMES, RunColumns, load_event_task
 
 
 @pytest.mark.parametrize("batch", [1, 5, 33])
 def test_fused_engine_equals_reference_engine(batch):
-    fused = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
-    reference = load_engine(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+    fused = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+    reference = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
     reference.fused = False
     width = fused.description.value_width
     rows = {k: torch.stack([t] * batch) for k, t in fused.layout_rows().items()}

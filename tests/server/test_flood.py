@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 from server_helpers import OpenStream, ServerProcess, assert_forecast, ev, metric, scrape, stub_for, wait_until
 
-from aaren.server.auth import hash_token, new_token
+from aaren.server.security.auth import hash_token, new_token
 
 FLOOD_CLIENT = Path(__file__).with_name("flood_client.py")
 RATE, BURST = 500, 500

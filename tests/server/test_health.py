@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from redis_process import RedisProcess
 from server_helpers import CALL_TIMEOUT_S, SERVICE, ServerProcess, reason_of, stub_for, wait_until
 
-from aaren.server.auth import hash_token, new_token
+from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
 
 

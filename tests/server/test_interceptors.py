@@ -13,8 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from aaren.server.auth import TokenTable, current_tenant, hash_token, new_token
-from aaren.server.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
+from aaren.server.security.auth import TokenTable, current_tenant, hash_token, new_token
+from aaren.server.security.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
 
 TOKEN = new_token()
 SERVICE = "test.Echo"

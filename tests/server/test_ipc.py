@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from server_helpers import OpenStream, assert_forecast, ev, stub_for
 
-from aaren.server.columns import ACK, ERROR, FORECAST, Outcomes
-from aaren.server.errors import catalogue
-from aaren.server.ipc import group_by_signature, pack_outcomes, pack_requests, unpack_outcomes, unpack_requests
-from aaren.server.validation import EventChecker
+from aaren.server.contract.columns import ACK, ERROR, FORECAST, Outcomes
+from aaren.server.contract.errors import Reasons
+from aaren.server.contract.validation import EventChecker
+from aaren.server.ipc.channel import group_by_signature, pack_outcomes, pack_requests, unpack_outcomes, unpack_requests
 
 CHECKER = EventChecker(5, ("a", "b"), 64)
 
@@ -52,13 +52,13 @@ def test_outcomes_survive_packing_and_pickling():
                 {k: v[:1] for k, v in outputs.items()},
             ),
         ),
-        (2, Outcomes.refused(catalogue.too_many_events(20_000, 10_000))),
+        (2, Outcomes.refused(Reasons.too_many_events(20_000, 10_000))),
         (
             3,
             Outcomes(
                 np.array([ERROR, FORECAST], np.int8),
                 np.zeros(2, np.int64),
-                {0: catalogue.seq_gap("s", 9, 2)},
+                {0: Reasons.seq_gap("s", 9, 2)},
                 np.array([1]),
                 {k: v[1:] for k, v in outputs.items()},
             ),
@@ -86,7 +86,7 @@ def test_outcomes_of_several_models_travel_in_one_frame_per_set_of_columns():
     items = [
         (1, forecast({"time_mean": np.array([1.5]), "top_marks": np.array([[1, 0]])})),
         (2, forecast({"series_mean": np.ones((1, 3, 2)), "series_quantiles": np.ones((1, 3, 2, 3))})),
-        (3, Outcomes.refused(catalogue.too_many_events(20_000, 10_000))),
+        (3, Outcomes.refused(Reasons.too_many_events(20_000, 10_000))),
         (4, forecast({"series_mean": np.zeros((1, 4, 2)), "series_quantiles": np.zeros((1, 4, 2, 3))})),
         (5, forecast({"class_top": np.array([[2, 0, 1]]), "class_probs": np.array([[0.5, 0.3, 0.2]])})),
         (6, forecast({"time_mean": np.array([0.5]), "top_marks": np.array([[0, 1]])})),

@@ -1,4 +1,4 @@
-"""Session lifecycle: eviction after the idle TTL and for capacity (DESIGN.md section 3, "Lifecycle")."""
+"""Session lifecycle: eviction after the idle TTL and for capacity (docs/architecture.md section 3, "Lifecycle")."""
 
 from __future__ import annotations
 

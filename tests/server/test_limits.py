@@ -21,7 +21,7 @@ from server_helpers import (
     wait_until,
 )
 
-from aaren.server.auth import hash_token, new_token
+from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
 
 RETRY_KEY = "aaren-retry-after-ms"

@@ -7,7 +7,7 @@ import asyncio
 
 import numpy as np
 
-from aaren.server.columns import DUPLICATE, ERROR, FORECAST, NEXT_SEQ, Outcomes
+from aaren.server.contract.columns import DUPLICATE, ERROR, FORECAST, NEXT_SEQ, Outcomes
 
 
 def submit(srv, events, next_seq=True):

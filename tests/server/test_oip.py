@@ -23,7 +23,7 @@ from server_helpers import (
 from tritonclient.utils import InferenceServerException
 
 from aaren.oip.v2 import grpc_service_pb2 as oip
-from aaren.server.auth import hash_token, new_token
+from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
 
 MODEL = "tiny"

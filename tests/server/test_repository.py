@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aaren.server.errors import ConfigError
-from aaren.server.repository import load_models
-from aaren_core.backbones import BackboneConfig
+from aaren.server.contract.errors import ConfigError
+from aaren.server.tasks.repository import load_models
 from aaren_core.checkpoint import save_checkpoint
-from aaren_core.class_model import ClassModel, ClassModelConfig
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
 
 CPU = torch.device("cpu")
 LEVELS = (0.1, 0.5, 0.9)

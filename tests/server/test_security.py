@@ -21,8 +21,8 @@ from server_helpers import (
     stub_for,
 )
 
-from aaren.server.auth import hash_token, new_token
-from aaren.server.errors import ConfigError
+from aaren.server.contract.errors import ConfigError
+from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
 
 

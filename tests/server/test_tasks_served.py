@@ -30,11 +30,11 @@ from server_helpers import (
 
 from aaren.client import EventIn
 from aaren.v1 import aaren_pb2 as pb
-from aaren_core.backbones import BackboneConfig
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
-from aaren_core.class_model import ClassModel, ClassModelConfig
-from aaren_core.series_data import calendar_features
-from aaren_core.series_model import SeriesModel, SeriesModelConfig
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
+from aaren_core.tasks.series.data import calendar_features
+from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
 
 HOUR = 3600.0
 START = 1_700_000_000.0  # a Tuesday, 22:13 UTC: calendar features differ from step to step
@@ -372,7 +372,7 @@ def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_t
 
 
 def test_tenants_share_one_event_budget_over_every_model_and_never_see_each_others_sessions(start_server, tmp_path):
-    from aaren.server.auth import hash_token, new_token
+    from aaren.server.security.auth import hash_token, new_token
 
     tokens = {"tenant-a": new_token(), "tenant-b": new_token()}
     path = tmp_path / "tokens.txt"
@@ -403,7 +403,7 @@ def test_tenants_share_one_event_budget_over_every_model_and_never_see_each_othe
 
 
 def test_a_tenants_session_limit_counts_its_sessions_of_every_model(start_server, tmp_path):
-    from aaren.server.auth import hash_token, new_token
+    from aaren.server.security.auth import hash_token, new_token
 
     token = new_token()
     path = tmp_path / "tokens.txt"

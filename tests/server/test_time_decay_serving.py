@@ -7,7 +7,7 @@ import pytest
 import torch
 from time_decay_models import decay_model
 
-from aaren.server.engine import OUTPUT_NAMES, Engine, RunColumns
+from aaren.server.tasks.event.task import OUTPUT_NAMES, EventTask, RunColumns
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -19,7 +19,7 @@ def test_engine_history_and_steps_of_a_saved_decay_model_agree(tmp_path, fused):
     loaded = load_checkpoint(tmp_path / "ckpt").model
     assert loaded.config.backbone.time_decay
     torch.testing.assert_close(loaded.backbone.layers[0].mixer.log_rate, model.backbone.layers[0].mixer.log_rate)
-    engine = Engine(loaded, version="v", name="decay", metadata={}, device=torch.device("cpu"), quantiles=(0.1, 0.9))
+    engine = EventTask(loaded, version="v", name="decay", metadata={}, device=torch.device("cpu"), quantiles=(0.1, 0.9))
     engine.fused = fused
     rng = np.random.default_rng(0)
     n = 9

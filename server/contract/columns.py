@@ -1,0 +1,185 @@
+"""What crosses between the front ends and the engine core: columnar batches (arrays, never one
+object per event), the served model's description and the unary calls' results.
+
+A front end turns one request (a stream message) into a ``CoreRequest``: the events that passed
+the checks that need no state, as columns, plus the refusals of the others. The engine core
+answers it with ``Outcomes``: one kind and seq per event, and the task's output columns for the
+events that got a forecast. Both are plain data (numpy arrays, str lists, ``ErrorInfo``), so they
+cross a process boundary as they are. Nothing here imports torch: front-end processes never do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from aaren.server.contract.errors import ErrorInfo
+
+__all__ = [
+    "ACK",
+    "DUPLICATE",
+    "ERROR",
+    "FORECAST",
+    "NEXT_SEQ",
+    "CoreRequest",
+    "EventColumns",
+    "ModelDescription",
+    "Outcomes",
+    "SampledFuture",
+    "SessionView",
+    "StepSummary",
+]
+
+#: Outcome kinds, one per event (``Outcomes.kind``).
+FORECAST, ACK, DUPLICATE, ERROR = 0, 1, 2, 3
+#: Seqs above this are clipped to it in the columns: no session gets there, so they stay gaps.
+MAX_SEQ = 2**62
+#: An event's seq meaning "the session's next one" (its last applied seq + 1, resolved by the engine
+#: core, which alone knows it): for protocols without seqs (OIP). Such an event continues a session
+#: and never starts one: for a session without state it is refused like any seq > 1.
+NEXT_SEQ = 0
+
+
+@dataclasses.dataclass(slots=True)
+class EventColumns:
+    """``m`` events: ``session_ids [m]`` as sent, ``seq [m]`` int64, ``time [m]`` float64, ``mark [m]``
+    int64, ``values [m, V]`` float32."""
+
+    session_ids: list[str]
+    seq: np.ndarray
+    time: np.ndarray
+    mark: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.session_ids)
+
+    @classmethod
+    def empty(cls, value_width: int) -> EventColumns:
+        return cls(
+            [], np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), np.zeros((0, value_width), np.float32)
+        )
+
+
+@dataclasses.dataclass(slots=True)
+class CoreRequest:
+    """One request of ``n`` events for the engine core.
+
+    ``index [m]`` (increasing) says where the valid ``events`` sit among the request's ``n``;
+    ``errors`` holds the refusals of the others by position. ``last_only``: forecast only the last
+    applied event of each session in the request (ack the others). ``tenant`` scopes the session ids.
+    """
+
+    n: int
+    index: np.ndarray
+    events: EventColumns
+    errors: dict[int, ErrorInfo]
+    top_k: int = 0
+    last_only: bool = False
+    tenant: str = ""
+    #: The model the request is for ("": the default model).
+    model: str = ""
+
+
+@dataclasses.dataclass(slots=True)
+class Outcomes:
+    """The answer to a ``CoreRequest`` of ``n`` events.
+
+    ``kind [n]`` (``FORECAST``, ``ACK``, ``DUPLICATE``, ``ERROR``); ``last_seq [n]`` the session's last
+    applied seq for an ack or duplicate (else 0); ``errors`` by position for ``ERROR``;
+    ``forecast_index [F]`` the positions with a forecast, increasing, and ``outputs`` the task's
+    columns for them (name -> ``[F, ...]``). ``request_error``: the whole request was refused
+    before any event was considered (then ``kind`` is empty).
+    """
+
+    kind: np.ndarray
+    last_seq: np.ndarray
+    errors: dict[int, ErrorInfo]
+    forecast_index: np.ndarray
+    outputs: dict[str, np.ndarray]
+    request_error: ErrorInfo | None = None
+
+    @classmethod
+    def refused(cls, error: ErrorInfo) -> Outcomes:
+        return cls(np.zeros(0, np.int8), np.zeros(0, np.int64), {}, np.zeros(0, np.int64), {}, error)
+
+    @classmethod
+    def all_errors(cls, n: int, errors: dict[int, ErrorInfo]) -> Outcomes:
+        return cls(np.full(n, ERROR, np.int8), np.zeros(n, np.int64), errors, np.zeros(0, np.int64), {})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDescription:
+    """What a front end needs to know of a served model (it crosses the IPC as plain data)."""
+
+    name: str
+    version: str
+    backbone: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    num_marks: int
+    value_width: int
+    parameters: int
+    state_bytes_per_session: int
+    mark_names: tuple[str, ...]
+    value_names: tuple[str, ...]
+    time_unit: str
+    device: str
+    quantiles: tuple[float, ...] = ()
+    #: The task the model serves (docs/architecture.md "Tasks"); it names the output columns' meaning.
+    task: str = "event"
+    #: Series models: forecast steps H (0 for other tasks).
+    horizon: int = 0
+    #: Series models: the regular step in seconds (event times are Unix seconds).
+    step_seconds: float = 0.0
+    #: Class models: the class names by index (empty for other tasks).
+    class_names: tuple[str, ...] = ()
+
+    @property
+    def ranked(self) -> int:
+        """How many entries a forecast ranks (marks, or classes): front ends cut a request's top_k."""
+        return len(self.class_names) if self.task == "class" else self.num_marks
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionView:
+    """A session's stored state, described (times: unix seconds, but ``last_time``: the data's own)."""
+
+    session_id: str
+    last_seq: int
+    last_time: float
+    created_at: float
+    updated_at: float
+    model_version: str
+    state: bytes | None
+    state_bytes: int
+    expires_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepSummary:
+    """What sampled futures say about future event ``step`` (1 = next): absolute times, mark frequencies."""
+
+    step: int
+    mean_time: float
+    time_quantiles: list[float]
+    marks: list[tuple[int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledFuture:
+    """The exact next-event forecast (``outputs``: the task's columns, one row), plus (horizon > 1)
+    per-step summaries and sampled paths (absolute times ``[S][H]``, marks ``[S][H]``, values
+    ``[S][H][V]``)."""
+
+    session_id: str
+    seq: int
+    last_time: float
+    outputs: dict[str, np.ndarray]
+    top_k: int
+    steps: list[StepSummary]
+    times: list[list[float]]
+    marks: list[list[int]]
+    values: list[list[list[float]]]

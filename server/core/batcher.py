@@ -1,0 +1,821 @@
+"""The batcher: accepted requests in, batched model calls, outcomes out, on whole columns.
+
+Accepted requests wait in one FIFO queue. A batch takes events from its head (up to
+``max_batch_events`` events of at most ``max_batch_size`` sessions; a request may be split over
+batches, in order), loads the sessions' state, checks every event against it (seq order, time
+order, model version) with array operations, applies each session's events in order in one
+batched model call (``EventTask.apply``: one step for sessions with one event, the parallel scan for
+longer runs), writes the new state, and only then answers (docs/architecture.md: acknowledgement
+means durable). Batches run one after another, so a session is in one batch at a time and its
+events apply in order. Nothing here knows a protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from aaren.server.contract.columns import ACK, DUPLICATE, ERROR, FORECAST, NEXT_SEQ, CoreRequest, EventColumns, Outcomes
+from aaren.server.contract.errors import ErrorInfo, Reasons
+from aaren.server.core.admission import Admission
+from aaren.server.observability.metrics import Metrics
+from aaren.server.settings import ServerSettings
+from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.tasks.base import Task
+from aaren.server.tasks.event.task import RunColumns
+
+__all__ = ["Batcher", "Scope"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TENANT_COUNT_TTL_S = 5.0
+# Verdicts of the plan, per event of a batch.
+_APPLY, _DUP, _DUP_OF_BATCH, _ERR = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """Session keys: ``<tenant>/<session_id>`` when tenants are on, else the session id."""
+
+    tenancy: bool
+
+    def key(self, session_id: str, tenant: str) -> str:
+        return f"{tenant}/{session_id}" if tenant else session_id
+
+    def shown(self, key: str) -> str:
+        """The session id as its client knows it (without the tenant)."""
+        return key.partition("/")[2] if self.tenancy else key
+
+    @staticmethod
+    def tenant_of(key: str) -> str:
+        return key.partition("/")[0]
+
+
+class _Accepted:
+    """An accepted request: its outcome columns fill in as the batches holding its events finish."""
+
+    __slots__ = (
+        "chunks",
+        "errors",
+        "keys",
+        "kind",
+        "last_seq",
+        "on_done",
+        "queued",
+        "received",
+        "remaining",
+        "request",
+        "taken",
+    )
+
+    def __init__(self, request: CoreRequest, keys: list[str], on_done: Callable[[Outcomes], None]) -> None:
+        n = request.n
+        self.request = request
+        self.keys = keys
+        self.taken = 0
+        self.remaining = len(keys)
+        self.kind = np.full(n, ERROR, dtype=np.int8)
+        self.last_seq = np.zeros(n, dtype=np.int64)
+        self.errors = dict(request.errors)
+        self.chunks: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+        self.on_done = on_done
+        self.received = time.perf_counter()
+        self.queued = False
+
+    def outcomes(self) -> Outcomes:
+        if len(self.chunks) == 1:
+            index, outputs = self.chunks[0]
+        elif not self.chunks:
+            index, outputs = np.zeros(0, np.int64), {}
+        else:  # forecasts from several batches: put them in event order
+            index = np.concatenate([c[0] for c in self.chunks])
+            order = np.argsort(index, kind="stable")
+            index = index[order]
+            outputs = {k: np.concatenate([c[1][k] for c in self.chunks])[order] for k in self.chunks[0][1]}
+        return Outcomes(self.kind, self.last_seq, self.errors, index, outputs)
+
+
+class Batcher:
+    """Owns the queue and runs the batches (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: Task,
+        store: SessionStore,
+        settings: ServerSettings,
+        metrics: Metrics,
+        admission: Admission,
+        scope: Scope,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.admission = admission
+        self.scope = scope
+        self._queue: deque[_Accepted] = deque()
+        self._queued_events = 0
+        self._wakeup = asyncio.Event()
+        self._in_worker: Callable[..., Awaitable[object]] | None = None
+        self._tenant_counts: dict[str, tuple[float, int]] = {}
+        self._counted = self._since_count = 0
+        self._io_pause = settings.io_pause_ms / 1000
+        name = engine.description.name
+        self._applied = _Both(metrics.events.labels("applied"), metrics.model_events.labels(name, "applied"))
+        self._duplicates = _Both(metrics.events.labels("duplicate"), metrics.model_events.labels(name, "duplicate"))
+        self._rejected = _Both(metrics.events.labels("rejected"), metrics.model_events.labels(name, "rejected"))
+        self._model_sessions = metrics.model_sessions.labels(name)
+        #: Sessions of this model held (the last count plus this server's starts and ends since).
+        self.sessions_held = 0
+        #: Called after each count: the engine core sums the models' gauges.
+        self.on_sessions_counted: Callable[[], None] | None = None
+        #: A tenant's sessions (all models': the engine core sets it); default: this store's.
+        self.count_tenant_sessions: Callable[[str], Awaitable[int]] = store.count_group
+        #: Whether that count is cheap (exact every time) rather than cached for TENANT_COUNT_TTL_S.
+        self.cheap_tenant_count = store.cheap_count
+        self._by_reason: dict[str, object] = {}
+        self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
+        #: Every forecast ranks every mark (or class); front ends keep a request's top_k.
+        self._top_k = engine.description.ranked
+
+    def set_worker(self, run: Callable[..., Awaitable[object]]) -> None:
+        """Run model calls with ``run(fn, *args)`` (a worker thread) instead of on the event loop."""
+        self._in_worker = run
+
+    # ------------------------------------------------------------------ accepting
+
+    def enqueue(self, request: CoreRequest, on_done: Callable[[Outcomes], None]) -> None:
+        """Queue an admitted request's valid events; ``on_done`` gets its outcomes once every event
+        is answered (at once when none is valid)."""
+        keys = request.events.session_ids
+        if request.tenant:
+            prefix = request.tenant + "/"
+            keys = [prefix + s for s in keys]
+        accepted = _Accepted(request, keys, self._timed_done(on_done))
+        for error in request.errors.values():
+            self.count_rejection(error)
+        if not keys:
+            accepted.on_done(accepted.outcomes())
+            return
+        self.admission.accepted(len(keys), request.tenant)
+        self._queue.append(accepted)
+        self._queued_events += len(keys)
+        self.metrics.pending_events.set(self.admission.pending)
+        self._wakeup.set()
+
+    def _timed_done(self, on_done: Callable[[Outcomes], None]) -> Callable[[Outcomes], None]:
+        received = time.perf_counter()
+        total = self._latency["total"]
+
+        def done(outcomes: Outcomes) -> None:
+            total.observe(time.perf_counter() - received)
+            try:
+                on_done(outcomes)
+            except Exception:  # the caller's failure to deliver must not fail the batch that stored it
+                log.exception("delivering the answer of a request failed")
+
+        return done
+
+    def count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
+        """Count ``n`` rejected events by reason (also those refused before the core)."""
+        self._rejected.inc(n)
+        child = self._by_reason.get(error.reason)
+        if child is None:
+            child = self._by_reason[error.reason] = self.metrics.rejections.labels(error.reason)
+        child.inc(n)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            # Always yield once: front ends then queue what has arrived while the last batch ran.
+            # Busy (a full batch waits): pause briefly so that gRPC's poller thread gets the GIL and
+            # delivers reads and writes; with a bare yield, back-to-back batches serve streams unevenly.
+            s = self.settings
+            busy = self._queued_events >= s.max_batch_events or len(self._queue) >= s.max_batch_size
+            await asyncio.sleep(self._io_pause if busy else s.max_batch_wait_ms / 1000)
+            batch = self._take()
+            if not self._queue:
+                self._wakeup.clear()
+            if batch is None:
+                continue
+            pieces = batch.pieces
+            try:
+                await self._run_batch(batch)
+            except Exception:  # a bug must not stop the service: fail this batch's unanswered events only
+                log.exception("batch of %d requests failed", len(pieces))
+                self._fail_pieces(pieces, Reasons.batch_aborted())
+            finally:
+                for accepted, _, count in pieces:
+                    self.admission.answered(count, accepted.request.tenant)
+                self.metrics.pending_events.set(self.admission.pending)
+
+    def _take(self) -> _Batch | None:
+        """The next batch from the head of the queue: pieces ``(request, start, count)`` of at most
+        ``max_batch_events`` events of at most ``max_batch_size`` sessions."""
+        s = self.settings
+        pieces: list[tuple[_Accepted, int, int]] = []
+        budget = s.max_batch_events
+        queue = self._queue
+        while queue and budget > 0:
+            head = queue[0]
+            start = head.taken
+            count = min(len(head.keys) - start, budget)
+            pieces.append((head, start, count))
+            head.taken += count
+            budget -= count
+            if head.taken == len(head.keys):
+                queue.popleft()
+        self._queued_events -= s.max_batch_events - budget
+        if not pieces:
+            return None
+        if len(pieces) == 1:
+            accepted, start, count = pieces[0]
+            keys = accepted.keys[start : start + count]
+        else:
+            keys = [k for accepted, start, count in pieces for k in accepted.keys[start : start + count]]
+        # Each event's session, coded in order of first appearance.
+        sessions: dict[str, int] = {}
+        # np.array of a list: np.fromiter costs about 10 us a call whatever the length (numpy 2.4).
+        sess = np.array([sessions.setdefault(k, len(sessions)) for k in keys], dtype=np.int64)
+        if len(sessions) > s.max_batch_size:
+            cut = int(np.argmax(sess == s.max_batch_size))
+            pieces = self._give_back(pieces, cut)
+            keys, sess = keys[:cut], sess[:cut]
+            sessions = dict(list(sessions.items())[: s.max_batch_size])
+        return _Batch(pieces, keys, sess, list(sessions))
+
+    def _give_back(self, pieces: list[tuple[_Accepted, int, int]], keep: int) -> list[tuple[_Accepted, int, int]]:
+        """Keep the first ``keep`` events of ``pieces``; the rest go back to the head of the queue."""
+        kept: list[tuple[_Accepted, int, int]] = []
+        returned: list[_Accepted] = []
+        for accepted, start, count in pieces:
+            use = max(0, min(count, keep))
+            keep -= use
+            if use:
+                kept.append((accepted, start, use))
+            if use < count:
+                if accepted.taken == len(accepted.keys):
+                    returned.append(accepted)  # it had left the queue
+                accepted.taken = start + use
+                self._queued_events += count - use
+        for accepted in reversed(returned):
+            if not self._queue or self._queue[0] is not accepted:
+                self._queue.appendleft(accepted)
+        self._wakeup.set()
+        return kept
+
+    def _fail_pieces(self, pieces: list[tuple[_Accepted, int, int]], error: ErrorInfo) -> None:
+        for accepted, start, count in pieces:
+            if accepted.remaining <= 0:
+                continue  # answered before the failure
+            index = accepted.request.index[start : start + count]
+            still = [int(i) for i in index if int(i) not in accepted.errors and accepted.kind[i] == ERROR]
+            for i in still:
+                accepted.errors[i] = error
+            if still:
+                self.count_rejection(error, len(still))
+            self._finish_piece(accepted, count)
+
+    def _finish_piece(self, accepted: _Accepted, count: int) -> None:
+        accepted.remaining -= count
+        if accepted.remaining == 0:
+            accepted.on_done(accepted.outcomes())
+
+    # ------------------------------------------------------------------ one batch
+
+    async def _run_batch(self, batch: _Batch) -> None:
+        pieces, sess, ids = batch.pieces, batch.sess, batch.ids
+        started = time.perf_counter()
+        queue_latency = self._latency["queue"]
+        for accepted, _, _ in pieces:
+            if not accepted.queued:  # once per request: its events arrived together
+                accepted.queued = True
+                queue_latency.observe(started - accepted.received)
+        cols = [(a.request.events, s, s + c) for a, s, c in pieces]
+        seq = _cat([e.seq[s:t] for e, s, t in cols])
+        times = _cat([e.time[s:t] for e, s, t in cols])
+        if (seq == NEXT_SEQ).any():
+            seq = seq.copy()  # the plan resolves them in place; the request's own columns stay as sent
+
+        try:
+            loaded = await self._timed("load", self.store.load(ids))
+        except StoreUnavailableError as exc:
+            self._fail_pieces(pieces, Reasons.store_unavailable(exc))
+            return
+        self._reset_foreign_states(ids, loaded)
+        stored = _StoredColumns.of(loaded.metas, self.engine.version)
+
+        verdict, errors, dup_seq = await self._plan(ids, sess, seq, times, stored)
+        applied = np.flatnonzero(verdict == _APPLY)
+        n_events = len(sess)
+        kind = np.full(n_events, ERROR, dtype=np.int8)
+        last_seq = np.zeros(n_events, dtype=np.int64)
+        dup = verdict == _DUP
+        kind[dup] = DUPLICATE
+        last_seq[dup] = dup_seq[dup]
+        forecast_row = np.full(n_events, -1, dtype=np.int64)
+        outputs: dict[str, np.ndarray] = {}
+
+        work = _Work(pieces, cols, ids, sess, seq, times, stored, loaded, verdict, errors, kind, last_seq, forecast_row)
+        if len(applied):
+            outputs = await self._apply(work, applied)
+        self._settle(pieces, kind, last_seq, errors, forecast_row, outputs)
+
+    async def _plan(
+        self, ids: list[str], sess: np.ndarray, seq: np.ndarray, times: np.ndarray, stored: _StoredColumns
+    ) -> tuple[np.ndarray, dict[int, ErrorInfo], np.ndarray]:
+        """Each event's verdict against its session's stored state, in order (the applied events'
+        seqs are consecutive per session). Returns verdicts ``[E]``, errors by batch position, and
+        the last seq a duplicate is acknowledged with ``[E]``. A ``NEXT_SEQ`` in ``seq`` becomes the
+        seq after its session's last applied one, in place (a refused event takes none)."""
+        n = len(sess)
+        errors: dict[int, ErrorInfo] = {}
+        dup_seq = stored.last_seq[sess]
+        counts = np.bincount(sess, minlength=len(ids))
+        single = counts[sess] == 1
+        verdict = np.full(n, _APPLY, dtype=np.int8)
+        # One event of its session in this batch: every check at once.
+        foreign = stored.foreign[sess] & single
+        s_seq = dup_seq
+        auto = seq == NEXT_SEQ
+        next_of_stored = single & auto & stored.exists[sess]
+        if next_of_stored.any():  # (seq is then a copy: columns from the IPC are read-only)
+            seq[next_of_stored] = s_seq[next_of_stored] + 1
+        duplicate = single & ~foreign & ~auto & (seq <= s_seq)
+        missing = single & ~foreign & ~stored.exists[sess] & ((seq > 1) | auto)
+        gap = single & ~foreign & stored.exists[sess] & (seq > s_seq + 1)
+        early = single & ~(foreign | duplicate | missing | gap) & (times < stored.last_time[sess])
+        verdict[duplicate] = _DUP
+        bad = foreign | missing | gap | early
+        verdict[bad] = _ERR
+        if bad.any():
+            shown, version = self.scope.shown, self.engine.version
+            for i in np.flatnonzero(bad).tolist():
+                u, key = int(sess[i]), ids[int(sess[i])]
+                if foreign[i]:
+                    errors[i] = Reasons.model_mismatch(shown(key), stored.versions[u], version)
+                elif missing[i]:
+                    errors[i] = Reasons.session_missing(shown(key), int(seq[i]), self.store.was_evicted(key))
+                elif gap[i]:
+                    errors[i] = Reasons.seq_gap(shown(key), int(seq[i]), int(s_seq[i]))
+                else:
+                    errors[i] = Reasons.time_before_last(
+                        shown(key), int(seq[i]), float(times[i]), float(stored.last_time[u])
+                    )
+        if not single.all():
+            dup_seq = dup_seq.copy()
+            multi = np.flatnonzero(~single)
+            for u, positions in _groups(sess[multi], multi):
+                self._plan_session(ids[u], positions, seq, times, stored, u, verdict, errors, dup_seq)
+        allowance = await self._session_allowance(ids, stored, sess, verdict)
+        if allowance is not None:
+            self._limit_new_sessions(ids, sess, seq, stored, verdict, errors, allowance)
+        return verdict, errors, dup_seq
+
+    def _plan_session(
+        self,
+        key: str,
+        positions: np.ndarray,
+        seq: np.ndarray,
+        times: np.ndarray,
+        stored: _StoredColumns,
+        u: int,
+        verdict: np.ndarray,
+        errors: dict[int, ErrorInfo],
+        dup_seq: np.ndarray,
+    ) -> None:
+        """The verdicts of a session with several events in this batch, one event at a time: a
+        repeat of an event applied in this batch is answered after the batch is stored, like the
+        original; a rejected event changes nothing, so the ones after it see the same state."""
+        shown = self.scope.shown(key)
+        if stored.foreign[u]:
+            error = Reasons.model_mismatch(shown, stored.versions[u], self.engine.version)
+            for i in positions.tolist():
+                verdict[i], errors[i] = _ERR, error
+            return
+        stored_seq = last_seq = int(stored.last_seq[u])
+        last_time = float(stored.last_time[u])
+        for i in positions.tolist():
+            s, t = int(seq[i]), float(times[i])
+            if s == NEXT_SEQ and last_seq:
+                s = last_seq + 1
+                seq[i] = s
+            if s == NEXT_SEQ:
+                verdict[i], errors[i] = _ERR, Reasons.session_missing(shown, s, self.store.was_evicted(key))
+            elif s <= stored_seq:
+                verdict[i], dup_seq[i] = _DUP, stored_seq
+            elif s <= last_seq:
+                verdict[i] = _DUP_OF_BATCH
+            elif last_seq == 0 and s > 1:
+                verdict[i], errors[i] = _ERR, Reasons.session_missing(shown, s, self.store.was_evicted(key))
+            elif s > last_seq + 1:
+                verdict[i], errors[i] = _ERR, Reasons.seq_gap(shown, s, last_seq)
+            elif t < last_time:
+                verdict[i], errors[i] = _ERR, Reasons.time_before_last(shown, s, t, last_time)
+            else:
+                verdict[i] = _APPLY
+                last_seq, last_time = s, t
+
+    async def _session_allowance(
+        self, ids: list[str], stored: _StoredColumns, sess: np.ndarray, verdict: np.ndarray
+    ) -> dict[str, int] | None:
+        """How many sessions each tenant starting one in this batch may still start (its limit minus
+        its sessions; counts of a slow store cached for TENANT_COUNT_TTL_S). None: no tenants, or
+        no session starts."""
+        if not self.scope.tenancy:
+            return None
+        starting_sessions = np.unique(sess[(verdict == _APPLY) & ~stored.exists[sess]])
+        if not len(starting_sessions):
+            return None
+        tenants = {Scope.tenant_of(ids[u]) for u in starting_sessions.tolist()}
+        allowance: dict[str, int] = {}
+        now = time.monotonic()
+        limit = self.settings.max_sessions_per_tenant
+        for tenant in tenants:
+            cached = None if self.cheap_tenant_count else self._tenant_counts.get(tenant)
+            if cached is None or now - cached[0] > TENANT_COUNT_TTL_S or cached[1] >= limit:
+                try:
+                    cached = (now, await self.count_tenant_sessions(tenant))
+                except StoreUnavailableError:
+                    cached = (now, 0)  # the load just worked; the save will tell if the store is gone
+                self._tenant_counts[tenant] = cached
+            allowance[tenant] = limit - cached[1]
+        return allowance
+
+    def _limit_new_sessions(
+        self,
+        ids: list[str],
+        sess: np.ndarray,
+        seq: np.ndarray,
+        stored: _StoredColumns,
+        verdict: np.ndarray,
+        errors: dict[int, ErrorInfo],
+        allowance: dict[str, int],
+    ) -> None:
+        """Refuse the sessions a tenant may not start, in order of first appearance: the refused
+        first event changed nothing, so the session's later events find no session."""
+        decided: dict[int, bool] = {}
+        limit = self.settings.max_sessions_per_tenant
+        candidates = (verdict == _APPLY) | (verdict == _DUP_OF_BATCH)
+        for i in np.flatnonzero(candidates & ~stored.exists[sess]).tolist():
+            u = int(sess[i])
+            starts = decided.get(u)
+            if starts is None:
+                tenant = Scope.tenant_of(ids[u])
+                starts = decided[u] = allowance[tenant] > 0
+                if starts:
+                    allowance[tenant] -= 1
+            if not starts:
+                key = ids[u]
+                verdict[i] = _ERR
+                if int(seq[i]) == 1:
+                    errors[i] = Reasons.tenant_session_limit(self.scope.shown(key), limit)
+                else:
+                    errors[i] = Reasons.session_missing(self.scope.shown(key), int(seq[i]), self.store.was_evicted(key))
+
+    async def _apply(self, work: _Work, applied: np.ndarray) -> dict[str, np.ndarray]:
+        """Run the model on the applied events, store the new states, and fill in the applied
+        events' outcomes (and the batch duplicates'). Returns the forecasts' output columns."""
+        pieces, cols, ids, sess, seq, times = work.pieces, work.cols, work.ids, work.sess, work.seq, work.times
+        verdict, stored, loaded, errors = work.verdict, work.stored, work.loaded, work.errors
+        kind, last_seq, forecast_row = work.kind, work.last_seq, work.forecast_row
+        # Applied events grouped by session (stable: each session's in order).
+        if len(applied) > 1 and (np.diff(sess[applied]) < 0).any():
+            applied = applied[np.argsort(sess[applied], kind="stable")]
+        app_sess = sess[applied]
+        bounds = np.flatnonzero(np.diff(app_sess)) + 1
+        starts = np.concatenate(([0], bounds))
+        lengths = np.diff(np.concatenate((starts, [len(applied)])))
+        run_sess = app_sess[starts]  # [R] the sessions with applied events
+        t = times[applied]
+        prev = np.empty_like(t)
+        prev[1:] = t[:-1]
+        first = t[starts]
+        prev[starts] = np.where(stored.exists[run_sess], stored.last_time[run_sess], first)
+        dt = t - prev
+        # Which applied events get a forecast: all, or the last of each session per last_only request.
+        piece_of = np.repeat(np.arange(len(pieces)), [c for _, _, c in pieces])
+        last_only = np.array([a.request.last_only for a, _, _ in pieces], dtype=bool)
+        want = np.ones(len(applied), dtype=bool)
+        if last_only.any():
+            group = app_sess * len(pieces) + piece_of[applied]
+            is_last = np.append(group[1:] != group[:-1], True)
+            want = ~last_only[piece_of[applied]] | is_last
+        marks = _cat([e.mark[s:t] for e, s, t in cols])[applied]
+        values = _cat([e.values[s:t] for e, s, t in cols])[applied]
+        runs = RunColumns(dt, marks, values, starts, lengths, want, t)
+
+        self.metrics.batch_size.observe(len(run_sess))
+        self.metrics.batch_events.observe(len(applied))
+        device = self.engine.device
+        if len(run_sess) == len(ids):  # every session applies something: its rows as loaded
+            rows = loaded.tensors
+        else:
+            index = torch.from_numpy(run_sess).to(device)
+            rows = {k: v.index_select(0, index) for k, v in loaded.tensors.items()}
+        model_started = time.perf_counter()
+        if self._in_worker is not None:
+            new_rows, outputs = await self._in_worker(self.engine.apply, rows, runs, self._top_k)  # type: ignore[misc]
+        else:
+            new_rows, outputs = self.engine.apply(rows, runs, self._top_k)
+        store_started = time.perf_counter()
+
+        # Per session r: its last applied event, and what became of it.
+        ends = starts + lengths - 1
+        session_error: dict[int, ErrorInfo] = {}
+        finite = _finite_rows(new_rows)
+        keep = np.ones(len(run_sess), dtype=bool) if finite is None else finite
+        for r in np.flatnonzero(~keep).tolist():
+            session_error[r] = Reasons.numeric_overflow(self.scope.shown(ids[int(run_sess[r])]))
+        if keep.any():
+            kept = np.flatnonzero(keep)
+            now = time.time()
+            metas = []
+            for r in kept.tolist():
+                u, end = int(run_sess[r]), int(applied[ends[r]])
+                created = stored.created_at[u] if stored.exists[u] else now
+                metas.append(SessionMeta(int(seq[end]), float(times[end]), float(created), now, self.engine.version))
+            if not keep.all():
+                kept_index = torch.from_numpy(kept).to(device)
+                new_rows = {k: v.index_select(0, kept_index) for k, v in new_rows.items()}
+            kept_ids = [ids[int(run_sess[r])] for r in kept.tolist()]
+            expected = [int(stored.last_seq[int(run_sess[r])]) for r in kept.tolist()]
+            try:
+                written = await self._timed("save", self.store.save(kept_ids, new_rows, metas, expected))
+            except StoreUnavailableError as exc:
+                error = Reasons.store_unavailable(exc, saving=True)
+                written = [False] * len(kept)
+                for r in kept.tolist():
+                    session_error[r] = error
+            else:
+                conflicts = 0
+                for r, ok in zip(kept.tolist(), written, strict=True):
+                    if not ok:
+                        conflicts += 1
+                        session_error[r] = Reasons.state_conflict(self.scope.shown(ids[int(run_sess[r])]))
+                if conflicts:
+                    self.metrics.state_conflicts.inc(conflicts)
+                started_sessions = [
+                    r
+                    for r, ok in zip(kept.tolist(), written, strict=True)
+                    if ok and not stored.exists[int(run_sess[r])]
+                ]
+                if started_sessions:
+                    self.metrics.sessions_started.inc(len(started_sessions))
+                    self.sessions_changed(len(started_sessions))
+                    if self.scope.tenancy:
+                        for r in started_sessions:
+                            self._count_tenant_session(ids[int(run_sess[r])], +1)
+        self._latency["model"].observe(store_started - model_started)
+        self._latency["store"].observe(time.perf_counter() - store_started)
+
+        # Outcomes of the applied events and of the batch duplicates.
+        run_of = np.repeat(np.arange(len(run_sess)), lengths)  # [A] the run of each applied event
+        ok_run = np.ones(len(run_sess), dtype=bool)
+        for r in session_error:
+            ok_run[r] = False
+        ok = ok_run[run_of]
+        good = applied[ok]
+        kind[good] = np.where(want[ok], FORECAST, ACK)
+        last_seq[good] = seq[good]
+        wanted_rows = np.flatnonzero(want)  # forecast row f belongs to applied event wanted_rows[f]
+        good_rows = ok[wanted_rows]
+        forecast_row[applied[wanted_rows[good_rows]]] = np.flatnonzero(good_rows)
+        for a in np.flatnonzero(~ok).tolist():
+            i = int(applied[a])
+            errors[i] = session_error[int(run_of[a])]
+        batch_dups = np.flatnonzero(verdict == _DUP_OF_BATCH)
+        if len(batch_dups):
+            run_of_session = {int(u): r for r, u in enumerate(run_sess.tolist())}
+            for i in batch_dups.tolist():
+                r = run_of_session.get(int(sess[i]))
+                if r is not None and ok_run[r]:
+                    kind[i] = DUPLICATE
+                    last_seq[i] = seq[applied[ends[r]]]
+                elif r is not None:
+                    errors[i] = session_error[r]
+        if self.store.cheap_count:
+            await self.update_session_gauges()
+        return outputs
+
+    def _settle(
+        self,
+        pieces: list[tuple[_Accepted, int, int]],
+        kind: np.ndarray,
+        last_seq: np.ndarray,
+        errors: dict[int, ErrorInfo],
+        forecast_row: np.ndarray,
+        outputs: dict[str, np.ndarray],
+    ) -> None:
+        """Write each event's outcome into its request, in the request's own positions."""
+        n_applied = int(np.count_nonzero((kind == FORECAST) | (kind == ACK)))
+        n_dups = int(np.count_nonzero(kind == DUPLICATE))
+        if n_applied:
+            self._applied.inc(n_applied)
+        if n_dups:
+            self._duplicates.inc(n_dups)
+        for error in errors.values():
+            self.count_rejection(error)
+        bounds = np.cumsum([0] + [c for _, _, c in pieces])
+        if errors:
+            for i, error in errors.items():
+                p = int(np.searchsorted(bounds, i, side="right")) - 1
+                accepted, start, _ = pieces[p]
+                accepted.errors[int(accepted.request.index[start + i - bounds[p]])] = error
+        at = 0
+        for accepted, start, count in pieces:
+            end = at + count
+            positions = accepted.request.index[start : start + count]
+            accepted.kind[positions] = kind[at:end]
+            accepted.last_seq[positions] = last_seq[at:end]
+            rows = forecast_row[at:end]
+            if count == 1:
+                row = int(rows[0])
+                if row >= 0:
+                    accepted.chunks.append((positions, {k: v[row : row + 1] for k, v in outputs.items()}))
+            else:
+                has = rows >= 0
+                if has.any():
+                    picked = rows[has]
+                    accepted.chunks.append((positions[has], {k: v[picked] for k, v in outputs.items()}))
+            at = end
+            self._finish_piece(accepted, count)
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _timed(self, operation: str, call: Awaitable[T]) -> T:
+        """Await a store call, observing its latency and counting its failure."""
+        started = time.perf_counter()
+        try:
+            return await call
+        except StoreUnavailableError:
+            self.metrics.store_errors.labels(operation).inc()
+            raise
+        finally:
+            self.metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
+
+    async def update_session_gauges(self) -> None:
+        """Count the sessions held (a slow store's count runs now and then, not per batch)."""
+        self._counted = await self.store.count()
+        self._since_count = 0
+        self._set_session_gauges()
+
+    def sessions_changed(self, change: int) -> None:
+        """This server started or ended sessions: between a slow store's counts, the gauges move by
+        what this server did (another replica's sessions show at the next count)."""
+        if not self.store.cheap_count:
+            self._since_count += change
+            self._set_session_gauges()
+
+    def _set_session_gauges(self) -> None:
+        n = self.sessions_held = max(0, self._counted + self._since_count)
+        self._model_sessions.set(n)
+        if self.on_sessions_counted is not None:
+            self.on_sessions_counted()
+        else:
+            self.metrics.active_sessions.set(n)
+            self.metrics.state_bytes.set(n * self.engine.description.state_bytes_per_session)
+
+    def _count_tenant_session(self, key: str, change: int) -> None:
+        """Keep a cached tenant count current with the sessions this server starts and ends."""
+        tenant = Scope.tenant_of(key)
+        cached = self._tenant_counts.get(tenant)
+        if cached is not None:
+            self._tenant_counts[tenant] = (cached[0], max(0, cached[1] + change))
+
+    def session_ended(self, key: str) -> None:
+        if self.scope.tenancy:
+            self._count_tenant_session(key, -1)
+
+    def _reset_foreign_states(self, ids: list[str], loaded: LoadedBatch) -> None:
+        """With ``on_model_mismatch=reset``: a state another model version wrote becomes a fresh state
+        of this model; the session keeps its seq and time, so its client just goes on."""
+        if self.settings.on_model_mismatch != "reset":
+            return
+        for u, meta in enumerate(loaded.metas):
+            if meta is None or meta.model_version == self.engine.version:
+                continue
+            log.warning(
+                "session %r was written by model %s; resetting it for %s",
+                ids[u],
+                meta.model_version,
+                self.engine.version,
+            )
+            for name, row in self.store.layout.rows.items():
+                loaded.tensors[name][u] = row
+            loaded.metas[u] = dataclasses.replace(meta, model_version=self.engine.version)
+            self.metrics.state_resets.inc()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Batch:
+    """Pieces ``(request, start, count)`` of queued requests, their events' session keys ``[E]``,
+    each event's session code ``sess [E]`` and the distinct keys ``ids [U]`` in code order."""
+
+    pieces: list[tuple[_Accepted, int, int]]
+    keys: list[str]
+    sess: np.ndarray
+    ids: list[str]
+
+
+@dataclasses.dataclass(slots=True)
+class _Work:
+    """One batch in flight: its ``E`` events' columns and what becomes of each. ``cols`` are the
+    pieces' ``(events, start, end)``; ``verdict``, ``kind``, ``last_seq`` and ``forecast_row`` (the
+    row of a forecast in the batch's output columns, -1 for none) are ``[E]``; ``errors`` by batch
+    position."""
+
+    pieces: list[tuple[_Accepted, int, int]]
+    cols: list[tuple[EventColumns, int, int]]
+    ids: list[str]
+    sess: np.ndarray
+    seq: np.ndarray
+    times: np.ndarray
+    stored: _StoredColumns
+    loaded: LoadedBatch
+    verdict: np.ndarray
+    errors: dict[int, ErrorInfo]
+    kind: np.ndarray
+    last_seq: np.ndarray
+    forecast_row: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StoredColumns:
+    """What the store holds of a batch's ``U`` sessions, as arrays ``[U]``."""
+
+    exists: np.ndarray
+    last_seq: np.ndarray
+    last_time: np.ndarray
+    created_at: np.ndarray
+    foreign: np.ndarray
+    versions: list[str]
+
+    @classmethod
+    def of(cls, metas: list[SessionMeta | None], version: str) -> _StoredColumns:
+        missing = (0, -math.inf, 0.0, "")
+        rows = [missing if m is None else (m.last_seq, m.last_time, m.created_at, m.model_version) for m in metas]
+        seqs, times, created, versions = zip(*rows, strict=True) if rows else ((), (), (), ())
+        exists = np.array([m is not None for m in metas], dtype=bool)
+        return cls(
+            exists=exists,
+            last_seq=np.array(seqs, dtype=np.int64),
+            last_time=np.array(times, dtype=np.float64),
+            created_at=np.array(created, dtype=np.float64),
+            foreign=exists & np.array([v != version for v in versions], dtype=bool),
+            versions=list(versions),
+        )
+
+
+class _Both:
+    """Two counter children moved together (the service's total and the model's)."""
+
+    __slots__ = ("_a", "_b")
+
+    def __init__(self, a: Any, b: Any) -> None:
+        self._a, self._b = a, b
+
+    def inc(self, n: float = 1) -> None:
+        self._a.inc(n)
+        self._b.inc(n)
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _groups(codes: np.ndarray, positions: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """``positions`` grouped by ``codes`` (each group's positions in their order)."""
+    order = np.argsort(codes, kind="stable")
+    codes, positions = codes[order], positions[order]
+    cuts = np.flatnonzero(np.diff(codes)) + 1
+    return [(int(g[0]), p) for g, p in zip(np.split(codes, cuts), np.split(positions, cuts), strict=True)]
+
+
+def _finite_rows(rows: dict[str, torch.Tensor]) -> np.ndarray | None:
+    """None when every row of every float tensor is finite, else a mask ``[R]`` of the finite rows
+    (so that a numeric overflow is an error for its session's events and never a stored state)."""
+    floats = [t for t in rows.values() if t.is_floating_point()]
+    if not floats:
+        return None
+    # One sum of everything first: finite when every element is (a finite overflow of the sum only
+    # sends us to the exact check below); one concatenation and one sum, whatever the fields.
+    total = torch.cat([t.reshape(-1) for t in floats]).sum()
+    if bool(torch.isfinite(total)):
+        return None
+    finite = torch.isfinite(floats[0].flatten(1)).all(dim=1)
+    for t in floats[1:]:
+        finite = finite & torch.isfinite(t.flatten(1)).all(dim=1)
+    return None if bool(finite.all()) else finite.cpu().numpy()

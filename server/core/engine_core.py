@@ -1,0 +1,235 @@
+"""The engine core: one owner of the sessions, the model and the store, driven by columns.
+
+``EngineCore`` is what every front end talks to, in the same process (``--frontends 0``) or over
+IPC (``aaren.server.ipc.channel``): ``submit`` a ``CoreRequest`` and get ``Outcomes`` back; the unary
+calls; stream admission per tenant; drain. It composes the admission and limits
+(``admission``), the batcher (``batcher``: validation against state, batching, model, store,
+settling), the unary session calls (``sessions``) and the idle sweeper. Nothing here knows a
+protocol: the front ends own proto <-> columns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
+from aaren.server.contract.errors import ErrorInfo, Reasons
+from aaren.server.contract.validation import EventChecker
+from aaren.server.core.admission import Admission
+from aaren.server.core.batcher import Batcher, Scope
+from aaren.server.core.sessions import SessionCalls
+from aaren.server.observability.metrics import Metrics
+from aaren.server.settings import ServerSettings
+from aaren.server.stores.base import SessionStore, StoreUnavailableError
+from aaren.server.tasks.base import Task
+
+__all__ = ["EngineCore", "ServedModel"]
+
+SLOW_COUNT_PERIOD_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedModel:
+    """One served model: its task engine, its sessions' store (a session belongs to one model), the
+    batcher that runs its batches, its stateless checks and its unary session calls."""
+
+    engine: Task
+    store: SessionStore
+    batcher: Batcher
+    checker: EventChecker
+    sessions: SessionCalls
+
+
+class EngineCore:
+    """``engine`` and ``store`` are the default model's; ``more`` are the other served models, each
+    ``(engine, store)`` (``aaren.server.tasks.repository``), reached by ``CoreRequest.model`` or the unary
+    calls' ``model``. Admission is shared: a tenant's event rate, pending events, streams and
+    sessions span every model."""
+
+    def __init__(
+        self,
+        engine: Task,
+        store: SessionStore,
+        settings: ServerSettings,
+        metrics: Metrics,
+        *,
+        more: Sequence[tuple[Task, SessionStore]] = (),
+        aliases: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.scope = Scope(tenancy=settings.auth_tokens_file is not None)
+        self.admission = Admission(settings)
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aaren-model")
+        self.models: dict[str, ServedModel] = {}
+        for task, task_store in [(engine, store), *more]:
+            d = task.description
+            if d.name in self.models:
+                raise ValueError(f"two served models are named {d.name!r}")
+            self.models[d.name] = self._served(task, task_store)
+        self.aliases = {k: v for k, v in (aliases or {}).items() if v in self.models}
+        if len(self.models) > 1:  # a tenant's session limit counts its sessions of every model
+            cheap = all(m.store.cheap_count for m in self.models.values())
+            for m in self.models.values():
+                m.batcher.count_tenant_sessions, m.batcher.cheap_tenant_count = self._tenant_sessions, cheap
+        default = self.models[engine.description.name]
+        self.engine, self.store, self.batcher = engine, store, default.batcher
+        self.checker, self.sessions = default.checker, default.sessions
+        self._tasks: list[asyncio.Task[None]] = []
+        self.draining = False
+        metrics.state_bytes_per_session.set(engine.description.state_bytes_per_session)
+
+    def _served(self, engine: Task, store: SessionStore) -> ServedModel:
+        s, metrics = self.settings, self.metrics
+        d = engine.description
+        batcher = Batcher(engine, store, s, metrics, self.admission, self.scope)
+        batcher.on_sessions_counted = self._set_session_totals
+        checker = EventChecker(d.num_marks, d.value_names, s.max_session_id_bytes)
+        sessions = SessionCalls(engine, store, s, metrics, batcher, checker, self.scope, self._executor)
+        if s.model_thread:
+            executor = self._executor
+            batcher.set_worker(lambda fn, *args: asyncio.get_running_loop().run_in_executor(executor, fn, *args))
+        store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
+        metrics.model_state_bytes_per_session.labels(d.name).set(d.state_bytes_per_session)
+        return ServedModel(engine, store, batcher, checker, sessions)
+
+    async def _tenant_sessions(self, tenant: str) -> int:
+        """The tenant's sessions over every model's store."""
+        return sum([await m.store.count_group(tenant) for m in self.models.values()])
+
+    def _set_session_totals(self) -> None:
+        """The session gauges over every model (each batcher counts its own model's)."""
+        held = [(m.batcher.sessions_held, m.engine.description.state_bytes_per_session) for m in self.models.values()]
+        self.metrics.active_sessions.set(sum(n for n, _ in held))
+        self.metrics.state_bytes.set(sum(n * b for n, b in held))
+
+    @property
+    def description(self) -> ModelDescription:
+        """The default model's description."""
+        return self.engine.description
+
+    @property
+    def descriptions(self) -> tuple[ModelDescription, ...]:
+        """Every served model's description, the default first."""
+        return tuple(m.engine.description for m in self.models.values())
+
+    def served(self, model: str) -> ServedModel | None:
+        """The model a request names (its name or its folder's; "" the default), None if not served."""
+        if not model:
+            return self.models[self.engine.description.name]
+        return self.models.get(model) or self.models.get(self.aliases.get(model, ""))
+
+    def _served_or_raise(self, model: str) -> ServedModel:
+        found = self.served(model)
+        if found is None:
+            raise Reasons.served_model_unknown(model, list(self.models)).exception()
+        return found
+
+    async def start(self) -> None:
+        self._tasks = [
+            *(asyncio.create_task(m.batcher.run(), name=f"aaren-batcher-{name}") for name, m in self.models.items()),
+            asyncio.create_task(self._sweep_loop(), name="aaren-sweeper"),
+        ]
+
+    async def drain(self) -> None:
+        """Refuse new events and wait until every accepted one is answered."""
+        self.draining = True
+        while self.admission.pending:
+            await asyncio.sleep(0.005)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._executor.shutdown(wait=True)
+        for m in self.models.values():
+            await m.store.close()
+
+    # ------------------------------------------------------------------ streams
+
+    def submit(self, request: CoreRequest, on_done: Callable[[Outcomes], None]) -> None:
+        """Accept ``request`` (many sessions, any order between sessions); ``on_done(outcomes)`` is
+        called once, after the state of its applied events is stored. A request over a limit (its
+        size, the server's or the tenant's pending events, the tenant's event rate) is refused whole,
+        at once: ``outcomes.request_error`` says why and when a retry may pass."""
+        n = request.n
+        refusal: ErrorInfo | None = None
+        served = self.served(request.model)
+        if served is None:
+            refusal = Reasons.served_model_unknown(request.model, list(self.models))
+        elif n > self.settings.max_events_per_request:
+            refusal = Reasons.too_many_events(n, self.settings.max_events_per_request)
+        elif n:
+            refusal = self.admission.refusal(n, request.tenant)
+            if refusal is not None:
+                self.metrics.limit_refusals.labels(refusal.reason).inc()
+        if refusal is not None:
+            self.count_rejection(refusal, n, request.model)
+            on_done(Outcomes.refused(refusal))
+            return
+        assert served is not None
+        if self.draining and n:
+            error = Reasons.shutting_down()
+            served.batcher.count_rejection(error, n)
+            on_done(Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
+            return
+        served.batcher.enqueue(request, on_done)
+
+    def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:
+        """Count events refused whole (e.g. an unknown layout), by their model when it is served;
+        those for a model not served count in the service's totals only."""
+        served = self.served(model)
+        if served is not None:
+            served.batcher.count_rejection(error, n)
+        else:
+            self.metrics.events.labels("rejected").inc(n)
+            self.metrics.rejections.labels(error.reason).inc(n)
+
+    async def open_stream(self, tenant: str) -> ErrorInfo | None:
+        refusal = self.admission.open_stream(tenant)
+        if refusal is not None:
+            self.metrics.limit_refusals.labels(refusal.reason).inc()
+        return refusal
+
+    async def close_stream(self, tenant: str) -> None:
+        self.admission.close_stream(tenant)
+
+    # ------------------------------------------------------------------ unary calls
+
+    async def forecast(self, session_id: str, model: str = "", **options: object) -> SampledFuture:
+        return await self._served_or_raise(model).sessions.forecast(session_id, **options)  # type: ignore[arg-type]
+
+    async def get_session(
+        self, session_id: str, include_state: bool = False, tenant: str = "", model: str = ""
+    ) -> SessionView:
+        return await self._served_or_raise(model).sessions.get_session(session_id, include_state, tenant)
+
+    async def end_session(self, session_id: str, tenant: str = "", model: str = "") -> int | None:
+        return await self._served_or_raise(model).sessions.end_session(session_id, tenant)
+
+    # ------------------------------------------------------------------ housekeeping
+
+    async def _sweep_loop(self) -> None:
+        """Evict idle sessions now and then; refresh the session gauges of stores that count slowly."""
+        period = min(max(self.settings.idle_ttl_s / 4, 0.05), 5.0)
+        counted = -math.inf
+        while True:
+            await asyncio.sleep(period)
+            slow_due = time.monotonic() - counted >= SLOW_COUNT_PERIOD_S
+            if slow_due:
+                counted = time.monotonic()
+            for m in self.models.values():
+                try:
+                    swept = await m.store.sweep(time.time())
+                    # A slow count (Redis: a SCAN of every key) runs at most every SLOW_COUNT_PERIOD_S.
+                    if swept or (slow_due and not m.store.cheap_count):
+                        await m.batcher.update_session_gauges()
+                except StoreUnavailableError:
+                    self.metrics.store_errors.labels("sweep").inc()

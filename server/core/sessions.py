@@ -1,0 +1,145 @@
+"""Unary calls on one session: its forecast (and sampled futures), its description, its end."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import torch
+
+from aaren.server.contract.columns import SampledFuture, SessionView, StepSummary
+from aaren.server.contract.errors import Reasons
+from aaren.server.contract.validation import EventChecker
+from aaren.server.core.batcher import Batcher, Scope
+from aaren.server.observability.metrics import Metrics
+from aaren.server.settings import ServerSettings
+from aaren.server.stores.base import SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.tasks.base import Task
+
+__all__ = ["SessionCalls"]
+
+T = TypeVar("T")
+
+
+class SessionCalls:
+    def __init__(
+        self,
+        engine: Task,
+        store: SessionStore,
+        settings: ServerSettings,
+        metrics: Metrics,
+        batcher: Batcher,
+        checker: EventChecker,
+        scope: Scope,
+        executor: concurrent.futures.Executor,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.batcher = batcher
+        self.checker = checker
+        self.scope = scope
+        self._executor = executor
+
+    async def _in_worker(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _checked_key(self, session_id: str, tenant: str) -> str:
+        error = self.checker.session_id_error(session_id)
+        if error is not None:
+            raise error.exception()
+        return self.scope.key(session_id, tenant)
+
+    async def _store_call(self, operation: str, call: Awaitable[T]) -> T:
+        try:
+            return await self.batcher._timed(operation, call)
+        except StoreUnavailableError as exc:
+            raise Reasons.store_unavailable(exc).exception() from exc
+
+    async def _get(self, session_id: str, tenant: str) -> tuple[SessionMeta, dict[str, torch.Tensor]]:
+        """The session's stored state. Another tenant's session of the same id is a different key: it
+        is never read, and its existence never shows (NOT_FOUND as for none)."""
+        key = self._checked_key(session_id, tenant)
+        found = await self._store_call("get", self.store.get(key))
+        if found is None:
+            raise Reasons.session_lookup_missing(session_id, self.store.was_evicted(key)).exception()
+        meta, rows = found
+        if meta.model_version != self.engine.version:
+            raise Reasons.model_mismatch(session_id, meta.model_version, self.engine.version, event=False).exception()
+        return meta, rows
+
+    async def forecast(
+        self,
+        session_id: str,
+        *,
+        horizon: int = 1,
+        num_samples: int = 0,
+        seed: int | None = None,
+        top_k: int = 0,
+        include_paths: bool = False,
+        tenant: str = "",
+    ) -> SampledFuture:
+        """The session's exact next-event forecast; for ``horizon > 1`` also ``num_samples`` sampled
+        futures of ``horizon`` events (0: the default count), summarized per step."""
+        s = self.settings
+        if horizon > s.max_horizon:
+            raise Reasons.horizon_too_large(horizon, s.max_horizon).exception()
+        if num_samples > s.max_num_samples:
+            raise Reasons.num_samples_too_large(num_samples, s.max_num_samples).exception()
+        d = self.engine.description
+        if horizon > 1 and d.task != "event":
+            raise Reasons.sampling_unsupported(d.name, d.task).exception()
+        meta, rows = await self._get(session_id, tenant)
+        k = top_k or s.default_top_k
+        outputs = await self._in_worker(self.engine.forecast_outputs, rows["features"], d.ranked)
+        nothing: list = []
+        if horizon <= 1:
+            return SampledFuture(session_id, meta.last_seq, meta.last_time, outputs, k, [], nothing, nothing, nothing)
+        n = num_samples or s.default_num_samples
+        gaps, marks, values = await self._in_worker(self.engine.sample, rows, horizon, n, seed)
+        times = meta.last_time + torch.tensor(gaps, dtype=torch.float64).cumsum(dim=1)  # [S, H]
+        levels = torch.tensor(self.engine.quantiles, dtype=torch.float64)
+        quantiles = torch.quantile(times, levels, dim=0).T.tolist()  # [H, Q]
+        mark_tensor = torch.tensor(marks)
+        steps = []
+        for h in range(horizon):
+            freq = torch.bincount(mark_tensor[:, h], minlength=self.engine.description.num_marks).double() / n
+            top = freq.topk(min(k, freq.numel()))
+            seen = [(m, p) for m, p in zip(top.indices.tolist(), top.values.tolist(), strict=True) if p > 0]
+            steps.append(StepSummary(h + 1, float(times[:, h].mean()), quantiles[h], seen))
+        if not include_paths:
+            return SampledFuture(session_id, meta.last_seq, meta.last_time, outputs, k, steps, [], [], [])
+        return SampledFuture(
+            session_id, meta.last_seq, meta.last_time, outputs, k, steps, times.tolist(), marks, values
+        )
+
+    async def get_session(self, session_id: str, include_state: bool = False, tenant: str = "") -> SessionView:
+        meta, rows = await self._get(session_id, tenant)
+        state = self.engine.state_of(rows)
+        data = state.to_bytes(model_version=self.engine.version) if include_state else None
+        return SessionView(
+            session_id,
+            meta.last_seq,
+            meta.last_time,
+            meta.created_at,
+            meta.updated_at,
+            meta.model_version,
+            data,
+            self.engine.description.state_bytes_per_session,
+            meta.updated_at + self.settings.idle_ttl_s,
+        )
+
+    async def end_session(self, session_id: str, tenant: str = "") -> int | None:
+        """End the session (delete its state); its last seq, or None when there was none."""
+        key = self._checked_key(session_id, tenant)
+        meta = await self._store_call("delete", self.store.delete(key))
+        if meta is not None:
+            self.metrics.sessions_ended.inc()
+            self.batcher.session_ended(key)
+            self.batcher.sessions_changed(-1)
+            if self.store.cheap_count:
+                await self.batcher.update_session_gauges()
+        return None if meta is None else meta.last_seq

@@ -1,0 +1,631 @@
+"""The aaren.v1 front end: converts ``aaren.v1`` messages to engine-core columns and back.
+
+It runs the checks that need no state (``EventChecker``), hands each request to the engine core
+as a ``CoreRequest`` and encodes the ``Outcomes`` it gets back. The core is an ``EngineCore`` in
+this process or its IPC client (``aaren.server.ipc.channel``): the same calls either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from aaren.server.contract.columns import (
+    ACK,
+    DUPLICATE,
+    FORECAST,
+    CoreRequest,
+    ModelDescription,
+    Outcomes,
+    SampledFuture,
+)
+from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
+from aaren.server.contract.validation import EventChecker
+from aaren.server.frontends.streams import OrderedReplies
+from aaren.server.observability.metrics import Metrics
+from aaren.server.security.auth import current_tenant
+from aaren.server.settings import ServerSettings
+from aaren.v1 import aaren_pb2 as pb
+from aaren.v1 import aaren_pb2_grpc as pb_grpc
+
+__all__ = ["ForecastServicer"]
+
+log = logging.getLogger(__name__)
+
+REASON_METADATA_KEY = "aaren-error-reason"
+RETRY_METADATA_KEY = "aaren-retry-after-ms"
+MAX_PAUSE_S = 1.0
+_CLOSE = object()
+_LAYOUTS = frozenset(pb.ResponseLayout.values())
+_FORECAST_MODES = frozenset(pb.ForecastMode.values())
+
+
+_STATUS = {status.value[0]: status for status in grpc.StatusCode}
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModelView:
+    """What the front end keeps of one served model: its description, reference, checks."""
+
+    description: ModelDescription
+    ref: pb.ModelRef
+    levels: tuple[float, ...]
+    checker: EventChecker
+
+    @property
+    def task(self) -> str:
+        return self.description.task
+
+
+def _timestamp(seconds: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+class ForecastServicer(pb_grpc.ForecastServiceServicer):
+    """Registered before the server starts; calls are refused with UNAVAILABLE until ``attach``."""
+
+    def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._core: Any = None
+        self._streams: set[asyncio.Queue[object]] = set()
+        self._stream_latency = metrics.request_latency.labels("Stream")
+        self._views: dict[str, _ModelView] = {}
+        self._default: _ModelView | None = None
+        self.draining = False
+
+    def attach(self, core: Any) -> None:
+        """Serve through ``core``: an ``EngineCore`` or a client of one with the same calls."""
+        views = {}
+        for d in core.descriptions:
+            checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+            views[d.name] = _ModelView(d, pb.ModelRef(name=d.name, version=d.version), tuple(d.quantiles), checker)
+        for alias, name in core.aliases.items():
+            views.setdefault(alias, views[name])
+        default = views[core.descriptions[0].name]
+        self._views, self._default = views, default
+        self._core = core
+
+    def _view(self, model: str) -> _ModelView | None:
+        """The model a request names ("" the default), None when this server does not serve it."""
+        return self._default if not model else self._views.get(model)
+
+    def _view_or_abort(self, model: str) -> _ModelView:
+        view = self._view(model)
+        if view is None:
+            raise Reasons.served_model_unknown(model, self._served_names()).exception()
+        return view
+
+    def _served_names(self) -> list[str]:
+        return [d.name for d in self._core.descriptions] if self._core is not None else []
+
+    async def _ready(self, context: grpc.aio.ServicerContext) -> Any:
+        """The core, or UNAVAILABLE while the model loads and once the core is gone."""
+        info = None
+        if self._core is None:
+            info = Reasons.loading()
+        elif getattr(self._core, "lost", False):
+            info = Reasons.core_unavailable()
+        if info is not None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, info.message, trailing_metadata=((REASON_METADATA_KEY, info.reason),)
+            )
+        return self._core
+
+    def _error(self, info: ErrorInfo) -> pb.EventError:
+        error = pb.EventError(code=int(info.code), reason=info.reason, message=info.message)
+        if info.retry_after_s:
+            error.retry_after_ms = math.ceil(info.retry_after_s * 1000)
+        return error
+
+    def _fill_forecast(
+        self,
+        out: pb.Forecast,
+        session_id: str,
+        seq: int,
+        last_time: float,
+        mean: float,
+        quantiles: list[float],
+        marks: list[int],
+        probs: list[float],
+        value_means: list[float],
+        value_stds: list[float],
+        view: _ModelView,
+    ) -> None:
+        """Write one forecast into ``out`` in place: about 2.5x cheaper than building nested messages
+        by keyword, which copies each submessage into its parent."""
+        out.session_id = session_id
+        out.seq = seq
+        out.last_time = last_time
+        next_time = out.next_time
+        next_time.mean = mean
+        next_time.expected_time = last_time + mean
+        # add() then attribute writes: about 20% cheaper than add(**fields) with upb (measured).
+        add = next_time.quantiles.add
+        for q, v in zip(view.levels, quantiles, strict=True):
+            item = add()
+            item.q = q
+            item.value = v
+        add = out.marks.add
+        for m, pr in zip(marks, probs, strict=True):
+            item = add()
+            item.mark = m
+            item.probability = pr
+        add = out.values.add
+        for m, sd in zip(value_means, value_stds, strict=True):
+            item = add()
+            item.mean = m
+            item.std = sd
+        out.model.CopyFrom(view.ref)
+
+    def _forecast_message(self, future: SampledFuture, view: _ModelView) -> pb.Forecast:
+        out = pb.Forecast()
+        o, k = future.outputs, self._top_k(future.top_k, view)
+        if view.task != "event":
+            out.session_id, out.seq, out.last_time = future.session_id, future.seq, future.last_time
+            self._fill_task_forecast(out, view, o, 0, k)
+            out.model.CopyFrom(view.ref)
+            return out
+        self._fill_forecast(
+            out,
+            future.session_id,
+            future.seq,
+            future.last_time,
+            float(o["time_mean"][0]),
+            o["time_quantiles"][0].tolist(),
+            o["top_marks"][0, :k].tolist(),
+            o["top_probs"][0, :k].tolist(),
+            o["value_mean"][0].tolist(),
+            o["value_std"][0].tolist(),
+            view,
+        )
+        return out
+
+    def _top_k(self, request_top_k: int, view: _ModelView) -> int:
+        k = request_top_k or self.settings.default_top_k
+        return min(k, view.description.ranked)
+
+    def _fill_task_forecast(self, out: pb.Forecast, view: _ModelView, o: dict[str, np.ndarray], f: int, k: int) -> None:
+        """A series or class forecast (row ``f`` of the output columns) into ``out``."""
+        if view.task == "series":
+            mean, quantiles = o["series_mean"][f], o["series_quantiles"][f]  # [H, C], [H, C, Q]
+            series = out.series
+            series.horizon, series.channels = mean.shape[0], mean.shape[1]
+            series.means.extend(mean.reshape(-1).tolist())
+            series.quantiles.extend(quantiles.reshape(-1).tolist())
+            series.quantile_levels.extend(view.levels)
+        else:
+            names = view.description.class_names
+            add = out.classes.classes.add
+            for c, p in zip(o["class_top"][f, :k].tolist(), o["class_probs"][f, :k].tolist(), strict=True):
+                item = add()
+                item.class_index, item.class_name, item.probability = c, names[c], p
+
+    def _response(self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView) -> pb.StreamResponse:
+        response = pb.StreamResponse(request_id=request.request_id)
+        if outcomes.request_error is not None:
+            response.request_error.CopyFrom(self._error(outcomes.request_error))
+            return response
+        if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
+            return self._columns_response(request, outcomes, response, view)
+        if view.task != "event":
+            return self._task_rows_response(request, outcomes, response, view)
+        results = response.results
+        events = request.events
+        kinds = outcomes.kind.tolist()
+        out = outcomes.outputs
+        k = self._top_k(request.top_k, view)
+        f = 0
+        if len(outcomes.forecast_index):
+            means = out["time_mean"].tolist()
+            quantiles = out["time_quantiles"].tolist()
+            marks = out["top_marks"][:, :k].tolist()
+            probs = out["top_probs"][:, :k].tolist()
+            value_means = out["value_mean"].tolist()
+            value_stds = out["value_std"].tolist()
+        for i, kind in enumerate(kinds):
+            event = events[i]
+            if kind == FORECAST:
+                result = results.add(session_id=event.session_id, seq=event.seq)
+                self._fill_forecast(
+                    result.forecast,
+                    event.session_id,
+                    event.seq,
+                    event.time,
+                    means[f],
+                    quantiles[f],
+                    marks[f],
+                    probs[f],
+                    value_means[f],
+                    value_stds[f],
+                    view,
+                )
+                f += 1
+            else:
+                self._add_result(results, event, outcomes, i, kind)
+        return response
+
+    def _task_rows_response(
+        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse, view: _ModelView
+    ) -> pb.StreamResponse:
+        """RESPONSE_LAYOUT_ROWS for series and class models: one result per event."""
+        results, events, out = response.results, request.events, outcomes.outputs
+        k = self._top_k(request.top_k, view)
+        f = 0
+        for i, kind in enumerate(outcomes.kind.tolist()):
+            event = events[i]
+            if kind == FORECAST:
+                result = results.add(session_id=event.session_id, seq=event.seq)
+                forecast = result.forecast
+                forecast.session_id, forecast.seq, forecast.last_time = event.session_id, event.seq, event.time
+                self._fill_task_forecast(forecast, view, out, f, k)
+                forecast.model.CopyFrom(view.ref)
+                f += 1
+            else:
+                self._add_result(results, event, outcomes, i, kind)
+        return response
+
+    def _add_result(self, results: Any, event: pb.Event, outcomes: Outcomes, i: int, kind: int) -> None:
+        """Append the row of an event answered without a forecast: an ack (maybe a duplicate) or an error."""
+        result = results.add(session_id=event.session_id, seq=event.seq)
+        if kind in (ACK, DUPLICATE):
+            result.duplicate = kind == DUPLICATE
+            result.ack.SetInParent()
+            result.ack.last_seq = int(outcomes.last_seq[i])
+        else:
+            result.error.CopyFrom(self._error(outcomes.errors.get(i) or Reasons.internal()))
+
+    def _columns_response(
+        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse, view: _ModelView
+    ) -> pb.StreamResponse:
+        """RESPONSE_LAYOUT_COLUMNS: one packed-field ``extend`` per column; the events without a
+        forecast as ``results``."""
+        index = outcomes.forecast_index
+        events = request.events
+        if len(index) != len(events):
+            kinds = outcomes.kind
+            for i in np.flatnonzero(kinds != FORECAST).tolist():
+                self._add_result(response.results, events[i], outcomes, i, int(kinds[i]))
+        if not len(index):
+            return response
+        positions = index.tolist()
+        out = outcomes.outputs
+        k = self._top_k(request.top_k, view)
+        chosen = [events[i] for i in positions]
+        last_times = [e.time for e in chosen]
+        block = response.forecast_columns
+        block.event_index.extend(positions)
+        block.session_id.extend([e.session_id for e in chosen])
+        block.seq.extend([e.seq for e in chosen])
+        block.last_time.extend(last_times)
+        block.model.CopyFrom(view.ref)
+        if view.task == "series":
+            mean = out["series_mean"]  # [F, H, C]
+            block.horizon, block.channels = mean.shape[1], mean.shape[2]
+            block.quantile_levels.extend(view.levels)
+            block.series_means.extend(mean.reshape(-1).tolist())
+            block.series_quantiles.extend(out["series_quantiles"].reshape(-1).tolist())
+            return response
+        if view.task == "class":
+            top = out["class_top"][:, :k]
+            block.class_top_k = top.shape[1]
+            block.classes.extend(top.reshape(-1).tolist())
+            block.class_probabilities.extend(out["class_probs"][:, :k].reshape(-1).tolist())
+            block.class_names.extend(view.description.class_names)
+            return response
+        means = out["time_mean"].tolist()
+        block.mean_gap.extend(means)
+        block.expected_time.extend([t + m for t, m in zip(last_times, means, strict=True)])
+        block.quantile_levels.extend(view.levels)
+        block.gap_quantiles.extend(out["time_quantiles"].reshape(-1).tolist())
+        top = out["top_marks"][:, :k]
+        block.top_k = top.shape[1]
+        block.marks.extend(top.reshape(-1).tolist())
+        block.mark_probabilities.extend(out["top_probs"][:, :k].reshape(-1).tolist())
+        block.value_means.extend(out["value_mean"].reshape(-1).tolist())
+        block.value_stds.extend(out["value_std"].reshape(-1).tolist())
+        return response
+
+    def core_request(self, request: pb.StreamRequest, tenant: str, view: _ModelView | None = None) -> CoreRequest:
+        """The request's events as columns, the stateless checks done (by the model's own checks)."""
+        view = view or self._default
+        assert view is not None
+        events = request.events
+        return view.checker.request(
+            [e.session_id for e in events],
+            [e.seq for e in events],
+            [e.time for e in events],
+            [e.mark for e in events],
+            [e.values for e in events],
+            top_k=request.top_k,
+            last_only=request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION,
+            tenant=tenant,
+            model=view.description.name,
+        )
+
+    def _submit(
+        self, core: Any, stream: OrderedReplies[pb.StreamResponse], request: pb.StreamRequest, tenant: str
+    ) -> None:
+        """Hand a request to the core; its response joins the stream's queue when it is answered
+        (a refusal with a retry hint also pauses the stream's reading, ``stream.pause_s``)."""
+        started = time.perf_counter()
+        slot = stream.started()
+        view = self._view(request.model)
+        if view is None:
+            info = Reasons.served_model_unknown(request.model, self._served_names())
+            core.count_rejection(info, len(request.events), request.model)
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
+            self._stream_latency.observe(time.perf_counter() - started)
+            return
+        if request.layout not in _LAYOUTS or request.forecast_mode not in _FORECAST_MODES:
+            name, value, known = (
+                ("layout", request.layout, _LAYOUTS)
+                if request.layout not in _LAYOUTS
+                else ("forecast_mode", request.forecast_mode, _FORECAST_MODES)
+            )
+            info = Reasons.unknown_enum(name, value, sorted(known))
+            core.count_rejection(info, len(request.events), view.description.name)
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
+            self._stream_latency.observe(time.perf_counter() - started)
+            return
+
+        def encode(outcomes: Outcomes) -> None:
+            try:
+                response = self._response(request, outcomes, view)
+            except Exception:  # a bug must cost this request, not the stream
+                log.exception("encoding the answer of request %r failed", request.request_id)
+                response = pb.StreamResponse(
+                    request_id=request.request_id, request_error=self._error(Reasons.internal())
+                )
+            stream.finished(slot, response)
+            self._stream_latency.observe(time.perf_counter() - started)
+
+        def done(outcomes: Outcomes) -> None:
+            """The core's answer: encoded on a later turn of the loop, so that the core's batcher
+            never builds protos (the reply path is one way: columns out, protos in the front end)."""
+            if outcomes.request_error is not None and outcomes.request_error.retry_after_s:
+                stream.pause_s = max(stream.pause_s, outcomes.request_error.retry_after_s)
+            loop.call_soon(encode, outcomes)
+
+        loop = asyncio.get_running_loop()
+        try:
+            core.submit(self.core_request(request, tenant, view), done)
+        except Exception:  # a bug must cost this request, not the stream
+            log.exception("request %r failed", request.request_id)
+            error = self._error(Reasons.internal())
+            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=error))
+
+    async def Stream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StreamResponse]:
+        """Each request is answered as soon as its events are applied and stored. A stream may
+        have ``max_inflight_requests_per_stream`` requests unanswered; past that the server stops
+        reading it, so a fast sender is slowed by gRPC flow control."""
+        core = await self._ready(context)
+        if self.draining or core.draining:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "the server is shutting down; connect to another replica",
+                trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
+            )
+        tenant = current_tenant.get()
+        refusal = await core.open_stream(tenant)
+        if refusal is not None:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                refusal.message,
+                trailing_metadata=(
+                    (REASON_METADATA_KEY, refusal.reason),
+                    (RETRY_METADATA_KEY, str(math.ceil(refusal.retry_after_s * 1000))),
+                ),
+            )
+        stream = OrderedReplies[pb.StreamResponse](self.settings.max_inflight_requests_per_stream)
+        self._streams.add(stream.out)
+        self.metrics.open_streams.inc()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    self._submit(core, stream, request, tenant)
+                    pause, stream.pause_s = stream.pause_s, 0.0
+                    if pause:
+                        # A refused request (a rate or pending limit): stop reading this stream until
+                        # a retry may pass, so a flood costs the server one answer per pause, not a
+                        # CPU-bound loop of refusals that would slow everybody else down.
+                        await asyncio.sleep(min(pause, MAX_PAUSE_S))
+                    if not stream.room.is_set():
+                        await stream.room.wait()
+                await stream.idle.wait()
+            except DecodeError:
+                await stream.idle.wait()  # answer what was accepted before the malformed message
+                raise
+            finally:
+                stream.out.put_nowait(None)  # the writer ends the call, with the reader's error if any
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await stream.out.get()
+                if item is None:
+                    break
+                if item is _CLOSE:
+                    # Send what was accepted before the drain, then end the call.
+                    reader.cancel()
+                    await stream.idle.wait()
+                    while not stream.out.empty():
+                        pending = stream.out.get_nowait()
+                        if isinstance(pending, pb.StreamResponse):
+                            yield pending
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the server is shutting down; reconnect (to another replica) and resend from your last "
+                        "acknowledged seq",
+                        trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
+                    )
+                yield item
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                exc = reader.exception()
+                if isinstance(exc, DecodeError):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
+                log.error("stream reader failed", exc_info=exc)
+                await context.abort(grpc.StatusCode.INTERNAL, "internal error reading the stream")
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self._streams.discard(stream.out)
+            self.metrics.open_streams.dec()
+            with contextlib.suppress(Exception):  # a core that is gone counts no streams
+                await core.close_stream(tenant)
+
+    def close_streams(self) -> None:
+        """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
+        for out in self._streams:
+            out.put_nowait(_CLOSE)
+
+    async def _unary(self, method: str, context: grpc.aio.ServicerContext, call):  # noqa: ANN001, ANN202
+        started = time.perf_counter()
+        try:
+            return await call
+        except ServiceError as exc:
+            metadata: tuple[tuple[str, str], ...] = ((REASON_METADATA_KEY, exc.reason),)
+            if exc.info.retry_after_s:
+                metadata += ((RETRY_METADATA_KEY, str(math.ceil(exc.info.retry_after_s * 1000))),)
+            await context.abort(_STATUS[int(exc.code)], exc.info.message, trailing_metadata=metadata)
+        finally:
+            self.metrics.request_latency.labels(method).observe(time.perf_counter() - started)
+
+    async def Forecast(self, request: pb.ForecastRequest, context: grpc.aio.ServicerContext) -> pb.ForecastResponse:  # noqa: N802
+        core = await self._ready(context)
+
+        async def call() -> tuple[_ModelView, SampledFuture]:
+            view = self._view_or_abort(request.model)
+            future = await core.forecast(
+                request.session_id,
+                horizon=request.horizon,
+                num_samples=request.num_samples,
+                seed=request.seed if request.HasField("seed") else None,
+                top_k=request.top_k,
+                include_paths=request.include_paths,
+                tenant=current_tenant.get(),
+                model=view.description.name,
+            )
+            return view, future
+
+        view, future = await self._unary("Forecast", context, call())
+        levels = view.levels
+        return pb.ForecastResponse(
+            forecast=self._forecast_message(future, view),
+            steps=[
+                pb.StepSummary(
+                    step=s.step,
+                    mean_time=s.mean_time,
+                    time_quantiles=[pb.Quantile(q=q, value=v) for q, v in zip(levels, s.time_quantiles, strict=True)],
+                    marks=[pb.MarkProbability(mark=m, probability=p) for m, p in s.marks],
+                )
+                for s in future.steps
+            ],
+            paths=[
+                pb.SampledPath(
+                    events=[
+                        pb.SampledEvent(time=t, mark=m, values=v) for t, m, v in zip(times, marks, values, strict=True)
+                    ]
+                )
+                for times, marks, values in zip(future.times, future.marks, future.values, strict=True)
+            ],
+        )
+
+    async def GetSession(  # noqa: N802
+        self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSessionResponse:
+        core = await self._ready(context)
+
+        async def call() -> tuple[_ModelView, Any]:
+            model = self._view_or_abort(request.model)
+            found = await core.get_session(
+                request.session_id, request.include_state, current_tenant.get(), model=model.description.name
+            )
+            return model, found
+
+        model, view = await self._unary("GetSession", context, call())
+        m = view
+        return pb.GetSessionResponse(
+            session_id=view.session_id,
+            last_seq=m.last_seq,
+            last_time=m.last_time,
+            n_events=m.last_seq,
+            state_bytes=view.state_bytes,
+            state=view.state or b"",
+            model=model.ref,
+            created_at=_timestamp(m.created_at),
+            updated_at=_timestamp(m.updated_at),
+            expires_at=_timestamp(view.expires_at),
+        )
+
+    async def EndSession(  # noqa: N802
+        self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EndSessionResponse:
+        core = await self._ready(context)
+
+        async def call() -> int | None:
+            view = self._view_or_abort(request.model)
+            return await core.end_session(request.session_id, current_tenant.get(), model=view.description.name)
+
+        last_seq = await self._unary("EndSession", context, call())
+        return pb.EndSessionResponse(existed=last_seq is not None, last_seq=last_seq or 0)
+
+    async def DescribeModel(  # noqa: N802
+        self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeModelResponse:
+        await self._ready(context)
+
+        async def call() -> _ModelView:
+            return self._view_or_abort(request.model)
+
+        view = await self._unary("DescribeModel", context, call())
+        d, s = view.description, self.settings
+        return pb.DescribeModelResponse(
+            name=d.name,
+            version=d.version,
+            backbone=d.backbone,
+            d_model=d.d_model,
+            n_layers=d.n_layers,
+            n_heads=d.n_heads,
+            num_marks=d.num_marks,
+            value_width=d.value_width,
+            state_bytes_per_session=d.state_bytes_per_session,
+            parameters=d.parameters,
+            mark_names=list(d.mark_names),
+            value_names=list(d.value_names),
+            time_unit=d.time_unit,
+            quantile_levels=list(view.levels),
+            device=d.device,
+            task=d.task,
+            horizon=d.horizon,
+            step_seconds=d.step_seconds,
+            class_names=list(d.class_names),
+            served_models=self._served_names(),
+            limits=pb.ServiceLimits(
+                max_events_per_request=s.max_events_per_request,
+                max_session_id_bytes=s.max_session_id_bytes,
+                max_message_bytes=s.max_message_bytes,
+                max_horizon=s.max_horizon,
+                max_num_samples=s.max_num_samples,
+                default_num_samples=s.default_num_samples,
+                default_top_k=s.default_top_k,
+                idle_ttl_seconds=s.idle_ttl_s,
+            ),
+        )

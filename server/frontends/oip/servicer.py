@@ -1,0 +1,677 @@
+"""The Open Inference Protocol front end: Triton's ``inference.GRPCInferenceService`` with its
+sequence extension, so that tritonclient (and other OIP clients) drive aaren sessions unchanged.
+
+A sequence is a session (scoped by the caller's tenant, as in aaren.v1); each request carries one
+event as named tensors (``TIME``, ``MARK``, ``VALUES``) and is answered with the session's forecast
+as named tensors in ``raw_output_contents``. The protocol has no seq: a request without START is
+sent to the engine core with ``NEXT_SEQ``, and the core, which alone knows the stored last seq,
+numbers it. START ends an open session of that id first (as Triton does) and sends seq 1; END ends
+the session once its event is applied. README "OIP / Triton clients" has the whole contract.
+
+Like every front end this only converts: proto <-> ``CoreRequest`` / ``Outcomes``. It never imports
+torch (front-end processes run it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import message_factory
+
+from aaren import __version__
+from aaren.oip.v2 import grpc_service_pb2 as pb
+from aaren.oip.v2 import model_config_pb2 as mc
+from aaren.server.contract.columns import FORECAST, NEXT_SEQ, CoreRequest, ModelDescription, Outcomes
+from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
+from aaren.server.contract.validation import EventChecker
+from aaren.server.frontends.streams import OrderedReplies
+from aaren.server.observability.metrics import Metrics
+from aaren.server.security.auth import current_tenant
+from aaren.server.settings import ServerSettings
+
+__all__ = ["OIP_SERVICE_NAME", "OipServicer", "add_oip_servicer_to_server"]
+
+log = logging.getLogger(__name__)
+
+#: The service's name on the wire (Triton's), whatever the package of our copy of its messages.
+OIP_SERVICE_NAME = "inference.GRPCInferenceService"
+REASON_METADATA_KEY = "aaren-error-reason"
+EXTENSIONS = ("sequence", "sequence(string_id)", "model_configuration", "parameters", "statistics")
+_CLOSE = object()
+_STATUS = {status.value[0]: status for status in grpc.StatusCode}
+_STRUCT = {"FP64": "d", "FP32": "f", "INT64": "q", "INT32": "i"}
+_INT64, _FP64 = struct.Struct("<q"), struct.Struct("<d")
+_TYPED = {"FP64": "fp64_contents", "FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}
+_CONFIG_TYPE = {"FP64": mc.TYPE_FP64, "FP32": mc.TYPE_FP32, "INT64": mc.TYPE_INT64, "INT32": mc.TYPE_INT32}
+# The inputs of the event task: name -> (accepted datatypes, the first one declared).
+_INPUT_TYPES = {"TIME": ("FP64",), "MARK": ("INT64", "INT32"), "VALUES": ("FP32",)}
+
+
+class _RefusedError(Exception):
+    def __init__(self, info: ErrorInfo) -> None:
+        super().__init__(info.message)
+        self.info = info
+
+
+class _Tensors:
+    """The event task's tensors as this server declares them (ModelMetadata, ModelConfig) and
+    encodes them. Outputs, per forecast: ``SEQ`` INT64 [1] (the seq the event was applied as),
+    ``MEAN_GAP`` FP64 [1] and ``EXPECTED_TIME`` FP64 [1] (time + mean gap), ``GAP_QUANTILES`` FP64 [Q]
+    (at ``quantile_levels``), ``TOP_MARKS`` INT64 [k] and ``TOP_PROBS`` FP64 [k] (k: the ``top_k``
+    parameter, else the server's default), ``VALUE_MEAN`` / ``VALUE_STD`` FP64 [V] (when V > 0)."""
+
+    def __init__(self, d: ModelDescription, default_top_k: int) -> None:
+        self.width = d.value_width
+        self.q = len(d.quantiles)
+        self.num_marks = d.num_marks
+        self.default_top_k = min(default_top_k or d.num_marks, d.num_marks)
+        self.inputs: list[tuple[str, str, list[int]]] = [("TIME", "FP64", [1]), ("MARK", "INT64", [1])]
+        if self.width:
+            self.inputs.append(("VALUES", "FP32", [self.width]))
+        self.input_names = [name for name, _, _ in self.inputs]
+        #: (name, datatype) -> (the little-endian struct of its data, its element count, its typed field)
+        self.layouts: dict[tuple[str, str], tuple[struct.Struct, int, str]] = {}
+        for name, _, shape in self.inputs:
+            for datatype in _INPUT_TYPES[name]:
+                code = _STRUCT[datatype]
+                self.layouts[(name, datatype)] = (struct.Struct(f"<{shape[0]}{code}"), shape[0], _TYPED[datatype])
+        self.outputs: list[tuple[str, str, list[int]]] = [
+            ("SEQ", "INT64", [1]),
+            ("MEAN_GAP", "FP64", [1]),
+            ("EXPECTED_TIME", "FP64", [1]),
+            ("GAP_QUANTILES", "FP64", [self.q]),
+            ("TOP_MARKS", "INT64", [-1]),
+            ("TOP_PROBS", "FP64", [-1]),
+        ]
+        if self.width:
+            self.outputs += [("VALUE_MEAN", "FP64", [self.width]), ("VALUE_STD", "FP64", [self.width])]
+        self.output_names = [name for name, _, _ in self.outputs]
+        self._templates: dict[tuple[int, tuple[str, ...]], pb.ModelInferResponse] = {}
+        self.model_name = d.name
+        self.model_version = d.version
+
+    def template(self, k: int, names: tuple[str, ...]) -> pb.ModelInferResponse:
+        """A response with the output tensors' names, datatypes and shapes filled in (cached:
+        copying it is cheaper than building the nested messages for every answer)."""
+        key = (k, names)
+        cached = self._templates.get(key)
+        if cached is None:
+            cached = pb.ModelInferResponse(model_name=self.model_name, model_version=self.model_version)
+            for name, datatype, shape in self.outputs:
+                if name in names:
+                    shape = [k] if shape == [-1] else shape
+                    cached.outputs.add(name=name, datatype=datatype, shape=shape)
+            if len(self._templates) < 256:
+                self._templates[key] = cached
+        return cached
+
+    def encode(self, names: tuple[str, ...], k: int, seq: int, time_: float, out: dict[str, np.ndarray]) -> list[bytes]:
+        """The raw bytes of the requested outputs of one forecast (row 0 of ``out``), in declared order."""
+        mean = float(out["time_mean"][0])
+        columns = [
+            _INT64.pack(seq),
+            _FP64.pack(mean),
+            _FP64.pack(time_ + mean),
+            out["time_quantiles"][0].astype("<f8").tobytes(),
+            out["top_marks"][0, :k].astype("<i8").tobytes(),
+            out["top_probs"][0, :k].astype("<f8").tobytes(),
+        ]
+        if self.width:
+            columns += [out["value_mean"][0].astype("<f8").tobytes(), out["value_std"][0].astype("<f8").tobytes()]
+        if len(names) == len(columns):
+            return columns
+        return [c for c, name in zip(columns, self.output_names, strict=True) if name in names]
+
+
+class _Event:
+    """One decoded request: its sequence (as a session id), flags, the event and what to answer."""
+
+    __slots__ = ("end", "k", "mark", "names", "request_id", "session_id", "start", "time", "values")
+
+    def __init__(self) -> None:
+        self.session_id = ""
+        self.start = self.end = False
+        self.time = 0.0
+        self.mark = 0
+        self.values: list[float] = []
+        self.k = 0
+        self.names: tuple[str, ...] = ()
+        self.request_id = ""
+
+
+class _Statistics:
+    """ModelStatistics of this front end (a front-end process counts what it served)."""
+
+    def __init__(self) -> None:
+        self.success = self.fail = self.success_ns = self.fail_ns = 0
+        self.last_ms = 0
+
+    def record(self, ok: bool, started: float) -> None:
+        ns = int((time.perf_counter() - started) * 1e9)
+        if ok:
+            self.success += 1
+            self.success_ns += ns
+        else:
+            self.fail += 1
+            self.fail_ns += ns
+        self.last_ms = int(time.time() * 1000)
+
+
+class OipServicer:
+    """Registered before the server starts (``add_oip_servicer_to_server``); calls that need the
+    model are refused with UNAVAILABLE until ``attach``."""
+
+    def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._core: Any = None
+        self._tensors: _Tensors | None = None
+        self._described: ModelDescription | None = None
+        self._checker: EventChecker | None = None
+        self._streams: set[asyncio.Queue[object]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stats = _Statistics()
+        self._latency = {m: metrics.request_latency.labels(m) for m in ("ModelInfer", "ModelStreamInfer")}
+        self.draining = False
+        #: What the health service says (the store answers): ServerReady follows it.
+        self.serving = False
+
+    def attach(self, core: Any) -> None:
+        """Serve through ``core``: an ``EngineCore`` or a client of one with the same calls. The Open
+        Inference Protocol serves the first event model of the server (the default when it is one);
+        its tensors have the event task's shapes. Without an event model every request is for an
+        unknown model."""
+        events = [d for d in core.descriptions if d.task == "event"]
+        self._described = events[0] if events else None
+        if self._described is not None:
+            d = self._described
+            self._tensors = _Tensors(d, self.settings.default_top_k)
+            self._checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+        self._core = core
+
+    def close_streams(self) -> None:
+        """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
+        for out in self._streams:
+            out.put_nowait(_CLOSE)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _core_error(self) -> ErrorInfo | None:
+        if self._core is None:
+            return Reasons.loading()
+        if getattr(self._core, "lost", False):
+            return Reasons.core_unavailable()
+        return None
+
+    async def _ready(self, context: grpc.aio.ServicerContext) -> Any:
+        info = self._core_error()
+        if info is not None:
+            await _abort(context, info)
+        return self._core
+
+    async def _model(self, context: grpc.aio.ServicerContext, name: str, version: str) -> ModelDescription:
+        """The served model's description, or NOT_FOUND for another name or version."""
+        await self._ready(context)
+        d = self._described
+        if d is None or name != d.name or version not in ("", d.version):
+            await _abort(context, Reasons.model_unknown(name, version))
+        assert d is not None
+        return d
+
+    def _decode(self, request: pb.ModelInferRequest) -> _Event:
+        """The request's sequence, flags and event; ``_RefusedError`` says what is wrong with it."""
+        t = self._tensors
+        if t is None or self._checker is None:
+            raise _RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
+        event = _Event()
+        event.request_id = request.id
+        if request.model_name != t.model_name or request.model_version not in ("", t.model_version):
+            raise _RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
+        params = request.parameters
+        sid = ""
+        if "sequence_id" in params:
+            p = params["sequence_id"]
+            which = p.WhichOneof("parameter_choice")
+            if which == "int64_param":
+                sid = str(p.int64_param) if p.int64_param else ""
+            elif which == "uint64_param":
+                sid = str(p.uint64_param) if p.uint64_param else ""
+            elif which == "string_param":
+                sid = p.string_param
+            else:
+                raise _RefusedError(Reasons.parameter_type("sequence_id", "an int64, uint64 or string parameter"))
+        if not sid:
+            raise _RefusedError(Reasons.sequence_id_missing(t.model_name))
+        error = self._checker.session_id_error(sid)
+        if error is not None:
+            raise _RefusedError(error)
+        event.session_id = sid
+        event.start = _flag(params, "sequence_start")
+        event.end = _flag(params, "sequence_end")
+        k = t.default_top_k
+        if "top_k" in params:
+            p = params["top_k"]
+            which = p.WhichOneof("parameter_choice")
+            if which not in ("int64_param", "uint64_param"):
+                raise _RefusedError(Reasons.parameter_type("top_k", "an integer parameter"))
+            k = min(max(int(getattr(p, which)), 1), t.num_marks)
+        event.k = k
+        if request.outputs:
+            wanted = set()
+            for o in request.outputs:
+                if o.name not in t.output_names:
+                    raise _RefusedError(Reasons.output_unknown(o.name, t.model_name, t.output_names))
+                wanted.add(o.name)
+            event.names = tuple(n for n in t.output_names if n in wanted)
+        else:
+            event.names = tuple(t.output_names)
+        self._inputs(request, event)
+        return event
+
+    def _inputs(self, request: pb.ModelInferRequest, event: _Event) -> None:
+        t = self._tensors
+        assert t is not None
+        raw = request.raw_input_contents
+        seen: dict[str, tuple[float, ...] | tuple[int, ...]] = {}
+        for i, tensor in enumerate(request.inputs):
+            name, datatype = tensor.name, tensor.datatype
+            layout = t.layouts.get((name, datatype))
+            if layout is None:
+                if name not in t.input_names:
+                    raise _RefusedError(Reasons.input_unknown(name, t.model_name, t.input_names))
+                accepted = list(_INPUT_TYPES[name])
+                raise _RefusedError(Reasons.input_datatype(name, datatype, t.model_name, accepted))
+            unpack, count, typed = layout
+            shape = tensor.shape
+            if len(shape) != 1 or shape[0] != count:
+                raise _RefusedError(Reasons.input_shape(name, list(shape), t.model_name, [count]))
+            if raw:
+                data = raw[i] if i < len(raw) else b""
+                if len(data) != unpack.size:
+                    raise _RefusedError(Reasons.input_size(name, len(data), unpack.size))
+                seen[name] = unpack.unpack(data)
+            else:
+                contents = getattr(tensor.contents, typed)
+                if len(contents) != count:
+                    size = len(contents) * unpack.size // max(count, 1)
+                    raise _RefusedError(Reasons.input_size(name, size, unpack.size))
+                seen[name] = tuple(contents)
+        if len(seen) != len(t.input_names):
+            missing = next(name for name in t.input_names if name not in seen)
+            raise _RefusedError(Reasons.input_missing(missing, t.model_name, t.input_names))
+        event.time = float(seen["TIME"][0])
+        event.mark = int(seen["MARK"][0])
+        event.values = list(seen["VALUES"]) if t.width else []
+
+    def _core_request(self, event: _Event, tenant: str) -> CoreRequest:
+        assert self._checker is not None
+        return self._checker.request(
+            [event.session_id],
+            [1 if event.start else NEXT_SEQ],
+            [event.time],
+            [event.mark],
+            [event.values],
+            next_seq=True,
+            tenant=tenant,
+            model=self._described.name if self._described is not None else "",
+        )
+
+    def _answer(
+        self, event: _Event, outcomes: Outcomes, response: pb.ModelInferResponse
+    ) -> pb.ModelInferResponse | ErrorInfo:
+        """The answer of one event written into ``response`` (returned), or why it was refused."""
+        t = self._tensors
+        assert t is not None
+        if outcomes.request_error is not None:
+            return outcomes.request_error
+        if int(outcomes.kind[0]) != FORECAST:
+            error = outcomes.errors.get(0) or Reasons.internal()
+            if error.reason in ("session_not_found", "session_evicted"):
+                error = Reasons.sequence_not_started(event.session_id, t.model_name, error.reason == "session_evicted")
+            return error
+        response.CopyFrom(t.template(event.k, event.names))
+        response.id = event.request_id
+        response.raw_output_contents.extend(
+            t.encode(event.names, event.k, int(outcomes.last_seq[0]), event.time, outcomes.outputs)
+        )
+        return response
+
+    async def _end_session(self, core: Any, session_id: str, tenant: str) -> None:
+        with contextlib.suppress(ServiceError):
+            await core.end_session(session_id, tenant, model=self._described.name if self._described else "")
+
+    def _infer(
+        self,
+        core: Any,
+        event: _Event,
+        tenant: str,
+        finish: Callable[[pb.ModelInferResponse | ErrorInfo], None],
+        response: pb.ModelInferResponse,
+    ) -> None:
+        """Submit the event; ``finish`` gets its answer, written into ``response`` (a message in place
+        inside its parent: cheaper than copying it there), after END's end of the session."""
+
+        def done(outcomes: Outcomes) -> None:
+            try:
+                answer = self._answer(event, outcomes, response)
+            except Exception:  # a bug must cost this request, not the stream
+                log.exception("encoding the answer of request %r failed", event.request_id)
+                answer = Reasons.internal()
+            if event.end and not isinstance(answer, ErrorInfo):
+                task = asyncio.ensure_future(self._ended(core, event, tenant, answer, finish))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                finish(answer)
+
+        core.submit(self._core_request(event, tenant), done)
+
+    async def _ended(
+        self,
+        core: Any,
+        event: _Event,
+        tenant: str,
+        answer: pb.ModelInferResponse,
+        finish: Callable[[pb.ModelInferResponse | ErrorInfo], None],
+    ) -> None:
+        try:
+            await self._end_session(core, event.session_id, tenant)
+        finally:
+            finish(answer)
+
+    # ------------------------------------------------------------------ health and metadata
+
+    async def ServerLive(  # noqa: N802
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(  # noqa: N802
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
+        core = self._core
+        ready = self._core_error() is None and self.serving and not self.draining and not core.draining
+        return pb.ServerReadyResponse(ready=ready)
+
+    async def ModelReady(  # noqa: N802
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
+        if self._core_error() is not None:
+            return pb.ModelReadyResponse(ready=False)
+        d = self._described
+        known = d is not None and request.name == d.name and request.version in ("", d.version)
+        return pb.ModelReadyResponse(ready=known and self.serving and not self.draining)
+
+    async def ServerMetadata(  # noqa: N802
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="aaren", version=__version__, extensions=list(EXTENSIONS))
+
+    async def ModelMetadata(  # noqa: N802
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        d = await self._model(context, request.name, request.version)
+        t = self._tensors
+        assert t is not None
+        return pb.ModelMetadataResponse(
+            name=d.name,
+            versions=[d.version],
+            platform=f"aaren_{d.task}",
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(name=n, datatype=dt, shape=s) for n, dt, s in t.inputs],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(name=n, datatype=dt, shape=s) for n, dt, s in t.outputs],
+        )
+
+    async def ModelConfig(  # noqa: N802
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        d = await self._model(context, request.name, request.version)
+        t = self._tensors
+        assert t is not None
+        parameters = {
+            "task": d.task,
+            "version": d.version,
+            "backbone": d.backbone,
+            "quantile_levels": ",".join(repr(q) for q in d.quantiles),
+            "mark_names": ",".join(d.mark_names),
+            "value_names": ",".join(d.value_names),
+            "time_unit": d.time_unit,
+            "num_marks": str(d.num_marks),
+            "default_top_k": str(t.default_top_k),
+            "state_bytes_per_session": str(d.state_bytes_per_session),
+        }
+        config = mc.ModelConfig(
+            name=d.name,
+            platform=f"aaren_{d.task}",
+            backend="aaren",
+            max_batch_size=0,
+            input=[mc.ModelInput(name=n, data_type=_CONFIG_TYPE[dt], dims=s) for n, dt, s in t.inputs],
+            output=[mc.ModelOutput(name=n, data_type=_CONFIG_TYPE[dt], dims=s) for n, dt, s in t.outputs],
+            sequence_batching=mc.ModelSequenceBatching(
+                max_sequence_idle_microseconds=int(self.settings.idle_ttl_s * 1e6),
+                direct=mc.ModelSequenceBatching.StrategyDirect(
+                    max_queue_delay_microseconds=int(self.settings.max_batch_wait_ms * 1000)
+                ),
+            ),
+            parameters={k: mc.ModelParameter(string_value=v) for k, v in parameters.items()},
+        )
+        return pb.ModelConfigResponse(config=config)
+
+    async def RepositoryIndex(  # noqa: N802
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        """The served model (read-only: loading and unloading are not served)."""
+        await self._ready(context)
+        d = self._described
+        state = "READY" if self.serving and not self.draining else "UNAVAILABLE"
+        models = (
+            [] if d is None else [pb.RepositoryIndexResponse.ModelIndex(name=d.name, version=d.version, state=state)]
+        )
+        return pb.RepositoryIndexResponse(models=models)
+
+    async def ModelStatistics(  # noqa: N802
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        await self._ready(context)
+        d = self._described
+        if d is None or (request.name and (request.name != d.name or request.version not in ("", d.version))):
+            await _abort(context, Reasons.model_unknown(request.name, request.version))
+        assert d is not None
+        s = self._stats
+        stats = pb.ModelStatistics(
+            name=d.name,
+            version=d.version,
+            last_inference=s.last_ms,
+            inference_count=s.success,
+            execution_count=s.success,
+            inference_stats=pb.InferStatistics(
+                success=pb.StatisticDuration(count=s.success, ns=s.success_ns),
+                fail=pb.StatisticDuration(count=s.fail, ns=s.fail_ns),
+            ),
+        )
+        return pb.ModelStatisticsResponse(model_stats=[stats])
+
+    # ------------------------------------------------------------------ inference
+
+    async def ModelInfer(  # noqa: N802
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        core = await self._ready(context)
+        started = time.perf_counter()
+        tenant = current_tenant.get()
+        try:
+            event = self._decode(request)
+        except _RefusedError as exc:
+            self._stats.record(False, started)
+            await _abort(context, exc.info)
+        if self.draining or core.draining:
+            await _abort(context, Reasons.shutting_down())
+        if event.start:
+            await self._end_session(core, event.session_id, tenant)
+        answered: asyncio.Future[pb.ModelInferResponse | ErrorInfo] = asyncio.get_running_loop().create_future()
+        finish = lambda answer: answered.done() or answered.set_result(answer)  # noqa: E731
+        self._infer(core, event, tenant, finish, pb.ModelInferResponse())
+        answer = await answered
+        self._stats.record(not isinstance(answer, ErrorInfo), started)
+        self._latency["ModelInfer"].observe(time.perf_counter() - started)
+        if isinstance(answer, ErrorInfo):
+            await _abort(context, answer)
+        return answer
+
+    async def ModelStreamInfer(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Each request is answered as soon as its event is applied and stored, in request order; a
+        refused request is answered with ``error_message`` and the stream goes on."""
+        core = await self._ready(context)
+        if self.draining or core.draining:
+            await _abort(context, Reasons.shutting_down())
+        tenant = current_tenant.get()
+        refusal = await core.open_stream(tenant)
+        if refusal is not None:
+            await _abort(context, refusal)
+        stream = OrderedReplies[pb.ModelStreamInferResponse](self.settings.max_inflight_requests_per_stream)
+        self._streams.add(stream.out)
+        self.metrics.open_streams.inc()
+        latency = self._latency["ModelStreamInfer"]
+
+        def refused(request_id: str, info: ErrorInfo) -> pb.ModelStreamInferResponse:
+            t = self._tensors
+            assert t is not None
+            return pb.ModelStreamInferResponse(
+                error_message=info.message,
+                infer_response=pb.ModelInferResponse(
+                    model_name=t.model_name, model_version=t.model_version, id=request_id
+                ),
+            )
+
+        def finisher(
+            response: pb.ModelStreamInferResponse, slot: list, request_id: str, started: float
+        ) -> Callable[[pb.ModelInferResponse | ErrorInfo], None]:
+            def finish(answer: pb.ModelInferResponse | ErrorInfo) -> None:
+                ok = not isinstance(answer, ErrorInfo)
+                self._stats.record(ok, started)
+                latency.observe(time.perf_counter() - started)
+                stream.finished(slot, response if ok else refused(request_id, answer))
+
+            return finish
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    started = time.perf_counter()
+                    try:
+                        event = self._decode(request)
+                    except _RefusedError as exc:
+                        self._stats.record(False, started)
+                        stream.finished(stream.started(), refused(request.id, exc.info))
+                        continue
+                    if event.start:
+                        # Whatever this stream sent before (perhaps the same id's previous
+                        # sequence) is applied before the session is ended and started again.
+                        await stream.idle.wait()
+                        await self._end_session(core, event.session_id, tenant)
+                    slot = stream.started()
+                    try:
+                        response = pb.ModelStreamInferResponse()
+                        finish = finisher(response, slot, request.id, started)
+                        self._infer(core, event, tenant, finish, response.infer_response)
+                    except Exception:  # a bug must cost this request, not the stream
+                        log.exception("request %r failed", request.id)
+                        stream.finished(slot, refused(request.id, Reasons.internal()))
+                    if not stream.room.is_set():
+                        await stream.room.wait()
+                await stream.idle.wait()
+            finally:
+                stream.out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await stream.out.get()
+                if item is None:
+                    break
+                if item is _CLOSE:
+                    reader.cancel()
+                    await stream.idle.wait()
+                    while not stream.out.empty():
+                        pending = stream.out.get_nowait()
+                        if isinstance(pending, pb.ModelStreamInferResponse):
+                            yield pending
+                    await _abort(context, Reasons.shutting_down())
+                yield item
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                log.error("stream reader failed", exc_info=reader.exception())
+                await _abort(context, Reasons.internal())
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self._streams.discard(stream.out)
+            self.metrics.open_streams.dec()
+            with contextlib.suppress(Exception):  # a core that is gone counts no streams
+                await core.close_stream(tenant)
+
+
+def _flag(params: Any, name: str) -> bool:
+    if name not in params:
+        return False
+    p = params[name]
+    which = p.WhichOneof("parameter_choice")
+    if which == "bool_param":
+        return p.bool_param
+    if which is None:
+        return False
+    raise _RefusedError(Reasons.parameter_type(name, "a bool parameter"))
+
+
+async def _abort(context: grpc.aio.ServicerContext, info: ErrorInfo) -> None:
+    await context.abort(_STATUS[int(info.code)], info.message, trailing_metadata=((REASON_METADATA_KEY, info.reason),))
+
+
+def _unimplemented(method: str, served: list[str], streaming: bool) -> Callable[..., Any]:
+    info = Reasons.rpc_unimplemented(method, served)
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _abort(context, info)
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await _abort(context, info)
+        yield  # never reached: makes this an async generator, as grpc expects of a streaming handler
+
+    return stream if streaming else unary
+
+
+def add_oip_servicer_to_server(servicer: OipServicer, server: grpc.aio.Server) -> None:
+    """Register every rpc of Triton's service under its Triton name: the ones ``OipServicer`` has,
+    and the rest answering UNIMPLEMENTED with what is served instead."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    served = [m.name for m in service.methods if hasattr(servicer, m.name)]
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        request_class = message_factory.GetMessageClass(method.input_type)
+        response_class = message_factory.GetMessageClass(method.output_type)
+        behaviour: Callable[..., Awaitable[Any]] | Callable[..., AsyncIterator[Any]] = getattr(
+            servicer, method.name, None
+        ) or _unimplemented(method.name, served, method.server_streaming)
+        kind = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = kind(
+            behaviour,  # type: ignore[arg-type]
+            request_deserializer=request_class.FromString,
+            response_serializer=response_class.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(OIP_SERVICE_NAME, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):
+        server.add_registered_method_handlers(OIP_SERVICE_NAME, handlers)

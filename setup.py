@@ -1,0 +1,25 @@
+"""Package layout of the distribution (the metadata is in pyproject.toml).
+
+One import namespace, ``aaren`` (docs/architecture.md "Layout"): each room of the tree installs under
+its own name, and the package list is derived from the tree (every folder with an ``__init__.py``
+below a room), so a new sub-package cannot be left out of the wheel by a hand-written list.
+"""
+
+from setuptools import find_packages, setup
+
+#: import name -> folder of the checkout
+ROOMS = {
+    "aaren": "aaren",
+    "aaren.v1": "proto/aaren/v1",
+    "aaren.oip": "proto/aaren/oip",
+    "aaren.client": "client",
+    "aaren.server": "server",
+    "aaren_core": "aaren_core",
+}
+
+packages = []
+for name, folder in ROOMS.items():
+    packages.append(name)
+    packages += [f"{name}.{sub}" for sub in find_packages(folder)]
+
+setup(packages=sorted(set(packages)), package_dir=ROOMS)
