@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 import torch
 from torch import Tensor, nn
 
-from aaren_core.attention.functional import ScanState
+from aaren_core.attention import ScanState
 from aaren_core.attention.state import AarenState, GRUState, KVCacheState, State
 from aaren_core.nn.layers import AarenLayer, TransformerLayer
 
