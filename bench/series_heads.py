@@ -23,10 +23,12 @@ import torch
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.datasets import load_series
+from aaren_core.tasks.config import TaskTrainConfig
+from aaren_core.tasks.report import METRICS_FILE
+from aaren_core.tasks.run import train_task
 from aaren_core.tasks.series.baselines import windows
 from aaren_core.tasks.series.data import SeriesData, calendar_features
 from aaren_core.tasks.series.model import HEADS, SeriesModel
-from aaren_core.training.task import METRICS_FILE, TaskTrainConfig, train_task
 
 COLUMNS = (
     ("mse", "MSE (mean)", 4),
