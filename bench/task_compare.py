@@ -126,7 +126,7 @@ def loss_stride(horizon: int) -> int:
 
 def scored_phases(window: int, stride: int, period: int) -> int:
     """How many of the ``period`` phases (hours of the day, for hourly data) the trained forecast origins
-    cover: ``task_training`` starts windows every ``window // 4`` steps from step 0 and scores the positions
+    cover: ``aaren_core.tasks.run`` starts windows every ``window // 4`` steps from step 0 and scores the positions
     ``(window - 1) % stride, ... , window - 1``; the origin after position ``p`` of the window at ``s`` is
     ``s + p + 1``. When ``window // 4`` and ``stride`` share factors with ``period``, only some phases are
     ever trained (e.g. 3 of 24 for stride 8 and starts every 48 hours)."""

@@ -23,6 +23,7 @@ the same epoch.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -38,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 __all__ = [
+    "BestInMemory",
     "Dist",
     "EarlyStopping",
     "EpochEnd",
@@ -271,6 +273,33 @@ class TaskLoop(Protocol):
     def on_best(self, end: EpochEnd) -> None: ...
 
     def on_epoch_end(self, state: LoopState, stopper: EarlyStopping, end: EpochEnd) -> None: ...
+
+
+class BestInMemory:
+    """The part of a ``TaskLoop`` for a task that keeps its best weights in memory (``best``) and
+    persists nothing per epoch; ``selected`` reports the choice as training's metrics do (epochs
+    counted from 0). ``self.model`` is the model trained."""
+
+    model: nn.Module
+    best: dict[str, Tensor]
+
+    def keep(self) -> None:
+        self.best = copy.deepcopy(self.model.state_dict())
+
+    def on_best(self, end: EpochEnd) -> None:
+        self.keep()
+
+    def on_epoch_end(self, state: LoopState, stopper: EarlyStopping, end: EpochEnd) -> None:
+        pass
+
+    def selected(self, state: LoopState, key: str, value: float) -> dict[str, Any]:
+        """``history``, ``key: value`` (the best validation score), ``best_epoch``, ``epochs_run``."""
+        return {
+            "history": state.history,
+            key: value,
+            "best_epoch": max(state.best_epoch - 1, 0),
+            "epochs_run": len(state.history),
+        }
 
 
 def fit(

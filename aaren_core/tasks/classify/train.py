@@ -9,7 +9,6 @@ fraction of the sequence seen, beside the train majority class.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig, class_
 from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.series.data import ClassData, ClassSet
 from aaren_core.tasks.series.train import epoch_batches
-from aaren_core.training.loop import EarlyStopping, EpochEnd, LoopState, StepLoss, Validation
+from aaren_core.training.loop import BestInMemory, EpochEnd, LoopState, StepLoss, Validation
 
 __all__ = ["ClassLoop", "class_model", "score_class_task"]
 
@@ -58,7 +57,7 @@ def _padded(data: ClassSet, index: np.ndarray) -> tuple[torch.Tensor, torch.Tens
     return torch.from_numpy(pad_sequences(seqs)), torch.from_numpy(data.labels[index]), lengths
 
 
-class ClassLoop:
+class ClassLoop(BestInMemory):
     """The class task's part of the loop (``aaren_core.training.loop.TaskLoop``): shuffled padded
     batches, ``class_loss``, the score ``(-val accuracy, train loss)``; the best weights are kept
     in memory."""
@@ -67,7 +66,7 @@ class ClassLoop:
         self.config, self.model = config, model
         self.rng = np.random.default_rng(config.seed)
         self.fit, self.val = data.validation_split(config.val_fraction, config.seed)
-        self.best = copy.deepcopy(model.state_dict())
+        self.keep()
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         return epoch_batches(self.rng.permutation(len(self.fit)), self.config)
@@ -92,17 +91,6 @@ class ClassLoop:
     def summary(self, end: EpochEnd, record: dict[str, Any]) -> str:
         return f"epoch {record['epoch']}: train loss {end.train_loss:.4f}, val accuracy {record['val_accuracy']:.3f}"
 
-    def on_best(self, end: EpochEnd) -> None:
-        self.best = copy.deepcopy(self.model.state_dict())
-
-    def on_epoch_end(self, state: LoopState, stopper: EarlyStopping, end: EpochEnd) -> None:
-        pass
-
     def selection(self, state: LoopState) -> dict[str, Any]:
-        """What training reports of the selection: the best validation accuracy, its epoch (from 0), epochs run."""
-        return {
-            "history": state.history,
-            "val_accuracy": -state.best_score[0],
-            "best_epoch": max(state.best_epoch - 1, 0),
-            "epochs_run": len(state.history),
-        }
+        """What training reports of the selection: the best validation accuracy, its epoch, the epochs run."""
+        return self.selected(state, "val_accuracy", -state.best_score[0])

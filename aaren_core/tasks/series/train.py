@@ -14,7 +14,6 @@ Aaren and GRU, and the naive baselines.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -27,7 +26,7 @@ from aaren_core.tasks.series.baselines import DLinear, DLinearConfig, last_value
 from aaren_core.tasks.series.data import SeriesData, calendar_features
 from aaren_core.tasks.series.metrics import model_window_predictor, score_series, score_streaming
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig, series_loss
-from aaren_core.training.loop import EarlyStopping, EpochEnd, LoopState, StepLoss, Validation
+from aaren_core.training.loop import BestInMemory, EpochEnd, LoopState, StepLoss, Validation
 
 __all__ = [
     "SeriesLoop",
@@ -101,7 +100,7 @@ def epoch_batches(starts: np.ndarray, config: TaskTrainConfig) -> list[np.ndarra
     return batches[: config.steps_per_epoch] if config.steps_per_epoch else batches
 
 
-class SeriesLoop:
+class SeriesLoop(BestInMemory):
     """The series task's part of the loop (``aaren_core.training.loop.TaskLoop``): batches of window
     starts, ``series_loss`` (MSE for DLinear), the validation MSE of the restricted forecast as the
     score; the best weights are kept in memory."""
@@ -123,7 +122,7 @@ class SeriesLoop:
                 f"{data.name}: {self.train_end} train steps are too few for window/lookback and horizon "
                 f"{config.horizon}"
             )
-        self.best = copy.deepcopy(model.state_dict())
+        self.keep()
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         config = self.config
@@ -173,17 +172,6 @@ class SeriesLoop:
             f"MAE {record['val_mae']:.4f}"
         )
 
-    def on_best(self, end: EpochEnd) -> None:
-        self.best = copy.deepcopy(self.model.state_dict())
-
-    def on_epoch_end(self, state: LoopState, stopper: EarlyStopping, end: EpochEnd) -> None:
-        pass
-
     def selection(self, state: LoopState) -> dict[str, Any]:
-        """What training reports of the selection: the best validation MSE, its epoch (from 0), epochs run."""
-        return {
-            "history": state.history,
-            "val_mse": state.best_score,
-            "best_epoch": max(state.best_epoch - 1, 0),
-            "epochs_run": len(state.history),
-        }
+        """What training reports of the selection: the best validation MSE, its epoch, the epochs run."""
+        return self.selected(state, "val_mse", state.best_score)
