@@ -39,10 +39,10 @@ class _TrainCommand(typer.core.TyperCommand):
     """``aaren train --help`` ends with the ``--set`` keys, read from aaren_core when help is shown."""
 
     def format_help(self, ctx: typer.Context, formatter: typer.core.click.HelpFormatter) -> None:
+        from aaren_core.config import format_value
         from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS
         from aaren_core.tasks import config as task_config
         from aaren_core.tasks.event.config import SET_KEYS, TrainConfig
-        from aaren_core.config import format_value
 
         defaults = TrainConfig().to_dict()
         keys = "\n".join(f"  {k}: {text} [default: {_shown(defaults[k])}]" for k, text in SET_KEYS.items())
