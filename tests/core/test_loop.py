@@ -10,16 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from aaren_core.training.loop import (
-    EarlyStopping,
-    EpochEnd,
-    LoopSettings,
-    LoopState,
-    Schedule,
-    StepLoss,
-    Validation,
-    fit,
-)
+from aaren_core.training import loop
 
 
 class Scripted:
@@ -35,38 +26,38 @@ class Scripted:
     def batches(self, epoch: int) -> list[torch.Tensor]:
         return [self.x[:4], self.x[4:]]
 
-    def step_loss(self, x: torch.Tensor) -> StepLoss:
+    def step_loss(self, x: torch.Tensor) -> loop.StepLoss:
         assert self.optimizer is not None
         self.lrs.append(self.optimizer.param_groups[0]["lr"])
         loss = (self.model(x) - 3 * x).square().sum()
-        return StepLoss(loss, loss.item(), len(x))
+        return loop.StepLoss(loss, loss.item(), len(x))
 
-    def validate(self, train_loss: float) -> Validation:
+    def validate(self, train_loss: float) -> loop.Validation:
         assert not self.model.training
-        return Validation(self.scores.pop(0), {"train_loss": train_loss})
+        return loop.Validation(self.scores.pop(0), {"train_loss": train_loss})
 
-    def record(self, end: EpochEnd) -> dict[str, Any]:
+    def record(self, end: loop.EpochEnd) -> dict[str, Any]:
         return {"epoch": end.epoch, "score": end.validation.score, "best": end.improved, "lr": end.lr}
 
-    def summary(self, end: EpochEnd, record: dict[str, Any]) -> str:
+    def summary(self, end: loop.EpochEnd, record: dict[str, Any]) -> str:
         return f"epoch {end.epoch}"
 
-    def on_best(self, end: EpochEnd) -> None:
+    def on_best(self, end: loop.EpochEnd) -> None:
         self.best_epochs.append(end.epoch)
 
-    def on_epoch_end(self, state: LoopState, stopper: EarlyStopping, end: EpochEnd) -> None:
+    def on_epoch_end(self, state: loop.LoopState, stopper: loop.EarlyStopping, end: loop.EpochEnd) -> None:
         pass
 
 
-def run(scores: list[Any], **settings: Any) -> tuple[LoopState, Scripted, list[str]]:
+def run(scores: list[Any], **settings: Any) -> tuple[loop.LoopState, Scripted, list[str]]:
     torch.manual_seed(0)
     model = nn.Linear(1, 1, bias=False)
     task = Scripted(model, scores)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     task.optimizer = optimizer
     lines: list[str] = []
-    base = {"epochs": len(scores), "schedule": Schedule.constant(0.05), "patience": 2}
-    state = fit(model, optimizer, task, LoopSettings(**{**base, **settings}), say=lines.append)
+    base = {"epochs": len(scores), "schedule": loop.Schedule.constant(0.05), "patience": 2}
+    state = loop.fit(model, optimizer, task, loop.LoopSettings(**{**base, **settings}), say=lines.append)
     return state, task, lines
 
 
@@ -92,13 +83,13 @@ def test_tuple_scores_compare_in_order():
 
 
 def test_the_schedule_sets_every_step_and_training_reaches_the_target():
-    schedule = Schedule(0.2, total_steps=20, warmup_steps=4, min_lr_ratio=0.1)
+    schedule = loop.Schedule(0.2, total_steps=20, warmup_steps=4, min_lr_ratio=0.1)
     state, task, _ = run([1.0 - 0.01 * i for i in range(10)], schedule=schedule, patience=10)
     assert task.lrs == pytest.approx([schedule.at(s) for s in range(20)])
     assert task.lrs[:4] == pytest.approx([0.05, 0.1, 0.15, 0.2]) and 0.02 < task.lrs[-1] < 0.025
     assert state.history[-1]["lr"] == pytest.approx(schedule.at(19))
     assert abs(task.model.weight.item() - 3.0) < 0.05  # real steps: w -> 3
-    assert Schedule.constant(0.3).at(0) == Schedule.constant(0.3).at(10**6) == 0.3
+    assert loop.Schedule.constant(0.3).at(0) == loop.Schedule.constant(0.3).at(10**6) == 0.3
 
 
 def test_a_resumed_state_goes_on_from_its_epoch():
@@ -108,16 +99,16 @@ def test_a_resumed_state_goes_on_from_its_epoch():
     model = nn.Linear(1, 1, bias=False)
     task = Scripted(model, [2.5, 1.0])
     task.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    settings = LoopSettings(epochs=4, schedule=Schedule.constant(0.05), patience=2)
-    state = fit(model, task.optimizer, task, settings, state=first)
+    settings = loop.LoopSettings(epochs=4, schedule=loop.Schedule.constant(0.05), patience=2)
+    state = loop.fit(model, task.optimizer, task, settings, state=first)
     assert state.epoch == 4 and state.best_epoch == 4 and [r["epoch"] for r in state.history] == [1, 2, 3, 4]
 
 
 def test_early_stopping_state_round_trips():
-    stopper = EarlyStopping(patience=3, min_delta=0.1, smoothing=0.5)
+    stopper = loop.EarlyStopping(patience=3, min_delta=0.1, smoothing=0.5)
     for val in (2.0, 1.0, 1.2):
         stopper.update(val)
-    again = EarlyStopping(patience=3, min_delta=0.1, smoothing=0.5)
+    again = loop.EarlyStopping(patience=3, min_delta=0.1, smoothing=0.5)
     again.load(stopper.state())
     assert again.state() == stopper.state() and not math.isnan(again.smoothed)
     assert again.update(5.0) == stopper.update(5.0)

@@ -1,8 +1,9 @@
-"""Training the event forecaster: one entry point for one process or ``torchrun`` with DDP.
+"""Training the event forecaster, in one process or under ``torchrun`` with DDP.
 
-``train(config)`` fits an ``EventModel`` by minimizing the mean total negative log-likelihood per
-predicted event (time + mark + values, ``EventModel.nll``) with AdamW, a linear warmup and a
-cosine decay. It validates every epoch, keeps the best checkpoint by validation NLL
+``train(config)`` runs the one training loop (``aaren_core.training.loop.fit``) with the event
+task's hooks (``EventLoop``): it fits an ``EventModel`` by minimizing the mean total negative
+log-likelihood per predicted event (time + mark + values, ``EventModel.nll``) with AdamW, a
+linear warmup and a cosine decay. It validates every epoch, keeps the best checkpoint by validation NLL
 (``<out_dir>/best``), and after every epoch writes ``<out_dir>/last`` (weights, optimizer state and
 the trainer's progress; safetensors and JSON, no pickle) so ``resume=True`` continues exactly
 where the run stopped.
@@ -110,20 +111,26 @@ HISTORY_FILE = "history.json"
 DEQUANTIZATION = "uniform jitter U(0, jitter) added to every event time, sequences re-sorted"
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainResult:
-    """What a run produced: checkpoint directories, per-epoch records, per-step global losses."""
+@dataclasses.dataclass
+class TrainResult(LoopState):
+    """What a run produced: the loop's final state (per-epoch ``history``, per-step global
+    ``step_losses``, ``best_epoch``...), where it wrote, and the model's parameter count."""
 
-    out_dir: Path
-    best_dir: Path
-    last_dir: Path
-    best_val: float
-    best_epoch: int
-    history: list[dict[str, Any]]
-    step_losses: list[float]
-    stopped_early: bool
-    train_seconds: float
-    parameters: int
+    out_dir: Path = Path()
+    parameters: int = 0
+
+    @property
+    def best_dir(self) -> Path:
+        return self.out_dir / BEST_DIR
+
+    @property
+    def last_dir(self) -> Path:
+        return self.out_dir / LAST_DIR
+
+    @property
+    def best_val(self) -> float:
+        """The best epoch's validation NLL."""
+        return float(self.best_score)
 
 
 def load_data(config: TrainConfig) -> EventData:
@@ -616,15 +623,4 @@ def _train(
         unit="ev",
     )
     state = fit(model, optimizer, task, settings, state=state, stopper=stopper, ctx=ctx, say=say)
-    return TrainResult(
-        out_dir=task.out_dir,
-        best_dir=task.best_dir,
-        last_dir=task.last_dir,
-        best_val=float(state.best_score),
-        best_epoch=state.best_epoch,
-        history=state.history,
-        step_losses=state.step_losses,
-        stopped_early=state.stopped_early,
-        train_seconds=state.train_seconds,
-        parameters=parameters,
-    )
+    return TrainResult(**vars(state), out_dir=task.out_dir, parameters=parameters)
