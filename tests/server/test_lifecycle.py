@@ -19,7 +19,6 @@ from server_helpers import (
     assert_rpc_error,
     ev,
     get_session,
-    layouts_of,
     metric,
     rpc_error,
     scrape,
@@ -47,10 +46,7 @@ class StoppedClock:
         self.now = time.time() + TTL_S
 
 
-@pytest.fixture
-def start_server(start_server, frontends):
-    """Every server of this module runs in both process layouts."""
-    return layouts_of(start_server, frontends)
+pytestmark = pytest.mark.layouts  # every server of this module runs in both process layouts
 
 
 @pytest.fixture
