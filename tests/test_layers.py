@@ -207,6 +207,16 @@ RULES = {
         TORCH,
         (),
     ),
+    "a front end never imports the core, a task or a store (it reaches them through the contract)": (
+        lambda g: g.under("aaren.server.frontends"),
+        ("aaren.server.core", "aaren.server.tasks", "aaren.server.stores", "aaren_core"),
+        (),
+    ),
+    "the contract, observability and settings import no other server room (so that every room may import them)": (
+        lambda g: g.under("aaren.server.contract", "aaren.server.observability", "aaren.server.settings"),
+        ("aaren.server",),
+        ("aaren.server.contract", "aaren.server.observability", "aaren.server.settings"),
+    ),
     "the core never imports a front end": (
         lambda g: g.under("aaren.server.core"),
         ("aaren.server.frontends",),
