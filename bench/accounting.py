@@ -10,16 +10,22 @@ the session's span. ``single_summary`` turns that into the JSON fields the bench
 - ``p50_ms``, ``p99_ms``, ``mean_ms``: latency percentiles and mean over the counted events;
 - ``first_reply_ms_max``, ``session_end_s_min/max``, ``events``, ``errors``, ``first_error``, ``wall_s``.
 
-Standard library and numpy only: it runs in the TorchServe kit's own venv too.
+``one_session`` is that session loop itself, for any bidi stream. Standard library, numpy and grpc only:
+it runs in the TorchServe kit's own venv too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import grpc
 import numpy as np
 
-__all__ = ["WARM", "Tally", "percentile_ms", "single_summary"]
+__all__ = ["WARM", "Tally", "one_session", "percentile_ms", "single_summary"]
 
 WARM = 10  # first events of each session left out of the latency statistics
 
@@ -42,6 +48,29 @@ class Tally:
         elif index == 0:
             self.firsts.append(latency)
         self.done.append(now)
+
+
+async def one_session(call: Any, requests: Sequence[Any], problem: Callable[[Any], str | None], tally: Tally) -> None:
+    """Write each request on the bidi ``call`` and wait for its reply before the next; ``problem(reply)``
+    says what is wrong with a reply (None: it is the one answer expected), which ends the session."""
+    started = time.perf_counter()
+    for i, request in enumerate(requests):
+        t0 = time.perf_counter()
+        await call.write(request)
+        reply = await call.read()
+        latency = time.perf_counter() - t0
+        wrong = "the stream ended early" if reply is grpc.aio.EOF else problem(reply)
+        if wrong is not None:
+            tally.errors.append(wrong)
+            break
+        tally.forecasts += 1
+        tally.reply(i, latency, time.perf_counter())
+    tally.spans.append((started, time.perf_counter()))
+    await call.done_writing()
+    try:
+        await asyncio.wait_for(call.code(), 10)
+    except TimeoutError:
+        call.cancel()
 
 
 def percentile_ms(values: list[float], q: float) -> float | None:

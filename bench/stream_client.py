@@ -37,6 +37,7 @@ import numpy as np
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 from bench.accounting import Tally, percentile_ms, single_summary
+from bench.accounting import one_session as session_loop
 
 __all__ = ["main", "session_events"]
 
@@ -82,30 +83,14 @@ def forecasts_in(response: pb.StreamResponse, layout: int) -> tuple[int, str | N
 async def one_session(
     stub: pb_grpc.ForecastServiceStub, sid: str, index: int, a: argparse.Namespace, tally: Tally
 ) -> None:
-    ts0 = time.perf_counter()
     times, marks, values = session_events(index, a.events, a.num_marks, a.value_width)
     reqs = [pb.StreamRequest(events=[e], layout=a.layout_value) for e in make_events(sid, 1, times, marks, values)]
-    call = stub.Stream()
-    for i, r in enumerate(reqs):
-        t0 = time.perf_counter()
-        await call.write(r)
-        resp = await call.read()
-        dt = time.perf_counter() - t0
-        if resp is grpc.aio.EOF:
-            tally.errors.append("EOF")
-            break
-        n, problem = forecasts_in(resp, a.layout_value)
-        if n != 1:
-            tally.errors.append(problem or "no forecast")
-            break
-        tally.forecasts += 1
-        tally.reply(i, dt, time.perf_counter())
-    tally.spans.append((ts0, time.perf_counter()))
-    await call.done_writing()
-    try:
-        await asyncio.wait_for(call.code(), 10)
-    except TimeoutError:
-        call.cancel()
+
+    def problem(reply: pb.StreamResponse) -> str | None:
+        n, first = forecasts_in(reply, a.layout_value)
+        return None if n == 1 else first or "no forecast"
+
+    await session_loop(stub.Stream(), reqs, problem, tally)
 
 
 async def one_stream(stub: pb_grpc.ForecastServiceStub, s: int, a: argparse.Namespace, tally: Tally) -> None:

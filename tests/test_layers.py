@@ -19,15 +19,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: import name -> folder of the checkout (as setup.py installs them)
-ROOMS = {
-    "aaren": "aaren",
-    "aaren.v1": "proto/aaren/v1",
-    "aaren.oip": "proto/aaren/oip",
-    "aaren.client": "client",
-    "aaren.server": "server",
-    "aaren_core": "aaren_core",
-}
+
+def _rooms_of_setup() -> dict[str, str]:
+    """setup.py's ``ROOMS`` (import name -> folder of the checkout), read from its source: the test
+    checks the packages the wheel installs, under the names they install as."""
+    for node in ast.parse((REPO / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["ROOMS"]:
+            return ast.literal_eval(node.value)
+    raise AssertionError("setup.py has no ROOMS")
+
+
+ROOMS = _rooms_of_setup()
 
 #: third-party modules that load torch
 TORCH = ("torch", "safetensors.torch")

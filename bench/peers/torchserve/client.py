@@ -53,33 +53,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def session(stub: Any, a: argparse.Namespace, index: int, xs: Any, tally: Any, outs: list[bytes]) -> None:
     """Session ``index``: its events ``xs [E, D]`` one per request; replies into ``outs``, numbers into ``tally``."""
-    import grpc
     import inference_pb2 as pb
 
-    started = time.perf_counter()
-    call = stub.StreamPredictions2()
-    for i, x in enumerate(xs):
-        request = pb.PredictionsRequest(
-            model_name=a.model, sequence_id=f"{a.tag}-s{index}", input={"data": x.tobytes()}
-        )
-        t0 = time.perf_counter()
-        await call.write(request)
-        reply = await call.read()
-        latency = time.perf_counter() - t0
-        if reply is grpc.aio.EOF:
-            tally.errors.append("the stream ended early")
-            break
+    from bench.accounting import one_session
+
+    sid = f"{a.tag}-s{index}"
+    requests = [pb.PredictionsRequest(model_name=a.model, sequence_id=sid, input={"data": x.tobytes()}) for x in xs]
+
+    def problem(reply: Any) -> str | None:
         if reply.HasField("status") and reply.status.code != 0:
-            tally.errors.append(reply.status.message)
-            break
+            return reply.status.message
         outs.append(reply.prediction)
-        tally.reply(i, latency, time.perf_counter())
-    tally.spans.append((started, time.perf_counter()))
-    await call.done_writing()
-    try:
-        await asyncio.wait_for(call.code(), 10)
-    except TimeoutError:
-        call.cancel()
+        return None
+
+    await one_session(stub.StreamPredictions2(), requests, problem, tally)
 
 
 def verify(xs: list[Any], outs: list[list[bytes]], k: int) -> tuple[float, int]:
