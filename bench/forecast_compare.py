@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.tasks.event.data import BUILTIN_DATASETS
 from aaren_core.tasks.event.evaluation import EvalSplit, compute_metrics, constant_gap_metrics, model_predictor
+from aaren_core.tasks.event.flights import BUILTIN_DATASETS
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
 from aaren_core.training.event import TrainConfig, command_line, train
 

@@ -39,9 +39,10 @@ import numpy as np
 from torch import nn
 
 from aaren_core.datasets import SERIES_DATASETS, load_class, load_series
+from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
 from aaren_core.tasks.series.baselines import DLinear, DLinearConfig
-from aaren_core.tasks.series.data import ClassData, SeriesData
+from aaren_core.tasks.series.data import SeriesData
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
 from aaren_core.training.task import METRICS_FILE, TaskTrainConfig, baseline_scores, train_task
 

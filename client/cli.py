@@ -144,7 +144,7 @@ def _shown(value: object) -> str:
 
 def _data_path(data: str) -> str:
     """``--data`` as stored in the checkpoint: absolute, so evaluate works from any directory."""
-    from aaren_core.tasks.event.data import BUILTIN_DATASETS
+    from aaren_core.tasks.event.flights import BUILTIN_DATASETS
 
     return data if data in BUILTIN_DATASETS else str(Path(data).expanduser().resolve())
 
@@ -351,8 +351,9 @@ def split_export(
     `aaren replay FILE` sends each session's history in one message, then the held-out events in
     time order, and writes forecasts only from the last history event on.
     """
+    from aaren.formats.errors import DataError
     from aaren_core.checkpoint import load_checkpoint
-    from aaren_core.tasks.event.data import DataError, write_events
+    from aaren_core.tasks.event.files import write_events
     from aaren_core.training.event import TrainConfig, load_data
 
     if split not in ("train", "val", "test"):

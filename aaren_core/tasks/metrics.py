@@ -24,9 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from aaren_core.tasks.classify.data import ClassSet
 from aaren_core.tasks.classify.model import ClassModel
 from aaren_core.tasks.series.baselines import windows
-from aaren_core.tasks.series.data import ClassSet, SeriesData, calendar_features
+from aaren_core.tasks.series.data import SeriesData, calendar_features
 from aaren_core.tasks.series.model import SeriesModel
 
 __all__ = [

@@ -33,8 +33,9 @@ from torch import nn
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS
+from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.series.baselines import windows
-from aaren_core.tasks.series.data import ClassData, SeriesData, calendar_features
+from aaren_core.tasks.series.data import SeriesData, calendar_features
 from aaren_core.tasks.series.model import SeriesModel
 from aaren_core.training import task as task_training
 from aaren_core.training.task import METRICS_FILE, TaskTrainConfig, command_line, score_task

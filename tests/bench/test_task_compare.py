@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import bench.task_compare as tc
-from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.tasks.classify.data import ClassData, ClassSet
+from aaren_core.tasks.series.data import SeriesData, ratio_borders
 from aaren_core.training.task import TaskTrainConfig
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_training import NUM_MARKS, make_sessions, make_tiny_data, tiny_config, write_hours_csv
 
-from aaren_core.tasks.event.data import EventSchema, EventSequence, pad_batch
+from aaren_core.tasks.event.data import pad_batch
 from aaren_core.tasks.event.evaluation import (
     EvalSplit,
     NoHistoryModel,
@@ -27,6 +27,8 @@ from aaren_core.tasks.event.evaluation import (
     shows_top3,
 )
 from aaren_core.tasks.event.heads import HeadOutput, LogNormalMixture
+from aaren_core.tasks.event.schema import EventSchema
+from aaren_core.tasks.event.sequences import EventSequence
 from aaren_core.training.event import TrainConfig, build_model, load_data, train
 
 SCHEMA = EventSchema(tuple(f"m{k}" for k in range(NUM_MARKS)), ("a", "b"), "minutes", (0.0, 0.0), (1.0, 1.0))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from aaren.formats.errors import DataError
 from aaren_core.nn.backbones import BackboneConfig
-from aaren_core.tasks.event.data import DataError
 from aaren_core.tasks.metrics import (
     ErrorSums,
     early_accuracy,

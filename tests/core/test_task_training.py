@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.tasks.classify.data import ClassData, ClassSet
+from aaren_core.tasks.series.data import SeriesData, ratio_borders
 from aaren_core.training.task import TaskTrainConfig, main, shifted_starts, train_task
 
 

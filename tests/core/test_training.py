@@ -16,15 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from aaren.formats.errors import DataError
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.tasks.event.data import (
-    DataError,
-    EventData,
-    EventSchema,
-    EventSequence,
-    dequantize,
-    fit_standardization,
-)
+from aaren_core.tasks.event.resolution import dequantize
+from aaren_core.tasks.event.schema import EventSchema, fit_standardization
+from aaren_core.tasks.event.sequences import EventSequence
+from aaren_core.tasks.event.splits import EventData
 from aaren_core.training.event import (
     EarlyStopping,
     TrainConfig,

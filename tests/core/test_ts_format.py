@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from aaren.formats.errors import DataError
 from aaren.formats.ts import parse_ts
-from aaren_core.tasks.event.data import DataError
 
 TINY = """# a comment
 @problemName Tiny

@@ -40,9 +40,12 @@ import torch
 from torch import Tensor, nn
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.tasks.event.data import DataSplit, EventData, EventSchema, EventSequence, pad_batch
+from aaren_core.tasks.event.data import pad_batch
 from aaren_core.tasks.event.heads import MIN_LOG_SCALE, HeadOutput, LogNormalMixture, mark_nll, value_nll
 from aaren_core.tasks.event.model import EventModel
+from aaren_core.tasks.event.schema import EventSchema
+from aaren_core.tasks.event.sequences import EventSequence
+from aaren_core.tasks.event.splits import DataSplit, EventData
 from aaren_core.training.event import TrainConfig, command_line, eval_jitter, load_data, resolve_config
 
 __all__ = [
@@ -211,7 +214,7 @@ def score(
 ) -> EventPredictions:
     """Run ``predictor`` over ``sequences`` (gaps > 0) and collect its forecast of every event after
     each session's first. ``raw_times`` are the recorded times aligned with ``sequences``
-    (``aaren_core.tasks.event.data.dequantize``); pass the sequences' own times when nothing was dequantized.
+    (``aaren_core.tasks.event.resolution.dequantize``); pass the sequences' own times when nothing was dequantized.
     ``bound``: the point forecast is ``E[tau | tau <= bound]`` (``LogNormalMixture.truncated_mean``;
     None: the plain mean). ``inputs``: the same events with the times the predictor is fed (e.g.
     the recorded ones, as a server gets them); default ``sequences``. Targets are ``sequences``'.

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aaren_core.tasks.event.data import DataError
+from aaren.formats.errors import DataError
 
 __all__ = ["DLinear", "DLinearConfig", "last_value", "seasonal_naive", "windows"]
 
