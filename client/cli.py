@@ -358,12 +358,7 @@ def split_export(
 
     if split not in ("train", "val", "test"):
         raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
-    changes: dict[str, object] = {}
-    for item in set_ or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
-        changes[key.strip().replace("-", "_")] = value
+    changes = _set_items(set_)
     try:
         if checkpoint is not None:
             meta = load_checkpoint(checkpoint).metadata
