@@ -203,3 +203,32 @@ def test_a_context_column_separates_each_sessions_history_from_its_held_out_even
         read_events(path, own).events == [EventIn("s1", 1, 1.0, 0, [1.0, 2.0, 7.0])]
         and not read_events(path, own).history
     )
+
+
+def test_the_client_reads_a_file_as_training_reads_it(tmp_path):
+    """One reader (aaren.formats.events): the events ``aaren replay`` sends are the sequences
+    ``load_events`` trains and scores on, names or ids, datetimes, context rows and all."""
+    np = pytest.importorskip("numpy")
+    from aaren_core.tasks.event.files import load_events
+
+    path = write(
+        tmp_path,
+        "session_id,time,mark,b,a,context\n"
+        "s1,2024-03-01T00:00:00,m1,20,10,1\n"
+        "s2,2024-03-01T00:01:00,4,-1,-2,0\n"
+        "s1,2024-03-01T00:02:30+00:00,m0,21,11,0\n"
+        "s2,2024-03-01T00:02:30Z,m3,0,0.5,0\n",
+    )
+    sequences, schema = load_events(path, time_unit="minutes")
+    model = ModelSchema("minutes", schema.mark_names, schema.value_names, schema.num_marks)
+    source = read_events(path, model)
+    sent = group_by_session([*source.history, *source.events])
+    assert sorted(sent) == sorted(s.session_id for s in sequences)
+    for seq in sequences:
+        events = sent[seq.session_id]
+        np.testing.assert_array_equal([e.time for e in events], seq.times)
+        np.testing.assert_array_equal([e.mark for e in events], seq.marks)
+        np.testing.assert_array_equal(np.array([e.values for e in events], dtype=np.float32), seq.values)
+        assert sum(e in source.history for e in events) == seq.context
+    # Training learned the names from the file (sorted; "4" among them): both read "4" as that name.
+    assert schema.mark_names == ("4", "m0", "m1", "m3")
