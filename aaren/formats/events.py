@@ -130,7 +130,7 @@ def read_event_rows(path: Path | str, layout: EventLayout) -> EventRows:
                 mark = 0
             elif layout.learn_marks:
                 mark_texts.append(mark_text(row[i_mark]))
-                mark = -1
+                mark = -1  # the ids come from all of the file's marks, once they are read
             else:
                 mark = read_mark(row[i_mark])
             values = [_number(row[k], columns[k]) for k in i_values]
@@ -240,14 +240,12 @@ def _context_flag(cell: Any, path: Path, where: str) -> bool:
 
 
 def _number(cell: Any, column: str) -> float:
-    if cell is None or (isinstance(cell, str) and cell.strip() in MISSING):
-        raise ValueError(f"value column {column!r} is missing; expected a finite number")
-    if isinstance(cell, bool):
-        raise ValueError(f"value column {column!r} is {cell!r}; expected a finite number")
     try:
         v = float(cell)
     except (TypeError, ValueError):
-        raise ValueError(f"value column {column!r} is {cell!r}; expected a finite number") from None
-    if not math.isfinite(v):
-        raise ValueError(f"value column {column!r} is {cell!r}; expected a finite number")
-    return v
+        v = math.nan
+    if v - v == 0.0 and cell is not True and cell is not False:  # finite: the common case, first
+        return v
+    if cell is None or (isinstance(cell, str) and cell.strip() in MISSING):
+        raise ValueError(f"value column {column!r} is missing; expected a finite number")
+    raise ValueError(f"value column {column!r} is {cell!r}; expected a finite number")

@@ -81,15 +81,17 @@ def learn_marks(marks: Sequence[str], where: Callable[[int], str]) -> tuple[list
     ``MAX_INT_MARK``; otherwise the distinct texts, sorted, are the names. ``where(i)`` names row
     ``i`` in a ``DataError``.
     """
-    ints = [_as_int(m) for m in marks]
-    if marks and all(k is not None and k >= 0 for k in ints):
-        top = max(k for k in ints if k is not None)
+    distinct = set(marks)
+    as_int = {m: _as_int(m) for m in distinct}
+    if marks and all(k is not None and k >= 0 for k in as_int.values()):
+        top = max(k for k in as_int.values() if k is not None)
         if top >= MAX_INT_MARK:
+            first = next(i for i, m in enumerate(marks) if as_int[m] == top)
             raise DataError(
-                f"{where(ints.index(top))}: integer mark {top} used as an id would make {top + 1} marks; "
+                f"{where(first)}: integer mark {top} used as an id would make {top + 1} marks; "
                 f"expected ids below {MAX_INT_MARK} (write codes like this as strings, e.g. 'c{top}')"
             )
-        return [k for k in ints if k is not None], tuple(str(k) for k in range(top + 1))
-    names = tuple(sorted(set(marks)))
+        return [as_int[m] for m in marks], tuple(str(k) for k in range(top + 1))  # type: ignore[misc]
+    names = tuple(sorted(distinct))
     index = {name: k for k, name in enumerate(names)}
     return [index[m] for m in marks], names
