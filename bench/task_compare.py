@@ -39,12 +39,13 @@ import numpy as np
 from torch import nn
 
 from aaren_core.datasets import SERIES_DATASETS, load_class, load_series
+from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
 from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.report import METRICS_FILE
 from aaren_core.tasks.run import train_task
 from aaren_core.tasks.series.baselines import DLinear, DLinearConfig
-from aaren_core.tasks.series.data import ClassData, SeriesData
+from aaren_core.tasks.series.data import SeriesData
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
 from aaren_core.tasks.series.train import baseline_scores
 

@@ -6,50 +6,13 @@ DataFrames of events and returns DataFrames of forecasts; ``aaren.client.events_
 and the built-in ``flights`` data; ``aaren.client.replay`` streams events through a server at scale.
 """
 
-from aaren.client.client import (
-    AarenClient,
-    AarenError,
-    AckOut,
-    ClassForecastOut,
-    EndSessionOut,
-    EventErrorOut,
-    EventIn,
-    EventStream,
-    ForecastOut,
-    ForecastResult,
-    ModelInfoOut,
-    Outcome,
-    SeriesForecastOut,
-    SessionOut,
-    StreamClosedError,
-    StreamResult,
-)
+from aaren.client import client as _client
+from aaren.client.client import *  # noqa: F403  (the names of aaren.client.client.__all__)
 from aaren.client.frames import apply_frame, events_from_frame, forecasts_frame
 from aaren.client.sync import SyncClient
 
 #: The blocking client under a short name (``aaren.Client``).
 Client = SyncClient
 
-__all__ = [
-    "AarenClient",
-    "AarenError",
-    "AckOut",
-    "ClassForecastOut",
-    "Client",
-    "EndSessionOut",
-    "EventErrorOut",
-    "EventIn",
-    "EventStream",
-    "ForecastOut",
-    "ForecastResult",
-    "ModelInfoOut",
-    "Outcome",
-    "SeriesForecastOut",
-    "SessionOut",
-    "StreamClosedError",
-    "StreamResult",
-    "SyncClient",
-    "apply_frame",
-    "events_from_frame",
-    "forecasts_frame",
-]
+__all__ = ["Client", "SyncClient", "apply_frame", "events_from_frame", "forecasts_frame"]
+__all__ += _client.__all__

@@ -105,7 +105,7 @@ def _shown(value: object) -> str:
 
 def _data_path(data: str) -> str:
     """``--data`` as stored in the checkpoint: absolute, so evaluate works from any directory."""
-    from aaren_core.tasks.event.data import BUILTIN_DATASETS
+    from aaren_core.tasks.event.flights import BUILTIN_DATASETS
 
     return data if data in BUILTIN_DATASETS else str(Path(data).expanduser().resolve())
 
@@ -264,17 +264,13 @@ def split_export(
     """
     from aaren_core.checkpoint import load_checkpoint
     from aaren_core.tasks.event.config import TrainConfig
-    from aaren_core.tasks.event.data import DataError, write_events
+    from aaren_core.tasks.event.data import DataError
+    from aaren_core.tasks.event.files import write_events
     from aaren_core.tasks.event.train import load_data
 
     if split not in ("train", "val", "test"):
         raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
-    changes: dict[str, object] = {}
-    for item in set_ or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
-        changes[key.strip().replace("-", "_")] = value
+    changes: dict[str, object] = dict(_set_items(set_))
     try:
         if checkpoint is not None:
             meta = load_checkpoint(checkpoint).metadata

@@ -18,7 +18,7 @@ import datetime as dt
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import grpc
 import grpc.aio
@@ -32,6 +32,7 @@ __all__ = [
     "AarenError",
     "AckOut",
     "AnyForecast",
+    "ChannelOptions",
     "ClassForecastOut",
     "EndSessionOut",
     "EventErrorOut",
@@ -42,6 +43,7 @@ __all__ = [
     "LimitsOut",
     "ModelInfoOut",
     "Outcome",
+    "RequestOptions",
     "SampledEventOut",
     "SeriesForecastOut",
     "SessionOut",
@@ -513,6 +515,16 @@ def to_jsonable(obj: Any) -> Any:
 _END = object()
 
 
+class RequestOptions(TypedDict, total=False):
+    """The keyword options of one stream request (``EventStream.request`` documents them)."""
+
+    request_id: str | None
+    last_only: bool
+    top_k: int
+    columns: bool
+    model: str | None
+
+
 class EventStream:
     """One bidirectional ``Stream`` call. Use as ``async with client.stream() as stream``.
 
@@ -572,7 +584,7 @@ class EventStream:
         """No more sends: the stream has ended, was half-closed or was cancelled."""
         return self._finished or self._writing_done
 
-    async def send(
+    def request(
         self,
         events: Sequence[EventIn],
         *,
@@ -581,17 +593,17 @@ class EventStream:
         top_k: int = 0,
         columns: bool = False,
         model: str | None = None,
-    ) -> str:
-        """Send one request holding ``events`` (any sessions, in order); returns its request_id.
+    ) -> pb.StreamRequest:
+        """The ``aaren.v1.StreamRequest`` holding ``events`` (any sessions, in order), numbered by the
+        stream unless ``request_id`` is given.
 
         ``last_only``: only each session's last applied event in the request gets a forecast (the
         others an ``AckOut``), for ingesting a history in one message. ``top_k``: marks listed per
         forecast (0: server default). ``columns``: the server sends the forecasts as packed columns
         (``StreamResult.raw.forecast_columns``; ``results`` reads the same either way), cheaper for
-        many events per request. ``model``: this request's model (None: the stream's). Raises
-        ``AarenError`` if the stream has failed.
+        many events per request. ``model``: this request's model (None: the stream's).
         """
-        request = pb.StreamRequest(
+        return pb.StreamRequest(
             request_id=str(next(self._ids)) if request_id is None else request_id,
             events=[e.to_proto() for e in events],
             forecast_mode=_LAST_PER_SESSION if last_only else _EVERY_EVENT,
@@ -599,6 +611,11 @@ class EventStream:
             layout=pb.RESPONSE_LAYOUT_COLUMNS if columns else pb.RESPONSE_LAYOUT_ROWS,
             model=self.model if model is None else model,
         )
+
+    async def send(self, events: Sequence[EventIn], **options: Unpack[RequestOptions]) -> str:
+        """Send one request holding ``events`` (any sessions, in order; ``options`` as ``request``
+        takes them); returns its request_id. Raises ``AarenError`` if the stream has failed."""
+        request = self.request(events, **options)
         await self.send_request(request)
         return request.request_id
 
@@ -622,22 +639,15 @@ class EventStream:
             self._sent_at.pop(request.request_id, None)
             raise self._error or StreamClosedError() from None
 
-    async def apply(
-        self,
-        events: Sequence[EventIn],
-        *,
-        request_id: str | None = None,
-        last_only: bool = False,
-        top_k: int = 0,
-        columns: bool = False,
-        model: str | None = None,
-    ) -> StreamResult:
-        """Send one request and wait for its result (other requests' results stay queued for ``recv``)."""
-        rid = str(next(self._ids)) if request_id is None else request_id
+    async def apply(self, events: Sequence[EventIn], **options: Unpack[RequestOptions]) -> StreamResult:
+        """Send one request (``options`` as ``request`` takes them) and wait for its result (other
+        requests' results stay queued for ``recv``)."""
+        request = self.request(events, **options)
+        rid = request.request_id
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[rid] = waiter
         try:
-            await self.send(events, request_id=rid, last_only=last_only, top_k=top_k, columns=columns, model=model)
+            await self.send_request(request)
             return await waiter
         finally:
             self._waiters.pop(rid, None)
@@ -725,6 +735,15 @@ class EventStream:
                     waiter.set_exception(failure)
             self._waiters.clear()
             self._queue.put_nowait(_END)
+
+
+class ChannelOptions(TypedDict, total=False):
+    """The keyword options of a client's channel (``AarenClient`` documents them)."""
+
+    options: Sequence[tuple[str, Any]] | None
+    credentials: grpc.ChannelCredentials | None
+    timeout: float | None
+    metadata: Sequence[tuple[str, str]] | None
 
 
 class AarenClient:

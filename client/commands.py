@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import os
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import grpc
 from rich import box
@@ -47,6 +48,7 @@ __all__ = [
     "session_command",
 ]
 
+P = ParamSpec("P")
 CONNECT_TIMEOUT_S = 10.0
 #: Events per history message when the server names no limit.
 HISTORY_BATCH = 1000
@@ -60,17 +62,23 @@ def _print_json(obj: Any) -> None:
     print(json.dumps(to_jsonable(obj), indent=2))
 
 
-def _run(coro: Coroutine[Any, Any, int]) -> int:
-    """Run a command; service and data errors become a one-line message and exit code 1 (2 for data)."""
-    err = _console(stderr=True)
-    try:
-        return asyncio.run(coro)
-    except AarenError as exc:
-        _print_error(err, _describe(exc))
-        return 1
-    except EventsFileError as exc:
-        _print_error(err, str(exc))
-        return 2
+def _command(run: Callable[P, Coroutine[Any, Any, int]]) -> Callable[P, int]:
+    """A command from its coroutine: it runs to its exit code; service and data errors become a
+    one-line message and exit code 1 (2 for data)."""
+
+    @functools.wraps(run)
+    def command(*args: P.args, **kwargs: P.kwargs) -> int:
+        err = _console(stderr=True)
+        try:
+            return asyncio.run(run(*args, **kwargs))
+        except AarenError as exc:
+            _print_error(err, _describe(exc))
+            return 1
+        except EventsFileError as exc:
+            _print_error(err, str(exc))
+            return 2
+
+    return command
 
 
 def _describe(exc: AarenError) -> str:
@@ -171,39 +179,8 @@ def _task_forecast_table(f: SeriesForecastOut | ClassForecastOut, model: ModelIn
     return table
 
 
-async def _forecast(
-    target: str,
-    session_id: str,
-    horizon: int,
-    samples: int,
-    seed: int | None,
-    top_k: int,
-    paths: bool,
-    as_json: bool,
-    model_name: str = "",
-) -> int:
-    async with await _connect(target) as client:
-        result = await client.forecast(
-            session_id, horizon=horizon, num_samples=samples, seed=seed, top_k=top_k, include_paths=paths,
-            model=model_name,
-        )  # fmt: skip
-        if as_json:
-            _print_json(result)
-            return 0
-        model = await client.describe_model(model_name)
-    out = _console()
-    if isinstance(result.forecast, SeriesForecastOut | ClassForecastOut):
-        out.print(_task_forecast_table(result.forecast, model))
-        return 0
-    out.print(_forecast_table(result.forecast, model))
-    if result.steps:
-        out.print(_steps_table(result, model))
-    if result.paths:
-        out.print(f"{len(result.paths)} sampled paths (use --json to see them)")
-    return 0
-
-
-def forecast_command(
+@_command
+async def forecast_command(
     target: str,
     session_id: str,
     *,
@@ -215,7 +192,25 @@ def forecast_command(
     as_json: bool = False,
     model: str = "",
 ) -> int:
-    return _run(_forecast(target, session_id, horizon, samples, seed, top_k, paths, as_json, model))
+    async with await _connect(target) as client:
+        result = await client.forecast(
+            session_id, horizon=horizon, num_samples=samples, seed=seed, top_k=top_k, include_paths=paths,
+            model=model,
+        )  # fmt: skip
+        if as_json:
+            _print_json(result)
+            return 0
+        served = await client.describe_model(model)
+    out = _console()
+    if isinstance(result.forecast, SeriesForecastOut | ClassForecastOut):
+        out.print(_task_forecast_table(result.forecast, served))
+        return 0
+    out.print(_forecast_table(result.forecast, served))
+    if result.steps:
+        out.print(_steps_table(result, served))
+    if result.paths:
+        out.print(f"{len(result.paths)} sampled paths (use --json to see them)")
+    return 0
 
 
 def _session_table(s: SessionOut) -> Table:
@@ -234,7 +229,10 @@ def _session_table(s: SessionOut) -> Table:
     return table
 
 
-async def _session(target: str, session_id: str, state_out: Path | None, as_json: bool, model: str = "") -> int:
+@_command
+async def session_command(
+    target: str, session_id: str, *, state_out: Path | None = None, as_json: bool = False, model: str = ""
+) -> int:
     async with await _connect(target) as client:
         s = await client.get_session(session_id, include_state=state_out is not None, model=model)
     if state_out is not None:
@@ -249,13 +247,8 @@ async def _session(target: str, session_id: str, state_out: Path | None, as_json
     return 0
 
 
-def session_command(
-    target: str, session_id: str, *, state_out: Path | None = None, as_json: bool = False, model: str = ""
-) -> int:
-    return _run(_session(target, session_id, state_out, as_json, model))
-
-
-async def _end(target: str, session_id: str, as_json: bool, model: str = "") -> int:
+@_command
+async def end_command(target: str, session_id: str, *, as_json: bool = False, model: str = "") -> int:
     async with await _connect(target) as client:
         r = await client.end_session(session_id, model=model)
     if as_json:
@@ -265,10 +258,6 @@ async def _end(target: str, session_id: str, as_json: bool, model: str = "") -> 
     else:
         _console().print(f"session {session_id!r} did not exist; nothing to end", markup=False)
     return 0
-
-
-def end_command(target: str, session_id: str, *, as_json: bool = False, model: str = "") -> int:
-    return _run(_end(target, session_id, as_json, model))
 
 
 def _model_table(m: ModelInfoOut) -> Table:
@@ -309,7 +298,8 @@ def _model_table(m: ModelInfoOut) -> Table:
     return table
 
 
-async def _model(target: str, as_json: bool, model: str = "") -> int:
+@_command
+async def model_command(target: str, *, as_json: bool = False, model: str = "") -> int:
     async with await _connect(target) as client:
         m = await client.describe_model(model)
     if as_json:
@@ -317,10 +307,6 @@ async def _model(target: str, as_json: bool, model: str = "") -> int:
     else:
         _console().print(_model_table(m))
     return 0
-
-
-def model_command(target: str, *, as_json: bool = False, model: str = "") -> int:
-    return _run(_model(target, as_json, model))
 
 
 def _summary_table(stats: ReplayStats) -> Table:
@@ -357,42 +343,43 @@ def _check_flights_fit(source_marks: tuple[str, ...], source_values: tuple[str, 
     return "the served model does not look trained on the flights data (" + "; ".join(problems) + ")"
 
 
-async def _replay(
+@_command
+async def replay_command(
     target: str,
     source: str,
     *,
-    rate: float | None,
-    sessions: int,
-    streams: int,
-    batch: int,
-    window: int,
-    limit: int | None,
-    out: Path | None,
-    split: str,
-    time_unit: str | None,
-    top_k: int,
-    progress: bool,
-    as_json: bool,
-    model_name: str = "",
+    rate: float | None = None,
+    sessions: int = 0,
+    streams: int = 4,
+    batch: int = 1,
+    window: int = 64,
+    limit: int | None = None,
+    out: Path | None = None,
+    split: str = "test",
+    time_unit: str | None = None,
+    top_k: int = 0,
+    progress: bool = True,
+    as_json: bool = False,
+    model: str = "",
 ) -> int:
     err = _console(stderr=True)
     async with await _connect(target) as client:
-        model = await client.describe_model(model_name)
-        model_name = model.name
-        data = load_source(source, ModelSchema.from_model(model, time_unit=time_unit), split=split)
-        scorer = TaskScorer(data, model) if model.task != "event" else None
+        served = await client.describe_model(model)
+        model_name = served.name
+        data = load_source(source, ModelSchema.from_model(served, time_unit=time_unit), split=split)
+        scorer = TaskScorer(data, served) if served.task != "event" else None
         if source == "flights" and not Path(source).exists():
-            warning = _check_flights_fit(data.mark_names, data.value_names, model)
+            warning = _check_flights_fit(data.mark_names, data.value_names, served)
             if warning:
                 err.print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
-        most = model.limits.max_events_per_request
+        most = served.limits.max_events_per_request
         if most and batch > most:
             err.print(f"[yellow]warning:[/yellow] --batch {batch} is over the server's limit; sending {most} a message")
             batch = most
         events = list(schedule(data.events, sessions))
         if limit is not None:
             events = events[:limit]
-        writer = ForecastWriter(out, model, top_k) if out is not None else None
+        writer = ForecastWriter(out, served, top_k) if out is not None else None
         history_stats = ReplayStats() if data.history else None
         last_history = {e.session_id: e.seq for e in data.history}
         if data.history:
@@ -487,7 +474,7 @@ async def _replay(
     if as_json:
         summary = stats.summary()
         if scores:
-            summary[model.task] = scores
+            summary[served.task] = scores
         if history_stats is not None:
             summary["history"] = history_stats.summary()
         if failure is not None:
@@ -506,7 +493,7 @@ async def _replay(
             )
         out_console.print(_summary_table(stats))
         if scores:
-            out_console.print(_scores_table(model, scores))
+            out_console.print(_scores_table(served, scores))
         if out is not None:
             written = writer.rows if writer else 0
             out_console.print(f"{written:,} results written to {out}", markup=False, soft_wrap=True)
@@ -546,45 +533,6 @@ def _scores_table(model: ModelInfoOut, scores: dict[str, Any]) -> Table:
         for fraction, accuracy in scores["accuracy_by_fraction"].items():
             table.add_row(f"accuracy after {float(fraction):.0%} seen", f"{accuracy:.3f}")
     return table
-
-
-def replay_command(
-    target: str,
-    source: str,
-    *,
-    rate: float | None = None,
-    sessions: int = 0,
-    streams: int = 4,
-    batch: int = 1,
-    window: int = 64,
-    limit: int | None = None,
-    out: Path | None = None,
-    split: str = "test",
-    time_unit: str | None = None,
-    top_k: int = 0,
-    progress: bool = True,
-    as_json: bool = False,
-    model: str = "",
-) -> int:
-    return _run(
-        _replay(
-            target,
-            source,
-            rate=rate,
-            sessions=sessions,
-            streams=streams,
-            batch=batch,
-            window=window,
-            limit=limit,
-            out=out,
-            split=split,
-            time_unit=time_unit,
-            top_k=top_k,
-            progress=progress,
-            as_json=as_json,
-            model_name=model,
-        )
-    )
 
 
 def health_command(target: str, service: str = "", timeout: float = 3.0) -> int:

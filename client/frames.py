@@ -12,8 +12,6 @@ pandas is imported inside the functions: ``import aaren.client`` stays free of n
 
 from __future__ import annotations
 
-import contextlib
-import operator
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +26,8 @@ from aaren.client.client import (
     Outcome,
     StreamResult,
 )
+from aaren.formats.marks import mark_reader
+from aaren.formats.times import TIME_UNITS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,30 +45,10 @@ def value_columns(model: ModelInfoOut) -> list[str]:
 
 
 def _marks(column: pd.Series, model: ModelInfoOut) -> list[int]:
-    import pandas as pd
-
-    if pd.api.types.is_numeric_dtype(column):
-        return [int(m) for m in column]
-    ids = {name: i for i, name in enumerate(model.mark_names)}
-    marks = []
-    for m in column:
-        if isinstance(m, str):
-            if m in ids:
-                marks.append(ids[m])
-                continue
-            if m.lstrip("-").isdigit():
-                marks.append(int(m))
-                continue
-        elif not isinstance(m, bool):
-            with contextlib.suppress(TypeError):
-                marks.append(operator.index(m))  # int and numpy integers, not 2.5
-                continue
-        raise ValueError(f"mark {m!r}: expected a mark number or one of {list(model.mark_names)}")
-    return marks
-
-
-#: Seconds per model time unit (as aaren_core.tasks.event.data reads datetimes for training).
-_UNIT_SECONDS = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
+    """The model's mark ids: a mark name of the model or an id (``aaren.formats.marks.mark_reader``, as
+    ``aaren replay`` reads a file's marks); a whole float (2.0) counts as its integer."""
+    read = mark_reader(model.mark_names, model.num_marks)
+    return [read(int(m) if isinstance(m, float) and m.is_integer() else m) for m in column.tolist()]
 
 
 def _times(column: pd.Series, model: ModelInfoOut) -> list[float]:
@@ -79,9 +59,9 @@ def _times(column: pd.Series, model: ModelInfoOut) -> list[float]:
 
     if pd.api.types.is_numeric_dtype(column):
         return column.astype(float).tolist()
-    unit = _UNIT_SECONDS.get(model.time_unit)
+    unit = TIME_UNITS.get(model.time_unit)
     if unit is None:
-        raise ValueError(f"datetimes need a time unit in {sorted(_UNIT_SECONDS)}; the model's is {model.time_unit!r}")
+        raise ValueError(f"datetimes need a time unit in {sorted(TIME_UNITS)}; the model's is {model.time_unit!r}")
     seconds = (pd.to_datetime(column, utc=True, format="ISO8601") - pd.Timestamp(0, tz="UTC")).dt.total_seconds()
     return (seconds / unit).tolist()
 

@@ -9,20 +9,17 @@ loop keeps the channel and the stream alive across calls and cells.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
-
-import grpc
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, Unpack
 
 from aaren.client.client import (
     AarenClient,
-    EndSessionOut,
+    ChannelOptions,
     EventIn,
     EventStream,
-    ForecastResult,
-    ModelInfoOut,
-    SessionOut,
+    RequestOptions,
     StreamResult,
 )
 
@@ -32,6 +29,19 @@ if TYPE_CHECKING:
 __all__ = ["SyncClient"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _blocking(
+    method: Callable[Concatenate[AarenClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[SyncClient, P], T]:
+    """``AarenClient.method`` as a blocking ``SyncClient`` method, with the same arguments and docstring."""
+
+    @functools.wraps(method)
+    def call(self: SyncClient, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.run(method(self._client, *args, **kwargs))
+
+    return call
 
 
 class SyncClient:
@@ -43,15 +53,7 @@ class SyncClient:
     several threads (calls run one after another on the client's loop).
     """
 
-    def __init__(
-        self,
-        target: str,
-        *,
-        options: Sequence[tuple[str, Any]] | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-        timeout: float | None = 30.0,
-        metadata: Sequence[tuple[str, str]] | None = None,
-    ) -> None:
+    def __init__(self, target: str, **options: Unpack[ChannelOptions]) -> None:
         self.target = target
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="aaren-sync-client", daemon=True)
@@ -60,7 +62,7 @@ class SyncClient:
         self._closed = False
 
         async def make() -> AarenClient:
-            return AarenClient(target, options=options, credentials=credentials, timeout=timeout, metadata=metadata)
+            return AarenClient(target, **options)
 
         try:
             self._client = self._run(make())
@@ -131,52 +133,25 @@ class SyncClient:
         if not self._loop.is_running() and not self._loop.is_closed():
             self._loop.close()
 
-    def wait_ready(self, timeout: float) -> None:
-        """Wait until the channel connects; ``AarenError`` UNAVAILABLE after ``timeout`` seconds."""
-        self.run(self._client.wait_ready(timeout))
+    # The unary calls, blocking: AarenClient's own signatures and docstrings (one copy of each).
+    wait_ready = _blocking(AarenClient.wait_ready)
+    describe_model = _blocking(AarenClient.describe_model)
+    forecast = _blocking(AarenClient.forecast)
+    get_session = _blocking(AarenClient.get_session)
+    end_session = _blocking(AarenClient.end_session)
 
-    def describe_model(self, model: str = "") -> ModelInfoOut:
-        return self.run(self._client.describe_model(model))
-
-    def forecast(
-        self,
-        session_id: str,
-        horizon: int = 1,
-        num_samples: int = 0,
-        seed: int | None = None,
-        top_k: int = 0,
-        include_paths: bool = False,
-        model: str = "",
-    ) -> ForecastResult:
-        """``AarenClient.forecast``: the session's forecast from its current state (read-only)."""
-        return self.run(self._client.forecast(session_id, horizon, num_samples, seed, top_k, include_paths, model))
-
-    def get_session(self, session_id: str, include_state: bool = False, model: str = "") -> SessionOut:
-        return self.run(self._client.get_session(session_id, include_state, model))
-
-    def end_session(self, session_id: str, model: str = "") -> EndSessionOut:
-        return self.run(self._client.end_session(session_id, model))
-
-    def apply(
-        self,
-        events: Sequence[EventIn],
-        *,
-        last_only: bool = False,
-        top_k: int = 0,
-        columns: bool = False,
-        model: str | None = None,
-    ) -> StreamResult:
+    def apply(self, events: Sequence[EventIn], **options: Unpack[RequestOptions]) -> StreamResult:
         """Send ``events`` (any sessions, in order) in one request and return its result
-        (``EventStream.apply``): one outcome per event, a forecast for each applied one. ``model``:
-        the served model by name (None or "": the default)."""
-        return self.run(self._apply(list(events), last_only=last_only, top_k=top_k, columns=columns, model=model))
+        (``EventStream.apply``, which takes the same ``options``): one outcome per event, a forecast
+        for each applied one. ``model``: the served model by name (None or "": the default)."""
+        return self.run(self._apply(list(events), **options))
 
-    async def _apply(self, events: list[EventIn], **kwargs: Any) -> StreamResult:
+    async def _apply(self, events: list[EventIn], **options: Unpack[RequestOptions]) -> StreamResult:
         stream = self._stream
         if stream is None or stream.error is not None or stream.finished:
             stream = self._stream = self._client.stream()
             stream.open()
-        return await stream.apply(events, **kwargs)
+        return await stream.apply(events, **options)
 
     def apply_frame(self, events: pd.DataFrame, *, restart: bool = False, top_k: int = 0) -> pd.DataFrame:
         """``aaren.client.frames.apply_frame``: a DataFrame of events in, one of outcomes and forecasts out."""

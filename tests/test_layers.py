@@ -179,10 +179,6 @@ def violations(
 #: slice removes it. The list may only shrink: an entry that no longer matches an import fails
 #: ``test_every_exception_is_still_needed``, so it is deleted with the fix.
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("aaren.formats.ts", "aaren_core"): (
-        "imports DataError from aaren_core.tasks.event.data (torch at the top); the formats work moves the"
-        " error into aaren.formats"
-    ),
     ("aaren.client.cli", "aaren.server"): (
         "the `aaren` command line serves too (serve, token): it lazy-imports the server per command; to close,"
         " the product's command line moves out of the client"

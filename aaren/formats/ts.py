@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from aaren_core.tasks.event.data import DataError
+from aaren.formats.errors import DataError
 
 __all__ = ["TSFile", "parse_ts"]
 

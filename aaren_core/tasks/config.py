@@ -15,8 +15,9 @@ from aaren_core.config import ConfigRecord
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS, load_class, load_series
 from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.event.data import DataError
-from aaren_core.tasks.series.data import ClassData, SeriesData
+from aaren_core.tasks.series.data import SeriesData
 
 __all__ = [
     "DEFAULT_DATA",

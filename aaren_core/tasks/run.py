@@ -27,13 +27,14 @@ from torch import nn
 
 from aaren_core.checkpoint import CheckpointError, save_checkpoint
 from aaren_core.config import parse_sets
+from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.classify.model import ClassModel
 from aaren_core.tasks.classify.report import class_figures, class_report_text, class_summary
 from aaren_core.tasks.classify.train import ClassLoop, class_model, score_class_task
 from aaren_core.tasks.config import DEFAULT_DATA, TaskTrainConfig, checkpoint_metadata, load_task_data
 from aaren_core.tasks.event.data import DataError
 from aaren_core.tasks.report import METRICS_FILE, write_report
-from aaren_core.tasks.series.data import ClassData, SeriesData
+from aaren_core.tasks.series.data import SeriesData
 from aaren_core.tasks.series.report import series_figures, series_report_text, series_summary
 from aaren_core.tasks.series.train import SeriesLoop, score_series_task, series_model
 from aaren_core.training.loop import LoopSettings, Schedule, fit

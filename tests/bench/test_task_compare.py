@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import bench.task_compare as tc
+from aaren_core.tasks.classify.data import ClassData, ClassSet
 from aaren_core.tasks.config import TaskTrainConfig
-from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.tasks.series.data import SeriesData, ratio_borders
 
 
 def tiny_series(n: int = 1200, channels: int = 2) -> SeriesData:

@@ -98,6 +98,43 @@ def test_replay_writes_one_forecast_per_event_matching_the_server(start_server, 
     assert json.loads(again.stdout)["duplicates"] == n
 
 
+def test_replay_takes_marks_as_names_or_ids(start_server, events_csv, tmp_path):
+    """The README's "marks as the model's mark names or ids": the same events written with ids
+    (``m3`` as ``3``) get the same forecasts; a mark that is neither is refused before sending."""
+    srv = start_server()
+    with events_csv.open() as f:
+        header, *rows = list(csv.reader(f))
+    named, ids = tmp_path / "named.csv", tmp_path / "ids.csv"
+    for path, prefix, mark in ((named, "n-", lambda m: m), (ids, "i-", lambda m: m.removeprefix("m"))):
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([header, *([prefix + sid, t, mark(m), *v] for sid, t, m, *v in rows)])
+
+    def forecasts(path):
+        out = tmp_path / f"{path.stem}.out.csv"
+        result = invoke("replay", str(path), "-t", srv.address, "--out", str(out), "--no-progress", "--json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["forecasts"] == len(SESSIONS) * PER_SESSION
+        with out.open() as f:
+            return {(r.pop("session_id")[2:], r["seq"]): r for r in csv.DictReader(f)}
+
+    by_name, by_id = forecasts(named), forecasts(ids)
+    assert by_id.keys() == by_name.keys() and len(by_name) == len(SESSIONS) * PER_SESSION
+    for key, row in by_name.items():
+        texts = [k for k in row if k in ("seq", "status") or k.startswith(("mark_", "error_"))]
+        assert [by_id[key][k] for k in texts] == [row[k] for k in texts]  # the same likely marks, by name
+        # The same numbers (up to float32 sums batched another way with the other sessions).
+        numbers = [k for k in row if k not in texts and k != "latency_ms"]
+        expected = [float(row[k]) for k in numbers]
+        assert [float(by_id[key][k]) for k in numbers] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("session_id,time,mark,a,b\nx,1,m0,1,1\nx,2,5,1,1\n")
+    result = invoke("replay", str(bad), "-t", srv.address, "--no-progress")
+    assert result.exit_code == 2
+    assert "bad.csv: line 3: unknown mark '5'; expected one of the model's marks ['m0', " in result.stderr
+    assert "or an integer id in 0..4" in result.stderr
+
+
 def test_replay_paced_jsonl_limited_sessions(start_server, events_csv, tmp_path):
     srv = start_server()
     out = tmp_path / "forecasts.jsonl"

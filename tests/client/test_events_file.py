@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import re
 
 import pytest
 
@@ -28,11 +29,8 @@ def test_csv_events_numbered_per_session_and_interleaved_by_time(tmp_path):
         "s1,4.0,m0,21,11\n"
         "s1,4.0,m2,22,12\n"
         "s2, 2.5 ,m4,-1,-2\n"
-        "s2,3,3,0,0\n",  # "3" is not a mark name here: an error (see below); replaced next
+        "s2,3,3,0,0\n",  # "3" is no mark name here, but an id of the model's marks: m3
     )
-    with pytest.raises(EventsFileError, match=r"events\.csv: line 6: unknown mark '3'; the model's marks are"):
-        read_events(path, TINY)
-    path.write_text(path.read_text().replace("s2,3,3,0,0", "s2,3,m3,0,0"))
     source = read_events(path, TINY)
     assert source.n_sessions == 2 and source.time_unit == "minutes"
     assert source.events == [
@@ -44,6 +42,23 @@ def test_csv_events_numbered_per_session_and_interleaved_by_time(tmp_path):
     ]
     assert [e.seq for e in group_by_session(source.events)["s1"]] == [1, 2, 3]
     assert load_source(str(path), TINY).events == source.events
+
+
+def test_marks_are_the_models_names_or_ids_and_anything_else_is_refused(tmp_path):
+    """As the README offers: names or ids, a name winning over an id that reads the same."""
+    path = write(tmp_path, "session_id,time,mark,a,b\nx,0,m4,1,1\nx,1,4,1,1\nx,2, 0 ,1,1\n")
+    assert [e.mark for e in read_events(path, TINY).events] == [4, 4, 0]
+    named = ModelSchema(time_unit="minutes", mark_names=("1", "0"), value_names=("a", "b"), num_marks=2)
+    path.write_text("session_id,time,mark,a,b\nx,0,0,1,1\nx,1,1,1,1\n")
+    assert [e.mark for e in read_events(path, named).events] == [1, 0]  # by name, not as ids
+    for bad in ("5", "-1", "m9", "2.0"):
+        path.write_text(f"session_id,time,mark,a,b\nx,0,m0,1,1\nx,1,{bad},1,1\n")
+        with pytest.raises(
+            EventsFileError,
+            match=rf"events\.csv: line 3: unknown mark '{re.escape(bad)}'; expected one of the model's marks "
+            r"\['m0', 'm1', 'm2', 'm3', 'm4'\] \(5 marks\) or an integer id in 0\.\.4",
+        ):
+            read_events(path, TINY)
 
 
 def test_integer_marks_by_name_or_as_ids(tmp_path):
@@ -68,7 +83,9 @@ def test_iso_times_in_the_models_unit(tmp_path):
     assert [e.time for e in read_events(path, TINY).events] == [epoch_min, epoch_min + 30, epoch_min + 120]
     hours = ModelSchema("hours", TINY.mark_names, TINY.value_names, 5)
     assert read_events(path, hours).events[1].time == pytest.approx(epoch_min / 60 + 0.5)
-    with pytest.raises(EventsFileError, match=r"line 2: time '2024-03-01T00:00:00' is a datetime but the model's time"):
+    with pytest.raises(
+        EventsFileError, match=r"line 2: time '2024-03-01T00:00:00' is a datetime but the time unit is unknown"
+    ):
         read_events(path, ModelSchema("", TINY.mark_names, TINY.value_names, 5))
 
 
@@ -186,3 +203,32 @@ def test_a_context_column_separates_each_sessions_history_from_its_held_out_even
         read_events(path, own).events == [EventIn("s1", 1, 1.0, 0, [1.0, 2.0, 7.0])]
         and not read_events(path, own).history
     )
+
+
+def test_the_client_reads_a_file_as_training_reads_it(tmp_path):
+    """One reader (aaren.formats.events): the events ``aaren replay`` sends are the sequences
+    ``load_events`` trains and scores on, names or ids, datetimes, context rows and all."""
+    np = pytest.importorskip("numpy")
+    from aaren_core.tasks.event.files import load_events
+
+    path = write(
+        tmp_path,
+        "session_id,time,mark,b,a,context\n"
+        "s1,2024-03-01T00:00:00,m1,20,10,1\n"
+        "s2,2024-03-01T00:01:00,4,-1,-2,0\n"
+        "s1,2024-03-01T00:02:30+00:00,m0,21,11,0\n"
+        "s2,2024-03-01T00:02:30Z,m3,0,0.5,0\n",
+    )
+    sequences, schema = load_events(path, time_unit="minutes")
+    model = ModelSchema("minutes", schema.mark_names, schema.value_names, schema.num_marks)
+    source = read_events(path, model)
+    sent = group_by_session([*source.history, *source.events])
+    assert sorted(sent) == sorted(s.session_id for s in sequences)
+    for seq in sequences:
+        events = sent[seq.session_id]
+        np.testing.assert_array_equal([e.time for e in events], seq.times)
+        np.testing.assert_array_equal([e.mark for e in events], seq.marks)
+        np.testing.assert_array_equal(np.array([e.values for e in events], dtype=np.float32), seq.values)
+        assert sum(e in source.history for e in events) == seq.context
+    # Training learned the names from the file (sorted; "4" among them): both read "4" as that name.
+    assert schema.mark_names == ("4", "m0", "m1", "m3")

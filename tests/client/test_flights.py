@@ -18,7 +18,7 @@ from aaren.client.events_file import (
     load_source,
     read_flights,
 )
-from aaren_core.tasks.event.data import load_flights
+from aaren_core.tasks.event.flights import load_flights
 
 
 @pytest.fixture(scope="module")

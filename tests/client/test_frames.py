@@ -123,7 +123,7 @@ def test_events_from_frame_checks_names(start_server):
         model = client.describe_model()
     batch = events_from_frame(events("e"), model, {"e": 7})
     assert batch[0] == EventIn("e", 8, 1.0, 1, [0.0, 1.0]) and [e.seq for e in batch] == [8, 9, 10]
-    with pytest.raises(ValueError, match=r"mark 'm9': expected a mark number or one of \['m0'"):
+    with pytest.raises(ValueError, match=r"unknown mark 'm9'; expected one of the model's marks \['m0'"):
         events_from_frame(events(marks=("m1", "m9", "m0")), model)
     with pytest.raises(ValueError, match=r"missing columns \['b'\]"):
         events_from_frame(events().drop(columns="b"), model)

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from aaren.client.cli import app
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.tasks import run as task_run
-from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.tasks.classify.data import ClassData, ClassSet
+from aaren_core.tasks.series.data import SeriesData, ratio_borders
 
 runner = CliRunner()
 

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from aaren.formats.errors import DataError
 from aaren_core import datasets
 from aaren_core.datasets import find_wheel, load_class, load_series
-from aaren_core.tasks.event.data import DataError
 
 
 def _write_wheel(path, members: dict[str, bytes]) -> None:

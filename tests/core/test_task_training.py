@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks.classify.data import ClassData, ClassSet
 from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.run import main, train_task
-from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
+from aaren_core.tasks.series.data import SeriesData, ratio_borders
 from aaren_core.tasks.series.train import shifted_starts
 
 

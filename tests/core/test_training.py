@@ -18,14 +18,10 @@ from safetensors.torch import load_file
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.tasks.event.config import TrainConfig
-from aaren_core.tasks.event.data import (
-    DataError,
-    EventData,
-    EventSchema,
-    EventSequence,
-    dequantize,
-    fit_standardization,
-)
+from aaren_core.tasks.event.data import DataError, EventSchema, EventSequence
+from aaren_core.tasks.event.resolution import dequantize
+from aaren_core.tasks.event.schema import fit_standardization
+from aaren_core.tasks.event.splits import EventData
 from aaren_core.tasks.event.train import (
     eval_jitter,
     fit_log_dt,

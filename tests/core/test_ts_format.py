@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+from aaren.formats.errors import DataError
 from aaren.formats.ts import parse_ts
-from aaren_core.tasks.event.data import DataError
 
 TINY = """# a comment
 @problemName Tiny
@@ -58,3 +61,28 @@ def test_unlabelled_univariate():
 def test_malformed_files_raise_data_error(text, message):
     with pytest.raises(DataError, match=message):
         parse_ts(text, source="bad.ts")
+
+
+def test_aaren_formats_imports_neither_torch_nor_aaren_core():
+    """The readers are shared with the torch-free client: only ``ts`` may load numpy."""
+    code = (
+        "import sys, aaren.formats.events, aaren.formats.flights, aaren.formats.marks, aaren.formats.tables, "
+        "aaren.formats.times\n"
+        "plain = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pandas', 'torch', 'aaren_core'})\n"
+        "import aaren.formats.ts\n"
+        "print(plain, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'aaren_core'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "[]"]
+
+
+def test_one_data_error_for_formats_and_aaren_core():
+    """aaren_core's data checks raise the formats' class, so one ``except DataError`` catches both."""
+    from aaren.client.events_file import EventsFileError
+    from aaren_core.tasks.event.splits import split_cutoffs
+
+    assert EventsFileError is DataError
+    with pytest.raises(DataError, match="needs at least 3"):
+        split_cutoffs([], 0.1, 0.1)
+    with pytest.raises(DataError, match="no @data line"):
+        parse_ts("@problemName x\n")

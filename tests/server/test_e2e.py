@@ -11,7 +11,7 @@ import torch
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
-from aaren_core.tasks.event.data import load_flights
+from aaren_core.tasks.event.flights import load_flights
 
 pytest.importorskip("pyarrow")  # the flights reader needs nothing else; this keeps the dev extra honest
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from aaren_core.tasks.classify.data import ClassSet
 from aaren_core.tasks.classify.model import ClassModel
-from aaren_core.tasks.series.data import ClassSet
 
 __all__ = ["DEFAULT_FRACTIONS", "EarlyAccuracy", "class_logits", "early_accuracy", "pad_sequences"]
 

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from aaren_core.datasets import CLASS_DATASETS
+from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.report import config_table, f3, pyplot, save_figure, task_report_text
-from aaren_core.tasks.series.data import ClassData
 
 __all__ = ["ACCURACY_PLOT", "class_figures", "class_report_text", "class_summary"]
 

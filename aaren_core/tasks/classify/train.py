@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from aaren_core.tasks.classify.data import ClassData, ClassSet
 from aaren_core.tasks.classify.metrics import class_logits, early_accuracy, pad_sequences
 from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig, class_loss
 from aaren_core.tasks.config import TaskTrainConfig
-from aaren_core.tasks.series.data import ClassData, ClassSet
 from aaren_core.tasks.series.train import epoch_batches
 from aaren_core.training.loop import BestInMemory, EpochEnd, LoopState, StepLoss, Validation
 

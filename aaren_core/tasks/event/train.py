@@ -48,26 +48,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from aaren.formats.times import parse_time
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
 from aaren_core.tasks.event.config import TrainConfig
-from aaren_core.tasks.event.data import (
-    BUILTIN_DATASETS,
-    DataError,
-    DataSplit,
-    EventData,
-    EventSequence,
-    TimeResolution,
-    choose_split,
-    dequantize,
-    fit_standardization,
-    load_events,
-    pad_batch,
-    parse_time,
-    split_at_times,
-    split_cutoffs,
-    time_resolution,
-)
+from aaren_core.tasks.event.data import DataError, EventSequence, pad_batch
+from aaren_core.tasks.event.files import load_events
+from aaren_core.tasks.event.flights import BUILTIN_DATASETS
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
+from aaren_core.tasks.event.resolution import TimeResolution, dequantize, time_resolution
+from aaren_core.tasks.event.schema import fit_standardization
+from aaren_core.tasks.event.splits import DataSplit, EventData, choose_split, split_at_times, split_cutoffs
 from aaren_core.training.loop import (
     Dist,
     EarlyStopping,
