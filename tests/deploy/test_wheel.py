@@ -10,32 +10,29 @@ dependencies (``torch==2.13.0``, the CPU build on these machines' package source
 metadata asks, into a venv cached under the temporary folder (``aaren-test-venvs/``), keyed by
 those requirements: a clean install took 74 s here, a rerun reuses it. The venv the test installs
 the wheel into is new every run and holds aaren alone; a ``.pth`` file appends the cached
-dependencies behind it (as tests/proto/test_versions.py does), and the test checks that aaren
-and its models are imported from the new venv, never from the checkout.
+dependencies behind it (tests/throwaway_venvs.py, which tests/proto/test_versions.py uses too),
+and the test checks that aaren and its models are imported from the new venv, never from the
+checkout.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from throwaway_venvs import cached_venv, new_venv, pip, put_behind, site_packages
 
 pytestmark = pytest.mark.venvs
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(tempfile.gettempdir()) / "aaren-test-venvs"
 TORCH_SPEC = "torch==2.13.0"  # the Makefile's TORCH_SPEC: the CPU wheel these machines hold
-PIP_TIMEOUT_S = 900
 #: what the wheel is built from: the build files and every folder setup.py maps to a package
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "aaren", "aaren_core", "client", "server", "proto", "models")
 #: the bundled models: folder -> (served name, task), read from each checkpoint's config
@@ -44,17 +41,6 @@ BUNDLED = {
     for folder in sorted((REPO / "models").iterdir())
     if (folder / "config.json").is_file() and (config := json.loads((folder / "config.json").read_text()))
 }
-
-
-def _pip(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """This environment's pip (it has the machine's index configuration and wheel cache)."""
-    return subprocess.run(
-        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-        cwd=cwd,
-    )
 
 
 def clean_env() -> dict[str, str]:
@@ -71,7 +57,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             shutil.copy2(REPO / name, source / name)
     dist = tmp_path_factory.mktemp("dist")
-    done = _pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(source), cwd=source)
+    done = pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(source), cwd=source)
     assert done.returncode == 0, f"pip wheel failed:\n{done.stderr[-4000:]}"
     (built,) = dist.glob("aaren-*.whl")
     return built
@@ -92,42 +78,18 @@ def requirements(wheel: Path) -> list[str]:
     return sorted(wanted)
 
 
-def venv_site(python: Path) -> Path:
-    out = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return Path(out.stdout.strip())
-
-
 def dependencies_venv(wheel: Path) -> Path:
     """A venv with the wheel's dependencies and torch, and without aaren (cached by requirement)."""
     pins = [TORCH_SPEC, *requirements(wheel)]
-    key = hashlib.sha256(" ".join([sys.executable, *pins]).encode()).hexdigest()[:16]
-    venv = CACHE / f"aaren-wheel-deps-{key}"
-    if venv.is_dir():
-        return venv
-    CACHE.mkdir(parents=True, exist_ok=True)
-    # Built aside and renamed into place, so an interrupted build never leaves a half venv cached.
-    building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=CACHE))
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True, timeout=120)
-        python = building / "bin" / "python"
+
+    def build(python: Path) -> None:
         # The wheel itself with its [data] extra: pip resolves what the wheel's metadata asks for.
-        done = _pip("--python", str(python), "install", "--quiet", TORCH_SPEC, f"{wheel}[data]")
+        done = pip("--python", str(python), "install", "--quiet", TORCH_SPEC, f"{wheel}[data]")
         assert done.returncode == 0, f"pip could not install the wheel's dependencies:\n{done.stderr[-4000:]}"
-        done = _pip("--python", str(python), "uninstall", "--yes", "--quiet", "aaren")
+        done = pip("--python", str(python), "uninstall", "--yes", "--quiet", "aaren")
         assert done.returncode == 0, done.stderr[-2000:]
-        try:
-            building.rename(venv)
-        except OSError:  # another run finished the same venv first
-            if not venv.is_dir():
-                raise
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return venv
+
+    return cached_venv("aaren-wheel-deps", pins, build)
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +97,11 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new venv outside the checkout holding the wheel alone, its dependencies behind it."""
     deps = dependencies_venv(wheel)
     venv = tmp_path_factory.mktemp("user") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    # addsitedir, appended: the new venv's own packages (aaren) come first.
-    base = venv_site(deps / "bin" / "python")
-    (venv_site(python) / "zz-aaren-test-deps.pth").write_text(f"import site; site.addsitedir({str(base)!r})\n")
-    done = _pip("--python", str(python), "install", "--quiet", "--no-deps", "--no-index", str(wheel))
+    python = new_venv(venv)
+    put_behind(python, site_packages(deps / "bin" / "python"))
+    done = pip("--python", str(python), "install", "--quiet", "--no-deps", "--no-index", str(wheel))
     assert done.returncode == 0, f"pip could not install {wheel.name}:\n{done.stderr[-4000:]}"
-    done = _pip("--python", str(python), "check")
+    done = pip("--python", str(python), "check")
     assert done.returncode == 0, f"the installed wheel's requirements are not met:\n{done.stdout}{done.stderr}"
     return venv
 
