@@ -14,6 +14,7 @@ python or bash block of README.md and docs/ to that.
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import re
 from pathlib import Path
@@ -175,3 +176,32 @@ def test_help_and_readme_give_the_same_figures():
         figures = {"README": set(re.findall(r"\b\d+(?:\.\d+)?x\b", row))}
         figures["--help"] = set(re.findall(r"\b\d+(?:\.\d+)?x\b", field.description or ""))
         assert figures["README"] == figures["--help"], (flag, figures)
+
+
+# ---------------------------------------------------------------- names the docs give
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module, or an attribute path below the longest module prefix of it."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(found, name):
+                return False
+            found = getattr(found, name)
+        return True
+    return False
+
+
+def test_every_module_and_function_the_docs_name_exists():
+    """A `aaren...` or `aaren_core...` name in README.md or docs/ is something a reader can import."""
+    stale = []
+    for path in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for dotted in sorted(set(re.findall(r"`((?:aaren|aaren_core)(?:\.[A-Za-z_]\w*)+)`", path.read_text()))):
+            if not resolves(dotted):
+                stale.append(f"{path.relative_to(ROOT)}: {dotted}")
+    assert stale == []
