@@ -1,5 +1,6 @@
-# The aaren server: `aaren serve` with the bundled model, in-memory sessions unless AAREN_STORE_URL
-# says otherwise. CPU torch by default; for CUDA build with
+# The aaren server: `aaren serve` with the bundled models (inside the wheel, the package
+# aaren.models), in-memory sessions unless AAREN_STORE_URL says otherwise; AAREN_MODELS_DIR=/path
+# serves a mounted model repository instead. CPU torch by default; for CUDA build with
 #   --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 --build-arg TORCH_SPEC=torch==2.11.0
 # (the CUDA wheels bring their own CUDA runtime; the host needs the NVIDIA driver and container
 # toolkit), or a CUDA base image with --build-arg BASE_IMAGE=... that has Python 3.11 or newer.
@@ -57,6 +58,8 @@ COPY aaren_core ./aaren_core
 COPY server ./server
 COPY client ./client
 COPY proto ./proto
+# The bundled models: package data of the wheel (setup.py), so the image serves them from it.
+COPY models ./models
 RUN --mount=type=secret,id=extra_ca --mount=type=tmpfs,target=/run/ca \
     --mount=type=cache,target=/root/.cache/pip \
     if [ -s /run/secrets/extra_ca ]; then \
@@ -73,12 +76,9 @@ COPY --from=deps /opt/aaren/venv /opt/aaren/venv
 RUN --mount=type=bind,from=build,source=/dist,target=/dist \
     /opt/aaren/venv/bin/pip install --no-deps --no-index --no-cache-dir /dist/*.whl \
     && /opt/aaren/venv/bin/pip check
-# The model repository: the default event model and one model per task, each served by name.
-COPY models /opt/aaren/models
 ENV PATH=/opt/aaren/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    AAREN_MODELS_DIR=/opt/aaren/models \
     AAREN_ADDRESS=0.0.0.0:50051 \
     AAREN_METRICS_ADDRESS=0.0.0.0 \
     AAREN_METRICS_PORT=9464

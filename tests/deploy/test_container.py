@@ -106,14 +106,17 @@ def test_every_copy_source_exists_and_is_in_the_build_context():
     assert ignored(".venv") and ignored("runs") and ignored(".git"), "local state must stay out of the context"
 
 
-def test_runtime_stage_runs_as_non_root_with_the_bundled_model():
+def test_runtime_stage_runs_as_non_root_with_the_bundled_models_from_the_wheel():
     final = stages()[-1]
     users = [rest for instruction, rest in final if instruction == "USER"]
     assert users and users[-1] not in ("root", "0"), "the runtime stage must switch to a non-root user"
     env = " ".join(rest for instruction, rest in final if instruction == "ENV")
-    repository = re.search(r"AAREN_MODELS_DIR=(\S+)", env)
-    model_dest = next(dest for srcs, dest in copies() if "models" in srcs)
-    assert repository and repository.group(1) == model_dest, "AAREN_MODELS_DIR must point at the copied models"
+    # The wheel carries the models (aaren.models), so the build stage copies them in before it builds
+    # the wheel, and the runtime stage neither copies a second set nor points AAREN_MODELS_DIR elsewhere.
+    (build,) = [stage for stage in stages() if stage[0][1].endswith(" AS build")]
+    assert ["models"] in [shlex.split(rest)[:-1] for instruction, rest in build if instruction == "COPY"]
+    assert [rest for instruction, rest in final if instruction == "COPY" and "--from" not in rest] == []
+    assert "AAREN_MODELS_DIR" not in env
     for name in re.findall(r"\b(AAREN_[A-Z_]+)=", env):
         assert name in SETTINGS, f"ENV {name} is not a setting of aaren serve"
     exposed = {p for instruction, rest in final if instruction == "EXPOSE" for p in rest.split()}

@@ -1,37 +1,31 @@
 """docs/notebook.md runs as written: its python blocks in one namespace, its bash blocks in a shell,
-in order, against a real server (the tiny model: 5 marks m0..m4, values a and b); so does the
-README's "From a notebook or script" example, against the bundled flights model it is written for."""
+in order, against a real server (the tiny model: 5 marks m0..m4, values a and b). The README's
+examples run in test_readme.py."""
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from examples import ROOT, examples, run_bash, run_python
+
 GUIDE = ROOT / "docs" / "notebook.md"
-BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 
 def test_the_notebook_guide_runs(start_server, tmp_path, monkeypatch):
     srv = start_server()
     monkeypatch.setenv("AAREN_TARGET", srv.address)
     monkeypatch.chdir(tmp_path)
-    blocks = BLOCK.findall(GUIDE.read_text())
-    assert [kind for kind, _ in blocks].count("bash") == 1 and len(blocks) >= 6
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    blocks = examples(GUIDE)
+    assert [b.lang for b in blocks].count("bash") == 1 and len(blocks) >= 6
+    assert [b.where for b in blocks if b.skip] == []  # the whole guide runs
     namespace: dict = {"__name__": "__notebook__"}
-    for i, (kind, code) in enumerate(blocks):
-        if kind == "python":
-            exec(compile(code, f"{GUIDE.name} block {i}", "exec"), namespace)
+    for block in blocks:
+        if block.lang == "python":
+            run_python(block, namespace, srv.address)
         else:
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], env=env, capture_output=True, text=True)
-            assert done.returncode == 0, done.stdout + done.stderr
-            assert "on test:" in done.stdout and "top-3" not in done.stdout  # two marks
-            assert "wrote" in done.stdout and "my_test.csv" in done.stdout
+            out = run_bash(block, tmp_path, srv.address)
+            assert "on test:" in out and "top-3" not in out  # two marks
+            assert "wrote" in out and "my_test.csv" in out
 
     forecasts, step, out = namespace["forecasts"], namespace["step"], namespace["out"]
     assert len(forecasts) == 40 and (forecasts["outcome"] == "forecast").all()
@@ -48,16 +42,3 @@ def test_the_notebook_guide_runs(start_server, tmp_path, monkeypatch):
     assert list(test_part.columns) == ["session_id", "time", "mark", "load", "context"]
     assert set(test_part["context"]) == {0, 1}  # history rows, then held-out ones
     assert namespace["client"].closed
-
-
-def test_the_readme_notebook_example_runs_on_the_bundled_model(start_server, capsys):
-    srv = start_server(checkpoint=ROOT / "models" / "default")
-    section = re.search(r"^## From a notebook or script\n(.*?)^## ", (ROOT / "README.md").read_text(), re.S | re.M)
-    assert section is not None
-    (kind, code), *_ = BLOCK.findall(section.group(1))
-    assert kind == "python" and "127.0.0.1:50051" in code
-    namespace: dict = {}
-    exec(compile(code.replace("127.0.0.1:50051", srv.address), "README.md", "exec"), namespace)
-    forecasts = namespace["forecasts"]
-    assert (forecasts["outcome"] == "forecast").all() and forecasts["seq"].tolist() == [1, 2, 3]
-    assert "dep_delay_mean" in capsys.readouterr().out

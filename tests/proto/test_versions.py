@@ -14,28 +14,23 @@ file of every gRPC package it imported, and the test checks they are the venv's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
 import sysconfig
-import tempfile
 import tomllib
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+from throwaway_venvs import cached_venv, pip, put_behind
 
 pytestmark = pytest.mark.venvs
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).with_name("version_probe.py")
 STACK = ("grpcio", "protobuf", "grpcio-health-checking", "grpcio-reflection")
-CACHE = Path(tempfile.gettempdir()) / "aaren-test-venvs"
-PIP_TIMEOUT_S = 600
 
 
 def _requirements() -> dict[str, Requirement]:
@@ -44,16 +39,6 @@ def _requirements() -> dict[str, Requirement]:
     found = {r.name: r for r in map(Requirement, dependencies) if r.name in STACK}
     assert set(found) == set(STACK), f"pyproject.toml lacks requirements on {set(STACK) - set(found)}"
     return found
-
-
-def _pip(*args: str) -> subprocess.CompletedProcess[str]:
-    """This environment's pip (it has the machine's index configuration and wheel cache)."""
-    return subprocess.run(
-        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-    )
 
 
 def lowest_versions() -> dict[str, str]:
@@ -68,7 +53,7 @@ def lowest_versions() -> dict[str, str]:
 
 def resolve(requirements: list[str]) -> dict[str, str]:
     """What pip would install for ``requirements`` into an empty environment: name -> version."""
-    done = _pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-", *requirements)
+    done = pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-", *requirements)
     assert done.returncode == 0, f"pip cannot resolve {requirements}:\n{done.stderr[-4000:]}"
     report = json.loads(done.stdout)
     return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in report["install"]}
@@ -83,39 +68,15 @@ def highest_versions() -> dict[str, str]:
 def stack_venv(versions: dict[str, str]) -> Path:
     """A venv with exactly ``versions`` of the stack plus this environment behind it (cached)."""
     pins = sorted(f"{name}=={version}" for name, version in versions.items())
-    key = hashlib.sha256(" ".join([sys.executable, *pins]).encode()).hexdigest()[:16]
-    venv = CACHE / f"grpcio{versions['grpcio']}-protobuf{versions['protobuf']}-{key}"
-    if venv.is_dir():
-        return venv
-    # Built aside and renamed into place: an interrupted build, or a second test run building the
-    # same one, never leaves a half-installed venv under the cached name.
-    CACHE.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f"{venv.name}.", dir=CACHE))
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True, timeout=120)
-        python = building / "bin" / "python"
+
+    def build(python: Path) -> None:
         # With dependencies: pip must find the pins consistent with each other (health-checking and
         # reflection state their own grpcio and protobuf ranges) and brings their small deps.
-        done = _pip("--python", str(python), "install", "--quiet", *pins)
+        done = pip("--python", str(python), "install", "--quiet", *pins)
         assert done.returncode == 0, f"pip could not install {pins}:\n{done.stderr[-4000:]}"
-        site = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        # addsitedir (not a bare path line) so that this environment's own .pth files (aaren's
-        # editable install) run too; appended, so the venv's own packages come first.
-        base = sysconfig.get_path("purelib")
-        (Path(site) / "zz-aaren-test-base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
-        try:
-            building.rename(venv)
-        except OSError:  # another run finished the same venv first
-            if not venv.is_dir():
-                raise
-    finally:
-        shutil.rmtree(building, ignore_errors=True)
-    return venv
+        put_behind(python, Path(sysconfig.get_path("purelib")))  # with aaren's editable install
+
+    return cached_venv(f"grpcio{versions['grpcio']}-protobuf{versions['protobuf']}", pins, build)
 
 
 def probe(venv: Path) -> dict:
