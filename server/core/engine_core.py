@@ -1,7 +1,7 @@
 """The engine core: one owner of the sessions, the model and the store, driven by columns.
 
-``EngineCore`` is what every front end talks to, in the same process (``--frontends 0``) or over
-IPC (``aaren.server.ipc.channel``): ``submit`` a ``CoreRequest`` and get ``Outcomes`` back; the unary
+``EngineCore`` implements ``CoreAPI`` (``aaren.server.contract.core_api``), what every front end talks
+to, in the same process (``--frontends 0``) or over IPC (``aaren.server.ipc``): ``submit`` a ``CoreRequest`` and get ``Outcomes`` back; the unary
 calls; stream admission per tenant; drain. It composes the admission and limits
 (``admission``), the batcher (``batcher``: validation against state, batching, model, store,
 settling), the unary session calls (``sessions``) and the idle sweeper. Nothing here knows a
@@ -110,6 +110,16 @@ class EngineCore:
         self.metrics.state_bytes.set(sum(n * b for n, b in held))
 
     @property
+    def lost(self) -> bool:
+        """Never: this core is the process itself (``CoreAPI``; only an IPC client can lose its core)."""
+        return False
+
+    @property
+    def pending(self) -> int:
+        """Events accepted and not yet answered."""
+        return self.admission.pending
+
+    @property
     def description(self) -> ModelDescription:
         """The default model's description."""
         return self.engine.description
@@ -203,8 +213,27 @@ class EngineCore:
 
     # ------------------------------------------------------------------ unary calls
 
-    async def forecast(self, session_id: str, model: str = "", **options: object) -> SampledFuture:
-        return await self._served_or_raise(model).sessions.forecast(session_id, **options)  # type: ignore[arg-type]
+    async def forecast(
+        self,
+        session_id: str,
+        *,
+        horizon: int = 1,
+        num_samples: int = 0,
+        seed: int | None = None,
+        top_k: int = 0,
+        include_paths: bool = False,
+        tenant: str = "",
+        model: str = "",
+    ) -> SampledFuture:
+        return await self._served_or_raise(model).sessions.forecast(
+            session_id,
+            horizon=horizon,
+            num_samples=num_samples,
+            seed=seed,
+            top_k=top_k,
+            include_paths=include_paths,
+            tenant=tenant,
+        )
 
     async def get_session(
         self, session_id: str, include_state: bool = False, tenant: str = "", model: str = ""
