@@ -1,11 +1,11 @@
 """The engine core: one owner of the sessions, the model and the store, driven by columns.
 
-``EngineCore`` implements ``CoreAPI`` (``aaren.server.contract.core_api``), what every front end talks
-to, in the same process (``--frontends 0``) or over IPC (``aaren.server.ipc``): ``submit`` a ``CoreRequest`` and get ``Outcomes`` back; the unary
-calls; stream admission per tenant; drain. It composes the admission and limits
-(``admission``), the batcher (``batcher``: validation against state, batching, model, store,
-settling), the unary session calls (``sessions``) and the idle sweeper. Nothing here knows a
-protocol: the front ends own proto <-> columns.
+``EngineCore`` implements ``CoreAPI`` (``aaren.server.contract.core_api``), what every front end
+talks to, in the same process (``--frontends 0``) or over IPC (``aaren.server.ipc``): ``submit`` a
+``CoreRequest`` and get ``Outcomes`` back; the unary calls; stream admission per tenant; drain. It
+composes the admission and limits (``admission``), the batcher (``batcher``: validation against
+state, batching, model, store, settling), the unary session calls (``sessions``) and the idle
+sweeper. Nothing here knows a protocol: the front ends own proto <-> columns.
 """
 
 from __future__ import annotations
