@@ -28,6 +28,7 @@ from typing import Generic, NoReturn, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
+from prometheus_client import Gauge
 
 from aaren.server.contract.columns import CoreRequest, Outcomes
 from aaren.server.contract.core_api import CoreAPI
@@ -144,9 +145,9 @@ class OrderedReplies(Generic[R]):
 class StreamLoop(Generic[Q, R]):
     """The streaming method of one front end: ``serve`` one call, ``close_all`` at a drain.
 
-    ``open_streams``: the gauge of open streams (``inc``/``dec``)."""
+    ``open_streams``: the gauge of open streams."""
 
-    def __init__(self, codec: StreamCodec[Q, R], limit: int, open_streams: object) -> None:
+    def __init__(self, codec: StreamCodec[Q, R], limit: int, open_streams: Gauge) -> None:
         self.codec = codec
         self.limit = limit
         self.open_streams = open_streams
@@ -170,7 +171,7 @@ class StreamLoop(Generic[Q, R]):
             await abort(context, refusal)
         stream = OrderedReplies[R](self.limit)
         self._open.add(stream.out)
-        self.open_streams.inc()  # type: ignore[attr-defined]
+        self.open_streams.inc()
         reader = asyncio.create_task(self._read(core, stream, requests, tenant))
         try:
             while True:
@@ -198,7 +199,7 @@ class StreamLoop(Generic[Q, R]):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             self._open.discard(stream.out)
-            self.open_streams.dec()  # type: ignore[attr-defined]
+            self.open_streams.dec()
             with contextlib.suppress(Exception):  # a core that is gone counts no streams
                 await core.close_stream(tenant)
 

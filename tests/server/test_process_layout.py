@@ -94,6 +94,28 @@ async def _front_end_families(srv):
     return out
 
 
+def _own(srv, name: str) -> float:
+    """The core process's own sample ``name`` (its registry, without the front ends)."""
+    return next(s.value for f in srv.server.metrics.registry.collect() for s in f.samples if s.name == name)
+
+
+def test_process_series_add_up_over_the_front_ends(start_server):
+    """Memory, CPU and open files are the service's: the core's plus every front end's; the start
+    time is the earliest process's (the core's) and the descriptor limit the core's own."""
+    srv = start_server(frontends=2)
+    # Read before the scrape: a counter only grows, so the scrape is at least their sum.
+    front_ends = srv.call(_front_end_families(srv))
+    core_cpu = _own(srv, "process_cpu_seconds_total")
+    front_end_cpu = [f[("process_cpu_seconds_total", ())] for f in front_ends]
+    assert len(front_end_cpu) == 2 and all(cpu > 0 for cpu in front_end_cpu)
+    samples = scrape(srv.metrics_url)
+    assert metric(samples, "process_cpu_seconds_total") >= core_cpu + sum(front_end_cpu)
+    for name in ("process_resident_memory_bytes", "process_open_fds"):
+        assert metric(samples, name) > max(f[(name, ())] for f in front_ends), name
+    assert metric(samples, "process_start_time_seconds") == _own(srv, "process_start_time_seconds")
+    assert metric(samples, "process_max_fds") == _own(srv, "process_max_fds")
+
+
 def test_a_killed_front_end_is_started_again(start_server):
     srv = start_server(frontends=2)
     with grpc.insecure_channel(srv.address) as channel:
