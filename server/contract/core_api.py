@@ -8,16 +8,30 @@ checks both against it, signatures included).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
 from aaren.server.contract.errors import ErrorInfo
 
-__all__ = ["CoreAPI", "OnDone"]
+__all__ = ["CoreAPI", "ForecastOptions", "OnDone"]
 
 #: Called once with a request's answer, on the core's side of the loop (it must not block).
 OnDone = Callable[[Outcomes], None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForecastOptions:
+    """What a unary forecast asks for beyond the next event: ``horizon`` future events, summarized
+    over ``num_samples`` sampled futures (0: the server's default) drawn with ``seed`` (None: any);
+    ``top_k`` ranked marks or classes (0: the default); ``include_paths``: the sampled paths too."""
+
+    horizon: int = 1
+    num_samples: int = 0
+    seed: int | None = None
+    top_k: int = 0
+    include_paths: bool = False
 
 
 @runtime_checkable
@@ -61,16 +75,7 @@ class CoreAPI(Protocol):
     async def close_stream(self, tenant: str) -> None: ...
 
     async def forecast(
-        self,
-        session_id: str,
-        *,
-        horizon: int = 1,
-        num_samples: int = 0,
-        seed: int | None = None,
-        top_k: int = 0,
-        include_paths: bool = False,
-        tenant: str = "",
-        model: str = "",
+        self, session_id: str, options: ForecastOptions, tenant: str = "", model: str = ""
     ) -> SampledFuture:
         """The session's next forecast (and, ``horizon > 1``, sampled futures); raises ``ServiceError``."""
         ...

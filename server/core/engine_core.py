@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
+from aaren.server.contract.core_api import ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.contract.validation import EventChecker
 from aaren.server.core.admission import Admission
@@ -214,26 +215,10 @@ class EngineCore:
     # ------------------------------------------------------------------ unary calls
 
     async def forecast(
-        self,
-        session_id: str,
-        *,
-        horizon: int = 1,
-        num_samples: int = 0,
-        seed: int | None = None,
-        top_k: int = 0,
-        include_paths: bool = False,
-        tenant: str = "",
-        model: str = "",
+        self, session_id: str, options: ForecastOptions, tenant: str = "", model: str = ""
     ) -> SampledFuture:
-        return await self._served_or_raise(model).sessions.forecast(
-            session_id,
-            horizon=horizon,
-            num_samples=num_samples,
-            seed=seed,
-            top_k=top_k,
-            include_paths=include_paths,
-            tenant=tenant,
-        )
+        sessions = self._served_or_raise(model).sessions
+        return await sessions.forecast(session_id, tenant=tenant, **dataclasses.asdict(options))
 
     async def get_session(
         self, session_id: str, include_state: bool = False, tenant: str = "", model: str = ""

@@ -15,10 +15,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
-from aaren.server.contract.core_api import OnDone
+from aaren.server.contract.core_api import ForecastOptions, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.ipc.framing import read_frame, send_key, write_frame
-from aaren.server.ipc.packing import RESULTS, descriptions_of, error_of, pack_requests, unpack_outcomes
+from aaren.server.ipc.packing import (
+    RESULTS,
+    descriptions_of,
+    error_of,
+    pack_dataclass,
+    pack_requests,
+    unpack_outcomes,
+)
 
 __all__ = ["CoreClient"]
 
@@ -127,27 +134,10 @@ class CoreClient:
         return value if unpack is None else unpack[1](value)
 
     async def forecast(
-        self,
-        session_id: str,
-        *,
-        horizon: int = 1,
-        num_samples: int = 0,
-        seed: int | None = None,
-        top_k: int = 0,
-        include_paths: bool = False,
-        tenant: str = "",
-        model: str = "",
+        self, session_id: str, options: ForecastOptions, tenant: str = "", model: str = ""
     ) -> SampledFuture:
         return await self._call(
-            "forecast",
-            session_id=session_id,
-            horizon=horizon,
-            num_samples=num_samples,
-            seed=seed,
-            top_k=top_k,
-            include_paths=include_paths,
-            tenant=tenant,
-            model=model,
+            "forecast", session_id=session_id, options=pack_dataclass(options), tenant=tenant, model=model
         )
 
     async def get_session(

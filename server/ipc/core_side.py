@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aaren.server.contract.columns import Outcomes
-from aaren.server.contract.core_api import CoreAPI
+from aaren.server.contract.core_api import CoreAPI, ForecastOptions
 from aaren.server.contract.errors import Code, ErrorInfo, Reasons, ServiceError
 from aaren.server.ipc.framing import check_key, read_frame, write_frame
 from aaren.server.ipc.packing import (
@@ -26,6 +26,7 @@ from aaren.server.ipc.packing import (
     pack_descriptions,
     pack_error,
     pack_outcomes,
+    unpack_dataclass,
     unpack_requests,
 )
 
@@ -186,7 +187,9 @@ class CoreServer:
 
 #: The unary calls a front end may make over the IPC (``CoreAPI``'s), by name.
 _CALLS: dict[str, Callable[[CoreAPI, dict[str, Any]], Awaitable[Any]]] = {
-    "forecast": lambda core, kwargs: core.forecast(**kwargs),
+    "forecast": lambda core, kwargs: core.forecast(
+        **{**kwargs, "options": unpack_dataclass(ForecastOptions, kwargs["options"])}
+    ),
     "get_session": lambda core, kwargs: core.get_session(**kwargs),
     "end_session": lambda core, kwargs: core.end_session(**kwargs),
     "open_stream": lambda core, kwargs: core.open_stream(**kwargs),

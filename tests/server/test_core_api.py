@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from aaren.server.contract.columns import FORECAST, Outcomes
-from aaren.server.contract.core_api import CoreAPI
+from aaren.server.contract.core_api import CoreAPI, ForecastOptions
 from aaren.server.contract.errors import ServiceError
 from aaren.server.contract.validation import EventChecker
 from aaren.server.core.engine_core import EngineCore
@@ -21,6 +21,7 @@ from aaren.server.frontends.grpc_server import GrpcFrontEnd
 from aaren.server.frontends.oip.servicer import OipServicer
 from aaren.server.ipc.client_side import CoreClient
 
+SAMPLED = ForecastOptions(horizon=3, num_samples=8, seed=5, top_k=2, include_paths=True)
 MEMBERS = [name for name in dir(CoreAPI) if not name.startswith("_")]
 METHODS = [name for name in MEMBERS if inspect.isfunction(getattr(CoreAPI, name))]
 
@@ -74,7 +75,7 @@ def test_the_ipc_client_answers_as_the_engine_core_does(start_server):
             )
             outcomes = await asyncio.wait_for(answered, 30)
             view = await client.get_session("api-1")
-            future = await client.forecast("api-1", top_k=2)
+            future = await client.forecast("api-1", SAMPLED)
             refusal = await client.open_stream("")
             await client.close_stream("")
             return client.descriptions, client.aliases, outcomes, view, future, refusal
@@ -85,8 +86,15 @@ def test_the_ipc_client_answers_as_the_engine_core_does(start_server):
     assert outcomes.request_error is None and not outcomes.errors
     assert view == srv.call(core.get_session("api-1"))
     assert (view.last_seq, view.last_time) == (2, 2.5)
-    here = srv.call(core.forecast("api-1", top_k=2))
+    here = srv.call(core.forecast("api-1", SAMPLED))
     assert (future.session_id, future.seq, future.last_time, future.top_k) == ("api-1", 2, 2.5, 2)
+    assert len(future.steps) == 3 and len(future.times) == 8  # the seeded samples, equal on both paths
+    assert (future.steps, future.times, future.marks, future.values) == (
+        here.steps,
+        here.times,
+        here.marks,
+        here.values,
+    )
     assert future.outputs.keys() == here.outputs.keys()
     for name, column in here.outputs.items():
         np.testing.assert_array_equal(future.outputs[name], column)

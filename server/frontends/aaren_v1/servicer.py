@@ -28,7 +28,7 @@ from aaren.server.contract.columns import (
     Outcomes,
     SampledFuture,
 )
-from aaren.server.contract.core_api import CoreAPI
+from aaren.server.contract.core_api import CoreAPI, ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
 from aaren.server.contract.validation import EventChecker
 from aaren.server.frontends.streams import Accepted, RefusedError, StreamLoop, abort
@@ -400,16 +400,14 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
         async def call() -> tuple[_ModelView, SampledFuture]:
             view = self._view_or_abort(request.model)
-            future = await core.forecast(
-                request.session_id,
-                horizon=request.horizon,
-                num_samples=request.num_samples,
-                seed=request.seed if request.HasField("seed") else None,
-                top_k=request.top_k,
-                include_paths=request.include_paths,
-                tenant=current_tenant.get(),
-                model=view.description.name,
+            options = ForecastOptions(
+                request.horizon,
+                request.num_samples,
+                request.seed if request.HasField("seed") else None,
+                request.top_k,
+                request.include_paths,
             )
+            future = await core.forecast(request.session_id, options, current_tenant.get(), view.description.name)
             return view, future
 
         view, future = await self._unary("Forecast", context, call())
