@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
 from aaren.server.contract.errors import ErrorInfo
@@ -88,4 +88,10 @@ class CoreAPI(Protocol):
 
     async def end_session(self, session_id: str, tenant: str = "", model: str = "") -> int | None:
         """End the session: its last seq, None when there was none."""
+        ...
+
+    async def front_end_reports(self, what: str) -> list[Any]:
+        """Every front-end process's report ``what``, the asker's included (``"metrics"``: its metric
+        families; ``"oip_statistics"``: its OIP ModelStatistics). Empty in one process, where the
+        front end is the only one and its own numbers are the service's."""
         ...

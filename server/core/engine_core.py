@@ -17,6 +17,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
 from aaren.server.contract.core_api import ForecastOptions
@@ -227,6 +228,11 @@ class EngineCore:
 
     async def end_session(self, session_id: str, tenant: str = "", model: str = "") -> int | None:
         return await self._served_or_raise(model).sessions.end_session(session_id, tenant)
+
+    async def front_end_reports(self, what: str) -> list[Any]:
+        """None: in process, the only front end's own numbers are the service's (front-end
+        processes report through ``aaren.server.ipc.core_side.CoreServer``)."""
+        return []
 
     # ------------------------------------------------------------------ housekeeping
 

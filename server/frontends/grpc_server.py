@@ -245,7 +245,8 @@ async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str,
         await front.stop(0)
         stopped.set()
 
-    client = CoreClient(socket_path, key, index, on_serving, on_lost, drain, lambda: families_of(metrics.registry))
+    reports = {"metrics": lambda: families_of(metrics.registry), "oip_statistics": front.oip.statistics}
+    client = CoreClient(socket_path, key, index, on_serving, on_lost, drain, reports)
     await client.connect()
     front.attach(client)
     await front.set_serving(client.serving)

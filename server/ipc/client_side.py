@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
@@ -36,7 +36,9 @@ class CoreClient:
     """The engine core as a front end sees it over IPC: a ``CoreAPI``, like ``EngineCore`` in process.
 
     ``on_serving(bool)`` is called when the core's health changes; ``on_lost()`` once, when the
-    connection to the core is gone (every request then unanswered is answered ``core_unavailable``).
+    connection to the core is gone (every request then unanswered is answered ``core_unavailable``);
+    ``on_drain()`` when the core drains. ``reports``: what this front end answers when the core asks
+    (``CoreAPI.front_end_reports``), by name: plain values.
     """
 
     def __init__(
@@ -47,7 +49,7 @@ class CoreClient:
         on_serving: Callable[[bool], Awaitable[None]],
         on_lost: Callable[[], Awaitable[None]],
         on_drain: Callable[[], Awaitable[None]],
-        metric_families: Callable[[], list[tuple[Any, ...]]],
+        reports: Mapping[str, Callable[[], Any]],
     ) -> None:
         self.path = path
         self.key = key.encode()
@@ -60,7 +62,7 @@ class CoreClient:
         self.draining = False
         self.lost = False
         self._on_serving, self._on_lost, self._on_drain = on_serving, on_lost, on_drain
-        self._metric_families = metric_families
+        self._reports = reports
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._outbox: list[tuple[int, CoreRequest]] = []
@@ -147,6 +149,9 @@ class CoreClient:
             "get_session", session_id=session_id, include_state=include_state, tenant=tenant, model=model
         )
 
+    async def front_end_reports(self, what: str) -> list[Any]:
+        return await self._call("front_end_reports", what=what)
+
     async def end_session(self, session_id: str, tenant: str = "", model: str = "") -> int | None:
         return await self._call("end_session", session_id=session_id, tenant=tenant, model=model)
 
@@ -180,9 +185,11 @@ class CoreClient:
                 elif kind == "serving":
                     self.serving = bool(frame[1])
                     await self._on_serving(self.serving)
-                elif kind == "metrics":
+                elif kind == "report":
+                    _, report_id, what = frame
+                    report = self._reports.get(what)
                     assert self._writer is not None
-                    write_frame(self._writer, ("metrics_reply", frame[1], self._metric_families()))
+                    write_frame(self._writer, ("report_reply", report_id, None if report is None else report()))
                 elif kind == "drain":
                     self.draining = True
                     self._spawn(self._on_drain())

@@ -105,6 +105,10 @@ class CoreServer:
 
     async def collect_metrics(self, timeout: float = 2.0) -> list[list[list[Any]]]:
         """Every connected front end's metric families (as ``families_of`` makes them)."""
+        return await self.collect("metrics", timeout)
+
+    async def collect(self, what: str, timeout: float = 2.0) -> list[Any]:
+        """Every connected front end's report ``what`` (those that answer within ``timeout``)."""
         loop = asyncio.get_running_loop()
         waits = []
         for connection in list(self.connections):
@@ -112,12 +116,13 @@ class CoreServer:
             future: asyncio.Future[Any] = loop.create_future()
             connection.pending_calls[self._call_ids] = future
             with contextlib.suppress(Exception):
-                connection.send(("metrics", self._call_ids))
+                connection.send(("report", self._call_ids, what))
             waits.append(future)
         if not waits:
             return []
         done, _ = await asyncio.wait(waits, timeout=timeout)
-        return [f.result() for f in done if not f.cancelled() and f.exception() is None]
+        reports = [f.result() for f in done if not f.cancelled() and f.exception() is None]
+        return [r for r in reports if r is not None]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection: _Connection | None = None
@@ -161,14 +166,14 @@ class CoreServer:
             task = asyncio.create_task(self._call(connection, call_id, method, kwargs))
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
-        elif kind == "metrics_reply":
+        elif kind == "report_reply":
             _, call_id, families = frame
             future = connection.pending_calls.pop(call_id, None)
             if future is not None and not future.done():
                 future.set_result(families)
 
     async def _call(self, connection: _Connection, call_id: int, method: str, kwargs: dict[str, Any]) -> None:
-        call = _CALLS.get(method)
+        call = self._front_end_reports if method == "front_end_reports" else _CALLS.get(method)
         if call is None:
             connection.send(("reply", call_id, None, pack_error(Reasons.internal())))
             return
@@ -183,6 +188,10 @@ class CoreServer:
             return
         pack = RESULTS.get(method)
         connection.send(("reply", call_id, value if pack is None else pack[0](value), None))
+
+    async def _front_end_reports(self, core: CoreAPI, kwargs: dict[str, Any]) -> list[Any]:
+        """Answered here, not by the core: only this server knows the front-end processes."""
+        return await self.collect(str(kwargs["what"]))
 
 
 #: The unary calls a front end may make over the IPC (``CoreAPI``'s), by name.

@@ -9,9 +9,10 @@ A connection opens with the key the core gave its front ends: a 4-byte length an
 compared in constant time (``check_key``) before anything else the peer sends is read as a frame.
 
 Frames, front end -> core: ``["hello", index]``, ``["submit", packed requests]``, ``["count", code,
-reason, n, model]``, ``["call", id, method, kwargs]``, ``["metrics_reply", id, families]``.
+reason, n, model]``, ``["call", id, method, kwargs]``, ``["report_reply", id, value]``.
 Core -> front end: ``["welcome", [descriptions, aliases], serving]``, ``["serving", bool]``,
-``["results", packed outcomes]``, ``["reply", id, value, error]``, ``["metrics", id]``, ``["drain"]``.
+``["results", packed outcomes]``, ``["reply", id, value, error]``, ``["report", id, what]`` (e.g.
+``"metrics"``: the front end's metric families), ``["drain"]``.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ async def connected(srv: typing.Any, index: int) -> typing.AsyncIterator[CoreCli
     async def nothing(*_: object) -> None:
         return None
 
-    client = CoreClient(srv.server.core_server.path, srv.server._key, index, nothing, nothing, nothing, list)
+    client = CoreClient(srv.server.core_server.path, srv.server._key, index, nothing, nothing, nothing, {})
     await client.connect()
     try:
         yield client

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -140,11 +140,28 @@ class _Event:
 
 
 class _Statistics:
-    """ModelStatistics of this front end (a front-end process counts what it served)."""
+    """ModelStatistics of one model in this front end (a front-end process counts what it served;
+    ``summed`` adds up those of every front-end process)."""
 
     def __init__(self) -> None:
         self.success = self.fail = self.success_ns = self.fail_ns = 0
         self.last_ms = 0
+
+    def plain(self) -> list[int]:
+        """As plain values (they cross the IPC): ``[success, fail, success_ns, fail_ns, last_ms]``."""
+        return [self.success, self.fail, self.success_ns, self.fail_ns, self.last_ms]
+
+    @classmethod
+    def summed(cls, plains: Iterable[list[int]]) -> _Statistics:
+        """The counts and times of several front ends added up, the latest inference of any."""
+        total = cls()
+        for success, fail, success_ns, fail_ns, last_ms in plains:
+            total.success += success
+            total.fail += fail
+            total.success_ns += success_ns
+            total.fail_ns += fail_ns
+            total.last_ms = max(total.last_ms, last_ms)
+        return total
 
     def record(self, ok: bool, started: float) -> None:
         ns = int((time.perf_counter() - started) * 1e9)
@@ -430,15 +447,22 @@ class OipServicer:
         )
         return pb.RepositoryIndexResponse(models=models)
 
+    def statistics(self) -> dict[str, list[int]]:
+        """This front end's ModelStatistics by model, as plain values (its ``oip_statistics`` report)."""
+        d = self._described
+        return {} if d is None else {d.name: self._stats.plain()}
+
     async def ModelStatistics(  # noqa: N802
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
-        await self._ready(context)
+        core = await self._ready(context)
         d = self._described
         if d is None or (request.name and (request.name != d.name or request.version not in ("", d.version))):
             await abort(context, Reasons.model_unknown(request.name, request.version))
         assert d is not None
-        s = self._stats
+        # Every front-end process's counts (this one's included); in one process, this one's.
+        reports = await core.front_end_reports("oip_statistics") or [self.statistics()]
+        s = _Statistics.summed(r[d.name] for r in reports if d.name in r)
         stats = pb.ModelStatistics(
             name=d.name,
             version=d.version,
