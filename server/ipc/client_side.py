@@ -17,7 +17,7 @@ from typing import Any
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
 from aaren.server.contract.core_api import ForecastOptions, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons
-from aaren.server.ipc.framing import read_frame, send_key, write_frame
+from aaren.server.ipc.framing import Outbox, read_frame, send_key, write_frame
 from aaren.server.ipc.packing import (
     RESULTS,
     descriptions_of,
@@ -65,8 +65,7 @@ class CoreClient:
         self._reports = reports
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
-        self._outbox: list[tuple[int, CoreRequest]] = []
-        self._flush_scheduled = False
+        self._outbox = Outbox[tuple[int, CoreRequest]](self._send)
         self._waiting: dict[int, OnDone] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._ids = 0
@@ -104,15 +103,10 @@ class CoreClient:
             return
         self._ids += 1
         self._waiting[self._ids] = on_done
-        self._outbox.append((self._ids, request))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.put((self._ids, request))
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        items, self._outbox = self._outbox, []
-        if items and not self.lost and self._writer is not None:
+    def _send(self, items: list[tuple[int, CoreRequest]]) -> None:
+        if not self.lost and self._writer is not None:
             # Models differ in their value width: one frame per width (usually one).
             by_width: dict[int, list[tuple[int, CoreRequest]]] = {}
             for item in items:
@@ -213,7 +207,7 @@ class CoreClient:
         self.serving = False
         error = Reasons.core_unavailable()
         waiting, self._waiting = self._waiting, {}
-        outbox, self._outbox = self._outbox, []
+        outbox = self._outbox.take()
         sizes = {rid: r.n for rid, r in outbox}
         for rid, on_done in waiting.items():
             n = sizes.get(rid)

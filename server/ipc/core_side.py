@@ -19,7 +19,7 @@ from typing import Any
 from aaren.server.contract.columns import Outcomes
 from aaren.server.contract.core_api import CoreAPI, ForecastOptions
 from aaren.server.contract.errors import Code, ErrorInfo, Reasons, ServiceError
-from aaren.server.ipc.framing import check_key, read_frame, write_frame
+from aaren.server.ipc.framing import Outbox, check_key, read_frame, write_frame
 from aaren.server.ipc.packing import (
     RESULTS,
     group_by_signature,
@@ -41,8 +41,7 @@ class _Connection:
     def __init__(self, writer: asyncio.StreamWriter, index: int) -> None:
         self.writer = writer
         self.index = index
-        self.outbox: list[tuple[int, Outcomes]] = []
-        self.flush_scheduled = False
+        self.outbox = Outbox[tuple[int, Outcomes]](self._send)
         self.pending_calls: dict[int, asyncio.Future[Any]] = {}
         self.closed = False
 
@@ -51,15 +50,10 @@ class _Connection:
             write_frame(self.writer, frame)
 
     def deliver(self, request_id: int, outcomes: Outcomes) -> None:
-        self.outbox.append((request_id, outcomes))
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+        self.outbox.put((request_id, outcomes))
 
-    def flush(self) -> None:
-        self.flush_scheduled = False
-        items, self.outbox = self.outbox, []
-        if items and not self.closed:
+    def _send(self, items: list[tuple[int, Outcomes]]) -> None:
+        if not self.closed:
             # Several models answer on one connection: one frame per set of output columns.
             for group in group_by_signature(items):
                 try:

@@ -20,11 +20,24 @@ from __future__ import annotations
 import asyncio
 import hmac
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import msgpack
 
-__all__ = ["KEY_ENV", "MAX_FRAME_BYTES", "check_key", "dumps", "loads", "read_frame", "send_key", "write_frame"]
+__all__ = [
+    "KEY_ENV",
+    "MAX_FRAME_BYTES",
+    "Outbox",
+    "check_key",
+    "dumps",
+    "loads",
+    "read_frame",
+    "send_key",
+    "write_frame",
+]
+
+T = TypeVar("T")
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 31
@@ -66,3 +79,35 @@ async def check_key(reader: asyncio.StreamReader, key: bytes) -> bool:
     (n,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
     presented = await reader.readexactly(min(n, MAX_KEY_BYTES))
     return n <= MAX_KEY_BYTES and hmac.compare_digest(presented, key)
+
+
+class Outbox(Generic[T]):
+    """What one end gathers during a turn of its event loop, handed to ``send`` together on the
+    next turn: one frame for many requests (or outcomes), not one each."""
+
+    __slots__ = ("items", "scheduled", "send")
+
+    def __init__(self, send: Callable[[list[T]], None]) -> None:
+        self.items: list[T] = []
+        self.scheduled = False
+        self.send = send
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def put(self, item: T) -> None:
+        self.items.append(item)
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def take(self) -> list[T]:
+        """Everything not yet sent (and no longer to be)."""
+        items, self.items = self.items, []
+        return items
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        items = self.take()
+        if items:
+            self.send(items)
