@@ -27,6 +27,7 @@ from aaren.server.contract.columns import (
     ModelDescription,
     Outcomes,
     SampledFuture,
+    SessionView,
 )
 from aaren.server.contract.core_api import CoreAPI, ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
@@ -438,7 +439,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     ) -> pb.GetSessionResponse:
         core = await self._ready(context)
 
-        async def call() -> tuple[_ModelView, Any]:
+        async def call() -> tuple[_ModelView, SessionView]:
             model = self._view_or_abort(request.model)
             found = await core.get_session(
                 request.session_id, request.include_state, current_tenant.get(), model=model.description.name

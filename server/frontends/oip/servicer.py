@@ -51,6 +51,8 @@ _TYPED = {"FP64": "fp64_contents", "FP32": "fp32_contents", "INT64": "int64_cont
 _CONFIG_TYPE = {"FP64": mc.TYPE_FP64, "FP32": mc.TYPE_FP32, "INT64": mc.TYPE_INT64, "INT32": mc.TYPE_INT32}
 # The inputs of the event task: name -> (accepted datatypes, the first one declared).
 _INPUT_TYPES = {"TIME": ("FP64",), "MARK": ("INT64", "INT32"), "VALUES": ("FP32",)}
+#: The stream loop's refusal of a whole request, and its way of ending a call (``frontends.streams``).
+_RefusedError, _abort = RefusedError, abort
 
 
 class _Tensors:
@@ -223,7 +225,7 @@ class OipServicer:
     async def _ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
         info = self._core_error()
         if info is not None:
-            await abort(context, info)
+            await _abort(context, info)
         assert self._core is not None
         return self._core
 
@@ -232,19 +234,19 @@ class OipServicer:
         await self._ready(context)
         d = self._described
         if d is None or name != d.name or version not in ("", d.version):
-            await abort(context, Reasons.model_unknown(name, version))
+            await _abort(context, Reasons.model_unknown(name, version))
         assert d is not None
         return d
 
     def _decode(self, request: pb.ModelInferRequest) -> _Event:
-        """The request's sequence, flags and event; ``RefusedError`` says what is wrong with it."""
+        """The request's sequence, flags and event; ``_RefusedError`` says what is wrong with it."""
         t = self._tensors
         if t is None or self._checker is None:
-            raise RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
+            raise _RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
         event = _Event()
         event.request_id = request.id
         if request.model_name != t.model_name or request.model_version not in ("", t.model_version):
-            raise RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
+            raise _RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
         params = request.parameters
         sid = ""
         if "sequence_id" in params:
@@ -257,12 +259,12 @@ class OipServicer:
             elif which == "string_param":
                 sid = p.string_param
             else:
-                raise RefusedError(Reasons.parameter_type("sequence_id", "an int64, uint64 or string parameter"))
+                raise _RefusedError(Reasons.parameter_type("sequence_id", "an int64, uint64 or string parameter"))
         if not sid:
-            raise RefusedError(Reasons.sequence_id_missing(t.model_name))
+            raise _RefusedError(Reasons.sequence_id_missing(t.model_name))
         error = self._checker.session_id_error(sid)
         if error is not None:
-            raise RefusedError(error)
+            raise _RefusedError(error)
         event.session_id = sid
         event.start = _flag(params, "sequence_start")
         event.end = _flag(params, "sequence_end")
@@ -271,14 +273,14 @@ class OipServicer:
             p = params["top_k"]
             which = p.WhichOneof("parameter_choice")
             if which not in ("int64_param", "uint64_param"):
-                raise RefusedError(Reasons.parameter_type("top_k", "an integer parameter"))
+                raise _RefusedError(Reasons.parameter_type("top_k", "an integer parameter"))
             k = min(max(int(getattr(p, which)), 1), t.num_marks)
         event.k = k
         if request.outputs:
             wanted = set()
             for o in request.outputs:
                 if o.name not in t.output_names:
-                    raise RefusedError(Reasons.output_unknown(o.name, t.model_name, t.output_names))
+                    raise _RefusedError(Reasons.output_unknown(o.name, t.model_name, t.output_names))
                 wanted.add(o.name)
             event.names = tuple(n for n in t.output_names if n in wanted)
         else:
@@ -296,27 +298,27 @@ class OipServicer:
             layout = t.layouts.get((name, datatype))
             if layout is None:
                 if name not in t.input_names:
-                    raise RefusedError(Reasons.input_unknown(name, t.model_name, t.input_names))
+                    raise _RefusedError(Reasons.input_unknown(name, t.model_name, t.input_names))
                 accepted = list(_INPUT_TYPES[name])
-                raise RefusedError(Reasons.input_datatype(name, datatype, t.model_name, accepted))
+                raise _RefusedError(Reasons.input_datatype(name, datatype, t.model_name, accepted))
             unpack, count, typed = layout
             shape = tensor.shape
             if len(shape) != 1 or shape[0] != count:
-                raise RefusedError(Reasons.input_shape(name, list(shape), t.model_name, [count]))
+                raise _RefusedError(Reasons.input_shape(name, list(shape), t.model_name, [count]))
             if raw:
                 data = raw[i] if i < len(raw) else b""
                 if len(data) != unpack.size:
-                    raise RefusedError(Reasons.input_size(name, len(data), unpack.size))
+                    raise _RefusedError(Reasons.input_size(name, len(data), unpack.size))
                 seen[name] = unpack.unpack(data)
             else:
                 contents = getattr(tensor.contents, typed)
                 if len(contents) != count:
                     size = len(contents) * unpack.size // max(count, 1)
-                    raise RefusedError(Reasons.input_size(name, size, unpack.size))
+                    raise _RefusedError(Reasons.input_size(name, size, unpack.size))
                 seen[name] = tuple(contents)
         if len(seen) != len(t.input_names):
             missing = next(name for name in t.input_names if name not in seen)
-            raise RefusedError(Reasons.input_missing(missing, t.model_name, t.input_names))
+            raise _RefusedError(Reasons.input_missing(missing, t.model_name, t.input_names))
         event.time = float(seen["TIME"][0])
         event.mark = int(seen["MARK"][0])
         event.values = list(seen["VALUES"]) if t.width else []
@@ -458,7 +460,7 @@ class OipServicer:
         core = await self._ready(context)
         d = self._described
         if d is None or (request.name and (request.name != d.name or request.version not in ("", d.version))):
-            await abort(context, Reasons.model_unknown(request.name, request.version))
+            await _abort(context, Reasons.model_unknown(request.name, request.version))
         assert d is not None
         # Every front-end process's counts (this one's included); in one process, this one's.
         reports = await core.front_end_reports("oip_statistics") or [self.statistics()]
@@ -486,11 +488,11 @@ class OipServicer:
         tenant = current_tenant.get()
         try:
             event = self._decode(request)
-        except RefusedError as exc:
+        except _RefusedError as exc:
             self._stats.record(False, started)
-            await abort(context, exc.info)
+            await _abort(context, exc.info)
         if self.draining or core.draining:
-            await abort(context, Reasons.shutting_down())
+            await _abort(context, Reasons.shutting_down())
         if event.start:
             await self._end_session(core, event.session_id, tenant)
         answered: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
@@ -506,7 +508,7 @@ class OipServicer:
         self._stats.record(not isinstance(answer, ErrorInfo), started)
         self._latency["ModelInfer"].observe(time.perf_counter() - started)
         if isinstance(answer, ErrorInfo):
-            await abort(context, answer)
+            await _abort(context, answer)
         return answer
 
     async def ModelStreamInfer(  # noqa: N802
@@ -569,17 +571,17 @@ def _flag(params: Any, name: str) -> bool:
         return p.bool_param
     if which is None:
         return False
-    raise RefusedError(Reasons.parameter_type(name, "a bool parameter"))
+    raise _RefusedError(Reasons.parameter_type(name, "a bool parameter"))
 
 
 def _unimplemented(method: str, served: list[str], streaming: bool) -> Callable[..., Any]:
     info = Reasons.rpc_unimplemented(method, served)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await abort(context, info)
+        await _abort(context, info)
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await abort(context, info)
+        await _abort(context, info)
         yield  # never reached: makes this an async generator, as grpc expects of a streaming handler
 
     return stream if streaming else unary
