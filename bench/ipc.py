@@ -1,11 +1,13 @@
-"""What the front end <-> engine core IPC costs: packing, pickling and a unix-socket round trip.
+"""What the front end <-> engine core IPC costs: packing, framing and a unix-socket round trip.
 
-The IPC (``aaren.server.ipc.channel``) sends the requests a front end received in one loop turn as one
+The IPC (``aaren.server.ipc``: ``packing``, ``framing``) sends the requests a front end received in one loop turn as one
 frame of concatenated columns, and the outcomes of one batch back as one frame. This measures,
 per event, for the two shapes that matter (many one-event requests; one request of many events):
 
-- ``pack+pickle``: ``pack_requests`` then ``pickle.dumps`` (front end), ``pickle.loads`` then
-  ``unpack_requests`` (core), and the same for the outcomes on the way back;
+- ``pack+frame``: ``pack_requests`` then ``framing.dumps`` (MessagePack, front end), ``framing.loads``
+  then ``unpack_requests`` (core), and the same for the outcomes on the way back;
+- ``pack+pickle``: the same packed columns pickled instead, as the frames were before they carried
+  plain values only (for comparison: the socket no longer unpickles anything);
 - ``round trip``: the frames written to and read back from a real unix socket pair by asyncio
   streams (both ends in this process, so it is the syscalls and the event loop, not a second core);
 - against ``per-object pickle``: pickling each ``CoreRequest`` / ``Outcomes`` on its own, the naive
@@ -31,14 +33,8 @@ import numpy as np
 
 from aaren.server.contract.columns import FORECAST, Outcomes
 from aaren.server.contract.validation import EventChecker
-from aaren.server.ipc.channel import (
-    pack_outcomes,
-    pack_requests,
-    read_frame,
-    unpack_outcomes,
-    unpack_requests,
-    write_frame,
-)
+from aaren.server.ipc.framing import dumps, loads, read_frame, write_frame
+from aaren.server.ipc.packing import pack_outcomes, pack_requests, unpack_outcomes, unpack_requests
 
 MARKS = 16
 VALUES = ("v0", "v1")
@@ -117,6 +113,10 @@ def main() -> None:
         n_events = sum(r.n for _, r in requests)
 
         def there_and_back(requests: list = requests, outcomes: list = outcomes) -> None:
+            unpack_requests(loads(dumps(["submit", pack_requests(requests)]))[1])
+            unpack_outcomes(loads(dumps(["results", pack_outcomes(outcomes)]))[1])
+
+        def pickled(requests: list = requests, outcomes: list = outcomes) -> None:
             unpack_requests(pickle.loads(pickle.dumps(pack_requests(requests), protocol=5)))
             unpack_outcomes(pickle.loads(pickle.dumps(pack_outcomes(outcomes), protocol=5)))
 
@@ -125,21 +125,23 @@ def main() -> None:
             pickle.loads(pickle.dumps(outcomes, protocol=5))
 
         packed = timed(there_and_back, args.repeat)
+        packed_pickle = timed(pickled, args.repeat)
         per_object = timed(naive, args.repeat)
-        frame = ("submit", pack_requests(requests))
+        frame = ["submit", pack_requests(requests)]
         trip = asyncio.run(round_trip([frame], args.repeat))
-        back = ("results", pack_outcomes(outcomes))
-        size = len(pickle.dumps(frame, protocol=5)) + len(pickle.dumps(back, protocol=5))
-        rows.append((shape, packed * 1e6 / n_events, per_object * 1e6 / n_events, trip * 1e6, size / n_events))
+        back = ["results", pack_outcomes(outcomes)]
+        size = len(dumps(frame)) + len(dumps(back))
+        per_event = [t * 1e6 / n_events for t in (packed, packed_pickle, per_object)]
+        rows.append((shape, *per_event, trip * 1e6, size / n_events))
     socket_note = "unix socket" if hasattr(socket, "AF_UNIX") else "?"
     print(f"IPC costs ({socket_note}, {args.repeat} repeats; µs per event unless said)\n")
     print(
-        "| shape | pack+pickle both ways | per-object pickle both ways | request frame round trip (µs per frame) "
-        "| bytes per event both ways |"
+        "| shape | pack+frame both ways | pack+pickle both ways | per-object pickle both ways "
+        "| request frame round trip (µs per frame) | bytes per event both ways |"
     )
-    print("|---|---:|---:|---:|---:|")
-    for shape, packed, per_object, trip, size in rows:
-        print(f"| {shape} | {packed:.2f} | {per_object:.2f} | {trip:.0f} | {size:.0f} |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for shape, packed, packed_pickle, per_object, trip, size in rows:
+        print(f"| {shape} | {packed:.2f} | {packed_pickle:.2f} | {per_object:.2f} | {trip:.0f} | {size:.0f} |")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from aaren.server.contract.errors import ConfigError
 from aaren.server.core.engine_core import EngineCore
 from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
 from aaren.server.frontends.grpc_server import READY_PREFIX, GrpcFrontEnd, server_credentials, spec_environment
-from aaren.server.ipc.channel import CoreServer
+from aaren.server.ipc.core_side import CoreServer
 from aaren.server.observability.metrics import AggregatedCollector, Metrics
 from aaren.server.settings import ServerSettings, bundled_repository
 from aaren.server.stores import StateLayout, model_store_url, open_store

@@ -161,6 +161,10 @@ class Reasons:
         return ErrorInfo(Code.UNAVAILABLE, "loading", "the model is still loading; retry shortly")
 
     @staticmethod
+    def malformed_request(error: Exception) -> ErrorInfo:
+        return ErrorInfo(Code.INVALID_ARGUMENT, "malformed_request", f"malformed request message: {error}")
+
+    @staticmethod
     def internal() -> ErrorInfo:
         return ErrorInfo(Code.INTERNAL, "internal", "internal error; resend")
 

@@ -1,11 +1,11 @@
 """The engine core: one owner of the sessions, the model and the store, driven by columns.
 
-``EngineCore`` is what every front end talks to, in the same process (``--frontends 0``) or over
-IPC (``aaren.server.ipc.channel``): ``submit`` a ``CoreRequest`` and get ``Outcomes`` back; the unary
-calls; stream admission per tenant; drain. It composes the admission and limits
-(``admission``), the batcher (``batcher``: validation against state, batching, model, store,
-settling), the unary session calls (``sessions``) and the idle sweeper. Nothing here knows a
-protocol: the front ends own proto <-> columns.
+``EngineCore`` implements ``CoreAPI`` (``aaren.server.contract.core_api``), what every front end
+talks to, in the same process (``--frontends 0``) or over IPC (``aaren.server.ipc``): ``submit`` a
+``CoreRequest`` and get ``Outcomes`` back; the unary calls; stream admission per tenant; drain. It
+composes the admission and limits (``admission``), the batcher (``batcher``: validation against
+state, batching, model, store, settling), the unary session calls (``sessions``) and the idle
+sweeper. Nothing here knows a protocol: the front ends own proto <-> columns.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
+from aaren.server.contract.core_api import ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.contract.validation import EventChecker
 from aaren.server.core.admission import Admission
@@ -114,6 +116,16 @@ class EngineCore:
         self.metrics.state_bytes.set(sum(n * b for n, b in held))
 
     @property
+    def lost(self) -> bool:
+        """Never: this core is the process itself (``CoreAPI``; only an IPC client can lose its core)."""
+        return False
+
+    @property
+    def pending(self) -> int:
+        """Events accepted and not yet answered."""
+        return self.admission.pending
+
+    @property
     def description(self) -> ModelDescription:
         """The default model's description."""
         return self.engine.description
@@ -207,8 +219,11 @@ class EngineCore:
 
     # ------------------------------------------------------------------ unary calls
 
-    async def forecast(self, session_id: str, model: str = "", **options: object) -> SampledFuture:
-        return await self._served_or_raise(model).sessions.forecast(session_id, **options)  # type: ignore[arg-type]
+    async def forecast(
+        self, session_id: str, options: ForecastOptions, tenant: str = "", model: str = ""
+    ) -> SampledFuture:
+        sessions = self._served_or_raise(model).sessions
+        return await sessions.forecast(session_id, tenant=tenant, **dataclasses.asdict(options))
 
     async def get_session(
         self, session_id: str, include_state: bool = False, tenant: str = "", model: str = ""
@@ -217,6 +232,11 @@ class EngineCore:
 
     async def end_session(self, session_id: str, tenant: str = "", model: str = "") -> int | None:
         return await self._served_or_raise(model).sessions.end_session(session_id, tenant)
+
+    async def front_end_reports(self, what: str) -> list[Any]:
+        """None: in process, the only front end's own numbers are the service's (front-end
+        processes report through ``aaren.server.ipc.core_side.CoreServer``)."""
+        return []
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -5,7 +5,7 @@
 and the malformed-request interceptor. With ``--frontends 0`` the server process runs one in
 process beside the engine core; with ``--frontends N`` it starts N front-end processes
 (``python -m aaren.server.frontends.grpc_server``), each a ``GrpcFrontEnd`` on the same port (SO_REUSEPORT:
-the kernel spreads connections over them) talking to the core over IPC (``aaren.server.ipc.channel``).
+the kernel spreads connections over them) talking to the core over IPC (``aaren.server.ipc.client_side``).
 A front-end process never imports torch: it parses, checks, and encodes.
 """
 
@@ -28,11 +28,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from aaren.server.contract.core_api import CoreAPI
 from aaren.server.contract.errors import ConfigError
 from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
 from aaren.server.frontends.oip.servicer import OipServicer, add_oip_servicer_to_server
 from aaren.server.frontends.reflection import enable_server_reflection
-from aaren.server.ipc.channel import KEY_ENV, CoreClient
+from aaren.server.ipc.client_side import CoreClient
+from aaren.server.ipc.framing import KEY_ENV
 from aaren.server.observability.metrics import Metrics, families_of
 from aaren.server.security.auth import AuthError, TokenTable
 from aaren.server.security.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
@@ -93,8 +95,8 @@ class GrpcFrontEnd:
         await server.start()
         return cls(server, health, servicer, port, oip)
 
-    def attach(self, core: Any) -> None:
-        """Serve every protocol through ``core`` (an ``EngineCore`` or a client of one)."""
+    def attach(self, core: CoreAPI) -> None:
+        """Serve every protocol through ``core`` (an ``EngineCore`` or the IPC client of one)."""
         self.servicer.attach(core)
         self.oip.attach(core)
 
@@ -243,7 +245,8 @@ async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str,
         await front.stop(0)
         stopped.set()
 
-    client = CoreClient(socket_path, key, index, on_serving, on_lost, drain, lambda: families_of(metrics.registry))
+    reports = {"metrics": lambda: families_of(metrics.registry), "oip_statistics": front.oip.statistics}
+    client = CoreClient(socket_path, key, index, on_serving, on_lost, drain, reports)
     await client.connect()
     front.attach(client)
     await front.set_serving(client.serving)

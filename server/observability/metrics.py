@@ -158,12 +158,16 @@ class Metrics:
 
 #: A registry's families as plain data: ``(name, type, documentation, unit, [(sample, labels, value)])``.
 Families = list[tuple[str, str, str, str, list[tuple[str, dict[str, str], float]]]]
-#: Families that describe one process (its memory, CPU, interpreter): not summed across processes.
-PER_PROCESS_PREFIXES = ("process_", "python_")
+#: Families that describe one process's interpreter (version, collector): the core process's own.
+PER_PROCESS_PREFIXES = ("python_",)
+#: Process samples that do not add up over processes: the service started when its first process
+#: did; a file-descriptor limit is each process's own (the core's is shown).
+EARLIEST_SAMPLES = frozenset({"process_start_time_seconds"})
+OWN_SAMPLES = frozenset({"process_max_fds"})
 
 
 def families_of(registry: CollectorRegistry) -> Families:
-    """What ``registry`` would export now, as picklable tuples (a front end's answer to its core)."""
+    """What ``registry`` would export now, as plain values (a front end's answer to its core)."""
     return [
         (f.name, f.type, f.documentation, f.unit, [(s.name, dict(s.labels), s.value) for s in f.samples])
         for f in registry.collect()
@@ -174,8 +178,10 @@ def families_of(registry: CollectorRegistry) -> Families:
 class AggregatedCollector(Collector):
     """One consistent view of several processes: the core's own registry plus its front ends'
     families (fetched at scrape time), samples with equal names and labels summed. Counters,
-    histograms and the gauges the front ends hold (open streams) all add up; ``_created``
-    timestamps take the earliest. ``process_*`` and ``python_*`` are the core process's own."""
+    histograms, the gauges the front ends hold (open streams) and the processes' own memory, CPU
+    and open files (``process_*``) all add up; ``_created`` timestamps and
+    ``process_start_time_seconds`` take the earliest; ``process_max_fds`` and ``python_*`` are the
+    core process's own."""
 
     def __init__(self, own: CollectorRegistry, remote: Callable[[], Iterable[Families]]) -> None:
         self.own = own
@@ -199,8 +205,10 @@ class AggregatedCollector(Collector):
                 key = (sample, tuple(sorted(labels.items())))
                 if key not in values:
                     values[key] = value
-                elif sample.endswith("_created"):
+                elif sample.endswith("_created") or sample in EARLIEST_SAMPLES:
                     values[key] = min(values[key], value)
+                elif sample in OWN_SAMPLES:
+                    continue  # the core's, collected first
                 else:
                     values[key] += value
 

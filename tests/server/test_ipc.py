@@ -1,5 +1,6 @@
-"""The front end <-> engine core IPC: packing keeps every request and outcome intact, and the core's
-socket answers only the processes that hold its key."""
+"""The front end <-> engine core IPC: packing keeps every request, outcome and unary result intact
+through a frame of plain values (no pickle), and the core's socket answers only the processes that
+hold its key, never running what a frame holds."""
 
 from __future__ import annotations
 
@@ -13,21 +14,48 @@ import numpy as np
 import pytest
 from server_helpers import OpenStream, assert_forecast, ev, stub_for
 
-from aaren.server.contract.columns import ACK, ERROR, FORECAST, Outcomes
+from aaren.server.contract.columns import (
+    ACK,
+    ERROR,
+    FORECAST,
+    ModelDescription,
+    Outcomes,
+    SampledFuture,
+    SessionView,
+    StepSummary,
+)
 from aaren.server.contract.errors import Reasons
 from aaren.server.contract.validation import EventChecker
-from aaren.server.ipc.channel import group_by_signature, pack_outcomes, pack_requests, unpack_outcomes, unpack_requests
+from aaren.server.ipc import framing
+from aaren.server.ipc.packing import (
+    RESULTS,
+    descriptions_of,
+    error_of,
+    group_by_signature,
+    pack_array,
+    pack_descriptions,
+    pack_error,
+    pack_outcomes,
+    pack_requests,
+    unpack_outcomes,
+    unpack_requests,
+)
 
 CHECKER = EventChecker(5, ("a", "b"), 64)
 
 
-def test_requests_survive_packing_and_pickling():
+def through_a_frame(value: object) -> object:
+    """``value`` as the other end of the socket reads it."""
+    return framing.loads(framing.dumps(["payload", value]))[1]
+
+
+def test_requests_survive_packing_and_framing():
     requests = [
         (7, CHECKER.request(["x"], [1], [1.0], [2], [[0.5, 1.0]], top_k=2, tenant="acme")),
         (8, CHECKER.request(["y", "", "z"], [1, 2, 3], [1.0, 2.0, float("nan")], [0, 1, 9], [[0, 0]] * 3)),
         (9, CHECKER.request(["w"] * 4, [1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0], [4] * 4, [[1, 2]] * 4, last_only=True)),
     ]
-    back = unpack_requests(pickle.loads(pickle.dumps(pack_requests(requests), protocol=5)))
+    back = unpack_requests(through_a_frame(pack_requests(requests)))
     assert [i for i, _ in back] == [7, 8, 9]
     for (_, want), (_, got) in zip(requests, back, strict=True):
         assert (got.n, got.top_k, got.last_only, got.tenant) == (want.n, want.top_k, want.last_only, want.tenant)
@@ -39,7 +67,7 @@ def test_requests_survive_packing_and_pickling():
     assert sorted(back[1][1].errors) == [1, 2]  # the empty id, and the bad time and mark
 
 
-def test_outcomes_survive_packing_and_pickling():
+def test_outcomes_survive_packing_and_framing():
     outputs = {"time_mean": np.array([1.5, 2.5]), "top_marks": np.array([[1, 0], [0, 1]])}
     items = [
         (
@@ -64,7 +92,7 @@ def test_outcomes_survive_packing_and_pickling():
             ),
         ),
     ]
-    back = unpack_outcomes(pickle.loads(pickle.dumps(pack_outcomes(items), protocol=5)))
+    back = unpack_outcomes(through_a_frame(pack_outcomes(items)))
     assert [i for i, _ in back] == [1, 2, 3]
     for (_, want), (_, got) in zip(items, back, strict=True):
         np.testing.assert_array_equal(got.kind, want.kind)
@@ -95,11 +123,59 @@ def test_outcomes_of_several_models_travel_in_one_frame_per_set_of_columns():
         pack_outcomes(items)  # what one frame for all of them did
     groups = group_by_signature(items)
     assert sorted(i for group in groups for i, _ in group) == [1, 2, 3, 4, 5, 6] and len(groups) == 4
-    back = dict(item for group in groups for item in unpack_outcomes(pickle.loads(pickle.dumps(pack_outcomes(group)))))
+    back = dict(item for group in groups for item in unpack_outcomes(through_a_frame(pack_outcomes(group))))
     for i, want in items:
         assert back[i].outputs.keys() == want.outputs.keys() and back[i].request_error == want.request_error
         for name, column in want.outputs.items():
             np.testing.assert_array_equal(back[i].outputs[name], column)
+
+
+def test_descriptions_errors_and_unary_results_survive_framing():
+    """The dataclasses a front end gets from the core come back equal, as their own types."""
+    described = ModelDescription(
+        "m", "v1", "aaren", 16, 2, 2, 5, 2, 1234, 96, ("a", "b", "c", "d", "e"), ("x", "y"), "seconds", "cpu",
+        quantiles=(0.1, 0.5, 0.9), task="series", horizon=3, step_seconds=3600.0, class_names=("p", "q"),
+    )  # fmt: skip
+    assert descriptions_of(through_a_frame(pack_descriptions([described]))) == (described,)
+    for error in (Reasons.seq_gap("s", 9, 2), Reasons.over_limit("rate", "slow down", 0.25), None):
+        assert error_of(through_a_frame(pack_error(error))) == error
+    session = SessionView("s", 7, 12.5, 1.0e9, 1.1e9, "v1", b"\x00\xffstate", 9, 1.2e9)
+    pack, unpack = RESULTS["get_session"]
+    assert unpack(through_a_frame(pack(session))) == session
+    future = SampledFuture(
+        "s", 7, 12.5, {"time_mean": np.array([1.5]), "top_marks": np.array([[3, 1]], np.int64)}, 2,
+        [StepSummary(1, 14.0, [13.0, 14.0, 15.0], [(3, 0.75), (1, 0.25)])],
+        [[14.0, 15.5]], [[3, 1]], [[[0.5, 1.0], [0.25, 2.0]]],
+    )  # fmt: skip
+    pack, unpack = RESULTS["forecast"]
+    back = unpack(through_a_frame(pack(future)))
+    assert isinstance(back, SampledFuture) and back.steps == future.steps
+    assert (back.session_id, back.seq, back.last_time, back.top_k) == ("s", 7, 12.5, 2)
+    assert (back.times, back.marks, back.values) == (future.times, future.marks, future.values)
+    for name, column in future.outputs.items():
+        assert back.outputs[name].dtype == column.dtype
+        np.testing.assert_array_equal(back.outputs[name], column)
+
+
+def test_frames_hold_plain_values_only():
+    """No Python object crosses: an object array, or a value msgpack has no plain form for, is refused."""
+    with pytest.raises(TypeError):
+        pack_array(np.array(["a", None], dtype=object))
+    with pytest.raises(TypeError):
+        framing.dumps(["reply", 1, Reasons.internal(), None])  # a dataclass, not its plain form
+    assert framing.loads(framing.dumps(["count", 3, "seq_zero", 2, ""])) == ["count", 3, "seq_zero", 2, ""]
+
+
+async def what_remains(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """What the core still sends before it closes the connection. A close while some of what was
+    sent is unread resets the connection (the kernel's RST): that is a close without a word too."""
+    try:
+        await writer.drain()
+        return await reader.read()
+    except ConnectionResetError:
+        return b""
+    finally:
+        writer.close()
 
 
 def test_the_core_socket_is_private_and_refuses_a_connection_without_its_key(start_server):
@@ -113,16 +189,48 @@ def test_the_core_socket_is_private_and_refuses_a_connection_without_its_key(sta
         reader, writer = await asyncio.open_unix_connection(path)
         key = b"0" * 64
         writer.write(len(key).to_bytes(4, "little") + key)
-        frame = pickle.dumps(("hello", 99))
+        frame = framing.dumps(["hello", 99])
         writer.write(len(frame).to_bytes(4, "little") + frame)
-        await writer.drain()
-        answer = await reader.read()  # the core closes the connection without a word
-        writer.close()
-        return answer
+        return await what_remains(reader, writer)  # the core closes the connection without a word
 
     assert asyncio.run(intrude()) == b""
     assert len(srv.server.core_server.connections) == 1  # only the real front end
     with grpc.insecure_channel(srv.address) as channel:
         stream = OpenStream(stub_for(channel))
         assert_forecast(stream.send([ev("after-intruder", 1, 1.0)]).results[0], "after-intruder", 1)
+        stream.close()
+
+
+class _Planted:
+    """Unpickled, it would create ``path``: proof that a frame was run as code."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.path, "w"))
+
+
+def test_a_pickle_from_a_key_holder_is_never_unpickled(start_server, tmp_path):
+    """Even a process that holds the key cannot make the core run code: a pickled frame is not
+    decoded as one, the connection is dropped, and the service goes on."""
+    srv = start_server(frontends=1)
+    path = srv.server.core_server.path
+    planted = tmp_path / "planted"
+
+    async def send_pickle() -> bytes:
+        reader, writer = await asyncio.open_unix_connection(path)
+        framing.send_key(writer, srv.server._key.encode())
+        framing.write_frame(writer, ["hello", 98])
+        welcome = await framing.read_frame(reader)
+        assert welcome[0] == "welcome"
+        frame = pickle.dumps(("submit", _Planted(str(planted))), protocol=5)
+        writer.write(len(frame).to_bytes(4, "little") + frame)
+        return await what_remains(reader, writer)  # the core drops the connection
+
+    assert asyncio.run(send_pickle()) == b""
+    assert not planted.exists()
+    with grpc.insecure_channel(srv.address) as channel:
+        stream = OpenStream(stub_for(channel))
+        assert_forecast(stream.send([ev("after-pickle", 1, 1.0)]).results[0], "after-pickle", 1)
         stream.close()

@@ -27,6 +27,7 @@ from server_helpers import (
     wait_until,
 )
 
+from aaren.oip.v2 import grpc_service_pb2 as oip
 from aaren.v1 import aaren_pb2 as pb
 
 
@@ -92,6 +93,66 @@ async def _front_end_families(srv):
                 samples[(name, tuple(sorted(labels.items())))] = value
         out.append(samples)
     return out
+
+
+def _own(srv, name: str) -> float:
+    """The core process's own sample ``name`` (its registry, without the front ends)."""
+    return next(s.value for f in srv.server.metrics.registry.collect() for s in f.samples if s.name == name)
+
+
+def test_process_series_add_up_over_the_front_ends(start_server):
+    """Memory, CPU and open files are the service's: the core's plus every front end's; the start
+    time is the earliest process's (the core's) and the descriptor limit the core's own."""
+    srv = start_server(frontends=2)
+    # Read before the scrape: a counter only grows, so the scrape is at least their sum.
+    front_ends = srv.call(_front_end_families(srv))
+    core_cpu = _own(srv, "process_cpu_seconds_total")
+    front_end_cpu = [f[("process_cpu_seconds_total", ())] for f in front_ends]
+    assert len(front_end_cpu) == 2 and all(cpu > 0 for cpu in front_end_cpu)
+    samples = scrape(srv.metrics_url)
+    assert metric(samples, "process_cpu_seconds_total") >= core_cpu + sum(front_end_cpu)
+    for name in ("process_resident_memory_bytes", "process_open_fds"):
+        assert metric(samples, name) > max(f[(name, ())] for f in front_ends), name
+    assert metric(samples, "process_start_time_seconds") == _own(srv, "process_start_time_seconds")
+    assert metric(samples, "process_max_fds") == _own(srv, "process_max_fds")
+
+
+def _oip_event(sequence_id: str) -> oip.ModelInferRequest:
+    request = oip.ModelInferRequest(model_name="tiny", id=sequence_id)
+    request.parameters["sequence_id"].string_param = sequence_id
+    request.parameters["sequence_start"].bool_param = True
+    request.inputs.add(name="TIME", datatype="FP64", shape=[1]).contents.fp64_contents.append(1.0)
+    request.inputs.add(name="MARK", datatype="INT64", shape=[1]).contents.int64_contents.append(1)
+    request.inputs.add(name="VALUES", datatype="FP32", shape=[2]).contents.fp32_contents.extend([0.5, -0.5])
+    return request
+
+
+def _oip_call(channel: grpc.Channel, method: str, response: type) -> grpc.UnaryUnaryMultiCallable:
+    return channel.unary_unary(
+        f"/inference.GRPCInferenceService/{method}",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=response.FromString,
+    )
+
+
+def test_oip_statistics_add_up_over_the_front_ends(start_server):
+    """ModelStatistics counts what every front-end process served, whichever one is asked."""
+    srv = start_server(frontends=2)
+    n = 16
+    for i in range(n):
+        with grpc.insecure_channel(srv.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            _oip_call(channel, "ModelInfer", oip.ModelInferResponse)(_oip_event(f"stats-{i}"), timeout=CALL_TIMEOUT_S)
+    served = [
+        f.get(("aaren_request_latency_seconds_count", (("method", "ModelInfer"),)), 0)
+        for f in srv.call(_front_end_families(srv))
+    ]
+    assert sum(served) == n and 0 not in served, served  # both front ends answered some
+    for _ in range(4):
+        with grpc.insecure_channel(srv.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            ask = _oip_call(channel, "ModelStatistics", oip.ModelStatisticsResponse)
+            (stats,) = ask(oip.ModelStatisticsRequest(name="tiny"), timeout=CALL_TIMEOUT_S).model_stats
+        assert (stats.inference_stats.success.count, stats.inference_count) == (n, n)
+        assert stats.inference_stats.fail.count == 0 and stats.inference_stats.success.ns > 0
 
 
 def test_a_killed_front_end_is_started_again(start_server):

@@ -2,13 +2,12 @@
 
 It runs the checks that need no state (``EventChecker``), hands each request to the engine core
 as a ``CoreRequest`` and encodes the ``Outcomes`` it gets back. The core is an ``EngineCore`` in
-this process or its IPC client (``aaren.server.ipc.channel``): the same calls either way.
+this process or its IPC client (``aaren.server.ipc.client_side``): the same ``CoreAPI`` either way.
+The streaming method is the shared ``StreamLoop``; this class is its ``StreamCodec``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -18,7 +17,6 @@ from typing import Any
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from aaren.server.contract.columns import (
@@ -29,10 +27,12 @@ from aaren.server.contract.columns import (
     ModelDescription,
     Outcomes,
     SampledFuture,
+    SessionView,
 )
+from aaren.server.contract.core_api import CoreAPI, ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
 from aaren.server.contract.validation import EventChecker
-from aaren.server.frontends.streams import OrderedReplies
+from aaren.server.frontends.streams import Accepted, RefusedError, StreamLoop, abort
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
@@ -43,15 +43,8 @@ __all__ = ["ForecastServicer"]
 
 log = logging.getLogger(__name__)
 
-REASON_METADATA_KEY = "aaren-error-reason"
-RETRY_METADATA_KEY = "aaren-retry-after-ms"
-MAX_PAUSE_S = 1.0
-_CLOSE = object()
 _LAYOUTS = frozenset(pb.ResponseLayout.values())
 _FORECAST_MODES = frozenset(pb.ForecastMode.values())
-
-
-_STATUS = {status.value[0]: status for status in grpc.StatusCode}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +73,17 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._core: Any = None
-        self._streams: set[asyncio.Queue[object]] = set()
+        self._core: CoreAPI | None = None
+        self._loop = StreamLoop[pb.StreamRequest, pb.StreamResponse](
+            self, settings.max_inflight_requests_per_stream, metrics.open_streams
+        )
         self._stream_latency = metrics.request_latency.labels("Stream")
         self._views: dict[str, _ModelView] = {}
         self._default: _ModelView | None = None
         self.draining = False
 
-    def attach(self, core: Any) -> None:
-        """Serve through ``core``: an ``EngineCore`` or a client of one with the same calls."""
+    def attach(self, core: CoreAPI) -> None:
+        """Serve through ``core``: an ``EngineCore`` or the IPC client of one."""
         views = {}
         for d in core.descriptions:
             checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
@@ -112,17 +107,13 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _served_names(self) -> list[str]:
         return [d.name for d in self._core.descriptions] if self._core is not None else []
 
-    async def _ready(self, context: grpc.aio.ServicerContext) -> Any:
+    async def _ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
         """The core, or UNAVAILABLE while the model loads and once the core is gone."""
-        info = None
         if self._core is None:
-            info = Reasons.loading()
-        elif getattr(self._core, "lost", False):
-            info = Reasons.core_unavailable()
-        if info is not None:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, info.message, trailing_metadata=((REASON_METADATA_KEY, info.reason),)
-            )
+            await abort(context, Reasons.loading())
+        assert self._core is not None
+        if self._core.lost:
+            await abort(context, Reasons.core_unavailable())
         return self._core
 
     def _error(self, info: ErrorInfo) -> pb.EventError:
@@ -356,20 +347,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             model=view.description.name,
         )
 
-    def _submit(
-        self, core: Any, stream: OrderedReplies[pb.StreamResponse], request: pb.StreamRequest, tenant: str
-    ) -> None:
-        """Hand a request to the core; its response joins the stream's queue when it is answered
-        (a refusal with a retry hint also pauses the stream's reading, ``stream.pause_s``)."""
-        started = time.perf_counter()
-        slot = stream.started()
+    # ------------------------------------------------------------------ the stream (StreamCodec)
+
+    def decode(self, request: pb.StreamRequest, tenant: str) -> Accepted[pb.StreamResponse]:
+        """The request as columns and its encoder; an unknown model or enum is refused (and counted)."""
+        assert self._core is not None
         view = self._view(request.model)
         if view is None:
             info = Reasons.served_model_unknown(request.model, self._served_names())
-            core.count_rejection(info, len(request.events), request.model)
-            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
-            self._stream_latency.observe(time.perf_counter() - started)
-            return
+            self._core.count_rejection(info, len(request.events), request.model)
+            raise RefusedError(info)
         if request.layout not in _LAYOUTS or request.forecast_mode not in _FORECAST_MODES:
             name, value, known = (
                 ("layout", request.layout, _LAYOUTS)
@@ -377,134 +364,35 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 else ("forecast_mode", request.forecast_mode, _FORECAST_MODES)
             )
             info = Reasons.unknown_enum(name, value, sorted(known))
-            core.count_rejection(info, len(request.events), view.description.name)
-            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=self._error(info)))
-            self._stream_latency.observe(time.perf_counter() - started)
-            return
+            self._core.count_rejection(info, len(request.events), view.description.name)
+            raise RefusedError(info)
+        return Accepted(self.core_request(request, tenant, view), lambda o: self._response(request, o, view))
 
-        def encode(outcomes: Outcomes) -> None:
-            try:
-                response = self._response(request, outcomes, view)
-            except Exception:  # a bug must cost this request, not the stream
-                log.exception("encoding the answer of request %r failed", request.request_id)
-                response = pb.StreamResponse(
-                    request_id=request.request_id, request_error=self._error(Reasons.internal())
-                )
-            stream.finished(slot, response)
-            self._stream_latency.observe(time.perf_counter() - started)
+    def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
+        return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))
 
-        def done(outcomes: Outcomes) -> None:
-            """The core's answer: encoded on a later turn of the loop, so that the core's batcher
-            never builds protos (the reply path is one way: columns out, protos in the front end)."""
-            if outcomes.request_error is not None and outcomes.request_error.retry_after_s:
-                stream.pause_s = max(stream.pause_s, outcomes.request_error.retry_after_s)
-            loop.call_soon(encode, outcomes)
-
-        loop = asyncio.get_running_loop()
-        try:
-            core.submit(self.core_request(request, tenant, view), done)
-        except Exception:  # a bug must cost this request, not the stream
-            log.exception("request %r failed", request.request_id)
-            error = self._error(Reasons.internal())
-            stream.finished(slot, pb.StreamResponse(request_id=request.request_id, request_error=error))
+    def answered(self, reply: pb.StreamResponse, started: float) -> None:
+        self._stream_latency.observe(time.perf_counter() - started)
 
     async def Stream(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.StreamResponse]:
-        """Each request is answered as soon as its events are applied and stored. A stream may
-        have ``max_inflight_requests_per_stream`` requests unanswered; past that the server stops
-        reading it, so a fast sender is slowed by gRPC flow control."""
+        """Each request is answered as soon as its events are applied and stored, in request order
+        (``StreamLoop``: at most ``max_inflight_requests_per_stream`` unanswered)."""
         core = await self._ready(context)
-        if self.draining or core.draining:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                "the server is shutting down; connect to another replica",
-                trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
-            )
-        tenant = current_tenant.get()
-        refusal = await core.open_stream(tenant)
-        if refusal is not None:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                refusal.message,
-                trailing_metadata=(
-                    (REASON_METADATA_KEY, refusal.reason),
-                    (RETRY_METADATA_KEY, str(math.ceil(refusal.retry_after_s * 1000))),
-                ),
-            )
-        stream = OrderedReplies[pb.StreamResponse](self.settings.max_inflight_requests_per_stream)
-        self._streams.add(stream.out)
-        self.metrics.open_streams.inc()
-
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    self._submit(core, stream, request, tenant)
-                    pause, stream.pause_s = stream.pause_s, 0.0
-                    if pause:
-                        # A refused request (a rate or pending limit): stop reading this stream until
-                        # a retry may pass, so a flood costs the server one answer per pause, not a
-                        # CPU-bound loop of refusals that would slow everybody else down.
-                        await asyncio.sleep(min(pause, MAX_PAUSE_S))
-                    if not stream.room.is_set():
-                        await stream.room.wait()
-                await stream.idle.wait()
-            except DecodeError:
-                await stream.idle.wait()  # answer what was accepted before the malformed message
-                raise
-            finally:
-                stream.out.put_nowait(None)  # the writer ends the call, with the reader's error if any
-
-        reader = asyncio.create_task(read())
-        try:
-            while True:
-                item = await stream.out.get()
-                if item is None:
-                    break
-                if item is _CLOSE:
-                    # Send what was accepted before the drain, then end the call.
-                    reader.cancel()
-                    await stream.idle.wait()
-                    while not stream.out.empty():
-                        pending = stream.out.get_nowait()
-                        if isinstance(pending, pb.StreamResponse):
-                            yield pending
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        "the server is shutting down; reconnect (to another replica) and resend from your last "
-                        "acknowledged seq",
-                        trailing_metadata=((REASON_METADATA_KEY, "shutting_down"),),
-                    )
-                yield item
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                exc = reader.exception()
-                if isinstance(exc, DecodeError):
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {exc}")
-                log.error("stream reader failed", exc_info=exc)
-                await context.abort(grpc.StatusCode.INTERNAL, "internal error reading the stream")
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-            self._streams.discard(stream.out)
-            self.metrics.open_streams.dec()
-            with contextlib.suppress(Exception):  # a core that is gone counts no streams
-                await core.close_stream(tenant)
+        async for reply in self._loop.serve(core, request_iterator, context, draining=self.draining):
+            yield reply
 
     def close_streams(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
-        for out in self._streams:
-            out.put_nowait(_CLOSE)
+        self._loop.close_all()
 
     async def _unary(self, method: str, context: grpc.aio.ServicerContext, call):  # noqa: ANN001, ANN202
         started = time.perf_counter()
         try:
             return await call
         except ServiceError as exc:
-            metadata: tuple[tuple[str, str], ...] = ((REASON_METADATA_KEY, exc.reason),)
-            if exc.info.retry_after_s:
-                metadata += ((RETRY_METADATA_KEY, str(math.ceil(exc.info.retry_after_s * 1000))),)
-            await context.abort(_STATUS[int(exc.code)], exc.info.message, trailing_metadata=metadata)
+            await abort(context, exc.info)
         finally:
             self.metrics.request_latency.labels(method).observe(time.perf_counter() - started)
 
@@ -513,16 +401,14 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
         async def call() -> tuple[_ModelView, SampledFuture]:
             view = self._view_or_abort(request.model)
-            future = await core.forecast(
-                request.session_id,
-                horizon=request.horizon,
-                num_samples=request.num_samples,
-                seed=request.seed if request.HasField("seed") else None,
-                top_k=request.top_k,
-                include_paths=request.include_paths,
-                tenant=current_tenant.get(),
-                model=view.description.name,
+            options = ForecastOptions(
+                request.horizon,
+                request.num_samples,
+                request.seed if request.HasField("seed") else None,
+                request.top_k,
+                request.include_paths,
             )
+            future = await core.forecast(request.session_id, options, current_tenant.get(), view.description.name)
             return view, future
 
         view, future = await self._unary("Forecast", context, call())
@@ -553,7 +439,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     ) -> pb.GetSessionResponse:
         core = await self._ready(context)
 
-        async def call() -> tuple[_ModelView, Any]:
+        async def call() -> tuple[_ModelView, SessionView]:
             model = self._view_or_abort(request.model)
             found = await core.get_session(
                 request.session_id, request.include_state, current_tenant.get(), model=model.description.name

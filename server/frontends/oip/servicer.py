@@ -19,7 +19,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -30,9 +30,10 @@ from aaren import __version__
 from aaren.oip.v2 import grpc_service_pb2 as pb
 from aaren.oip.v2 import model_config_pb2 as mc
 from aaren.server.contract.columns import FORECAST, NEXT_SEQ, CoreRequest, ModelDescription, Outcomes
+from aaren.server.contract.core_api import CoreAPI
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
 from aaren.server.contract.validation import EventChecker
-from aaren.server.frontends.streams import OrderedReplies
+from aaren.server.frontends.streams import Accepted, RefusedError, StreamLoop, abort
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
@@ -43,22 +44,15 @@ log = logging.getLogger(__name__)
 
 #: The service's name on the wire (Triton's), whatever the package of our copy of its messages.
 OIP_SERVICE_NAME = "inference.GRPCInferenceService"
-REASON_METADATA_KEY = "aaren-error-reason"
 EXTENSIONS = ("sequence", "sequence(string_id)", "model_configuration", "parameters", "statistics")
-_CLOSE = object()
-_STATUS = {status.value[0]: status for status in grpc.StatusCode}
 _STRUCT = {"FP64": "d", "FP32": "f", "INT64": "q", "INT32": "i"}
 _INT64, _FP64 = struct.Struct("<q"), struct.Struct("<d")
 _TYPED = {"FP64": "fp64_contents", "FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}
 _CONFIG_TYPE = {"FP64": mc.TYPE_FP64, "FP32": mc.TYPE_FP32, "INT64": mc.TYPE_INT64, "INT32": mc.TYPE_INT32}
 # The inputs of the event task: name -> (accepted datatypes, the first one declared).
 _INPUT_TYPES = {"TIME": ("FP64",), "MARK": ("INT64", "INT32"), "VALUES": ("FP32",)}
-
-
-class _RefusedError(Exception):
-    def __init__(self, info: ErrorInfo) -> None:
-        super().__init__(info.message)
-        self.info = info
+#: The stream loop's refusal of a whole request, and its way of ending a call (``frontends.streams``).
+_RefusedError, _abort = RefusedError, abort
 
 
 class _Tensors:
@@ -148,11 +142,28 @@ class _Event:
 
 
 class _Statistics:
-    """ModelStatistics of this front end (a front-end process counts what it served)."""
+    """ModelStatistics of one model in this front end (a front-end process counts what it served;
+    ``summed`` adds up those of every front-end process)."""
 
     def __init__(self) -> None:
         self.success = self.fail = self.success_ns = self.fail_ns = 0
         self.last_ms = 0
+
+    def plain(self) -> list[int]:
+        """As plain values (they cross the IPC): ``[success, fail, success_ns, fail_ns, last_ms]``."""
+        return [self.success, self.fail, self.success_ns, self.fail_ns, self.last_ms]
+
+    @classmethod
+    def summed(cls, plains: Iterable[list[int]]) -> _Statistics:
+        """The counts and times of several front ends added up, the latest inference of any."""
+        total = cls()
+        for success, fail, success_ns, fail_ns, last_ms in plains:
+            total.success += success
+            total.fail += fail
+            total.success_ns += success_ns
+            total.fail_ns += fail_ns
+            total.last_ms = max(total.last_ms, last_ms)
+        return total
 
     def record(self, ok: bool, started: float) -> None:
         ns = int((time.perf_counter() - started) * 1e9)
@@ -172,20 +183,21 @@ class OipServicer:
     def __init__(self, settings: ServerSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._core: Any = None
+        self._core: CoreAPI | None = None
         self._tensors: _Tensors | None = None
         self._described: ModelDescription | None = None
         self._checker: EventChecker | None = None
-        self._streams: set[asyncio.Queue[object]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop = StreamLoop[pb.ModelInferRequest, pb.ModelStreamInferResponse](
+            self, settings.max_inflight_requests_per_stream, metrics.open_streams
+        )
         self._stats = _Statistics()
         self._latency = {m: metrics.request_latency.labels(m) for m in ("ModelInfer", "ModelStreamInfer")}
         self.draining = False
         #: What the health service says (the store answers): ServerReady follows it.
         self.serving = False
 
-    def attach(self, core: Any) -> None:
-        """Serve through ``core``: an ``EngineCore`` or a client of one with the same calls. The Open
+    def attach(self, core: CoreAPI) -> None:
+        """Serve through ``core``: an ``EngineCore`` or the IPC client of one. The Open
         Inference Protocol serves the first event model of the server (the default when it is one);
         its tensors have the event task's shapes. Without an event model every request is for an
         unknown model."""
@@ -199,22 +211,22 @@ class OipServicer:
 
     def close_streams(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
-        for out in self._streams:
-            out.put_nowait(_CLOSE)
+        self._loop.close_all()
 
     # ------------------------------------------------------------------ helpers
 
     def _core_error(self) -> ErrorInfo | None:
         if self._core is None:
             return Reasons.loading()
-        if getattr(self._core, "lost", False):
+        if self._core.lost:
             return Reasons.core_unavailable()
         return None
 
-    async def _ready(self, context: grpc.aio.ServicerContext) -> Any:
+    async def _ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
         info = self._core_error()
         if info is not None:
             await _abort(context, info)
+        assert self._core is not None
         return self._core
 
     async def _model(self, context: grpc.aio.ServicerContext, name: str, version: str) -> ModelDescription:
@@ -344,48 +356,9 @@ class OipServicer:
         )
         return response
 
-    async def _end_session(self, core: Any, session_id: str, tenant: str) -> None:
+    async def _end_session(self, core: CoreAPI, session_id: str, tenant: str) -> None:
         with contextlib.suppress(ServiceError):
             await core.end_session(session_id, tenant, model=self._described.name if self._described else "")
-
-    def _infer(
-        self,
-        core: Any,
-        event: _Event,
-        tenant: str,
-        finish: Callable[[pb.ModelInferResponse | ErrorInfo], None],
-        response: pb.ModelInferResponse,
-    ) -> None:
-        """Submit the event; ``finish`` gets its answer, written into ``response`` (a message in place
-        inside its parent: cheaper than copying it there), after END's end of the session."""
-
-        def done(outcomes: Outcomes) -> None:
-            try:
-                answer = self._answer(event, outcomes, response)
-            except Exception:  # a bug must cost this request, not the stream
-                log.exception("encoding the answer of request %r failed", event.request_id)
-                answer = Reasons.internal()
-            if event.end and not isinstance(answer, ErrorInfo):
-                task = asyncio.ensure_future(self._ended(core, event, tenant, answer, finish))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            else:
-                finish(answer)
-
-        core.submit(self._core_request(event, tenant), done)
-
-    async def _ended(
-        self,
-        core: Any,
-        event: _Event,
-        tenant: str,
-        answer: pb.ModelInferResponse,
-        finish: Callable[[pb.ModelInferResponse | ErrorInfo], None],
-    ) -> None:
-        try:
-            await self._end_session(core, event.session_id, tenant)
-        finally:
-            finish(answer)
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -476,15 +449,22 @@ class OipServicer:
         )
         return pb.RepositoryIndexResponse(models=models)
 
+    def statistics(self) -> dict[str, list[int]]:
+        """This front end's ModelStatistics by model, as plain values (its ``oip_statistics`` report)."""
+        d = self._described
+        return {} if d is None else {d.name: self._stats.plain()}
+
     async def ModelStatistics(  # noqa: N802
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
-        await self._ready(context)
+        core = await self._ready(context)
         d = self._described
         if d is None or (request.name and (request.name != d.name or request.version not in ("", d.version))):
             await _abort(context, Reasons.model_unknown(request.name, request.version))
         assert d is not None
-        s = self._stats
+        # Every front-end process's counts (this one's included); in one process, this one's.
+        reports = await core.front_end_reports("oip_statistics") or [self.statistics()]
+        s = _Statistics.summed(r[d.name] for r in reports if d.name in r)
         stats = pb.ModelStatistics(
             name=d.name,
             version=d.version,
@@ -515,10 +495,16 @@ class OipServicer:
             await _abort(context, Reasons.shutting_down())
         if event.start:
             await self._end_session(core, event.session_id, tenant)
-        answered: asyncio.Future[pb.ModelInferResponse | ErrorInfo] = asyncio.get_running_loop().create_future()
-        finish = lambda answer: answered.done() or answered.set_result(answer)  # noqa: E731
-        self._infer(core, event, tenant, finish, pb.ModelInferResponse())
-        answer = await answered
+        answered: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
+        core.submit(self._core_request(event, tenant), lambda o: answered.done() or answered.set_result(o))
+        outcomes = await answered  # encoded on this call's task, not on the core's callback
+        try:
+            answer = self._answer(event, outcomes, pb.ModelInferResponse())
+        except Exception:  # a bug must cost this request only
+            log.exception("encoding the answer of request %r failed", event.request_id)
+            answer = Reasons.internal()
+        if event.end and not isinstance(answer, ErrorInfo):
+            await asyncio.shield(self._end_session(core, event.session_id, tenant))
         self._stats.record(not isinstance(answer, ErrorInfo), started)
         self._latency["ModelInfer"].observe(time.perf_counter() - started)
         if isinstance(answer, ErrorInfo):
@@ -528,96 +514,52 @@ class OipServicer:
     async def ModelStreamInfer(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request is answered as soon as its event is applied and stored, in request order; a
-        refused request is answered with ``error_message`` and the stream goes on."""
+        """Each request is answered as soon as its event is applied and stored, in request order
+        (``StreamLoop``); a refused request is answered with ``error_message`` and the stream goes on."""
         core = await self._ready(context)
-        if self.draining or core.draining:
-            await _abort(context, Reasons.shutting_down())
-        tenant = current_tenant.get()
-        refusal = await core.open_stream(tenant)
-        if refusal is not None:
-            await _abort(context, refusal)
-        stream = OrderedReplies[pb.ModelStreamInferResponse](self.settings.max_inflight_requests_per_stream)
-        self._streams.add(stream.out)
-        self.metrics.open_streams.inc()
-        latency = self._latency["ModelStreamInfer"]
+        async for reply in self._loop.serve(core, request_iterator, context, draining=self.draining):
+            yield reply
 
-        def refused(request_id: str, info: ErrorInfo) -> pb.ModelStreamInferResponse:
-            t = self._tensors
-            assert t is not None
-            return pb.ModelStreamInferResponse(
-                error_message=info.message,
-                infer_response=pb.ModelInferResponse(
-                    model_name=t.model_name, model_version=t.model_version, id=request_id
-                ),
-            )
+    # ------------------------------------------------------------------ the stream (StreamCodec)
 
-        def finisher(
-            response: pb.ModelStreamInferResponse, slot: list, request_id: str, started: float
-        ) -> Callable[[pb.ModelInferResponse | ErrorInfo], None]:
-            def finish(answer: pb.ModelInferResponse | ErrorInfo) -> None:
-                ok = not isinstance(answer, ErrorInfo)
-                self._stats.record(ok, started)
-                latency.observe(time.perf_counter() - started)
-                stream.finished(slot, response if ok else refused(request_id, answer))
+    def decode(self, request: pb.ModelInferRequest, tenant: str) -> Accepted[pb.ModelStreamInferResponse]:
+        """The request's event as columns and its encoder. START first ends an open session of the
+        id (after every earlier request of the stream is answered: perhaps the same id's previous
+        sequence); END ends the session once its event is applied and answered."""
+        event = self._decode(request)
+        core = self._core
+        assert core is not None
+        sid = event.session_id
+        return Accepted(
+            self._core_request(event, tenant),
+            lambda outcomes: self._stream_reply(event, outcomes),
+            before=(lambda: self._end_session(core, sid, tenant)) if event.start else None,
+            after=(lambda reply: self._ended(core, sid, tenant, reply)) if event.end else None,
+        )
 
-            return finish
+    def refusal(self, request: pb.ModelInferRequest, info: ErrorInfo) -> pb.ModelStreamInferResponse:
+        return self._refused(request.id, info)
 
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    started = time.perf_counter()
-                    try:
-                        event = self._decode(request)
-                    except _RefusedError as exc:
-                        self._stats.record(False, started)
-                        stream.finished(stream.started(), refused(request.id, exc.info))
-                        continue
-                    if event.start:
-                        # Whatever this stream sent before (perhaps the same id's previous
-                        # sequence) is applied before the session is ended and started again.
-                        await stream.idle.wait()
-                        await self._end_session(core, event.session_id, tenant)
-                    slot = stream.started()
-                    try:
-                        response = pb.ModelStreamInferResponse()
-                        finish = finisher(response, slot, request.id, started)
-                        self._infer(core, event, tenant, finish, response.infer_response)
-                    except Exception:  # a bug must cost this request, not the stream
-                        log.exception("request %r failed", request.id)
-                        stream.finished(slot, refused(request.id, Reasons.internal()))
-                    if not stream.room.is_set():
-                        await stream.room.wait()
-                await stream.idle.wait()
-            finally:
-                stream.out.put_nowait(None)
+    def answered(self, reply: pb.ModelStreamInferResponse, started: float) -> None:
+        self._stats.record(not reply.error_message, started)
+        self._latency["ModelStreamInfer"].observe(time.perf_counter() - started)
 
-        reader = asyncio.create_task(read())
-        try:
-            while True:
-                item = await stream.out.get()
-                if item is None:
-                    break
-                if item is _CLOSE:
-                    reader.cancel()
-                    await stream.idle.wait()
-                    while not stream.out.empty():
-                        pending = stream.out.get_nowait()
-                        if isinstance(pending, pb.ModelStreamInferResponse):
-                            yield pending
-                    await _abort(context, Reasons.shutting_down())
-                yield item
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
-                log.error("stream reader failed", exc_info=reader.exception())
-                await _abort(context, Reasons.internal())
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-            self._streams.discard(stream.out)
-            self.metrics.open_streams.dec()
-            with contextlib.suppress(Exception):  # a core that is gone counts no streams
-                await core.close_stream(tenant)
+    def _stream_reply(self, event: _Event, outcomes: Outcomes) -> pb.ModelStreamInferResponse:
+        response = pb.ModelStreamInferResponse()
+        answer = self._answer(event, outcomes, response.infer_response)  # in place: cheaper than a copy
+        return self._refused(event.request_id, answer) if isinstance(answer, ErrorInfo) else response
+
+    def _refused(self, request_id: str, info: ErrorInfo) -> pb.ModelStreamInferResponse:
+        t = self._tensors
+        name, version = (t.model_name, t.model_version) if t is not None else ("", "")
+        return pb.ModelStreamInferResponse(
+            error_message=info.message,
+            infer_response=pb.ModelInferResponse(model_name=name, model_version=version, id=request_id),
+        )
+
+    async def _ended(self, core: CoreAPI, session_id: str, tenant: str, reply: pb.ModelStreamInferResponse) -> None:
+        if not reply.error_message:
+            await self._end_session(core, session_id, tenant)
 
 
 def _flag(params: Any, name: str) -> bool:
@@ -630,10 +572,6 @@ def _flag(params: Any, name: str) -> bool:
     if which is None:
         return False
     raise _RefusedError(Reasons.parameter_type(name, "a bool parameter"))
-
-
-async def _abort(context: grpc.aio.ServicerContext, info: ErrorInfo) -> None:
-    await context.abort(_STATUS[int(info.code)], info.message, trailing_metadata=((REASON_METADATA_KEY, info.reason),))
 
 
 def _unimplemented(method: str, served: list[str], streaming: bool) -> Callable[..., Any]:
