@@ -94,7 +94,7 @@ class SessionCalls:
             raise Reasons.sampling_unsupported(d.name, d.task).exception()
         meta, rows = await self._get(session_id, tenant)
         k = top_k or s.default_top_k
-        outputs = await self._in_worker(self.engine.forecast_outputs, rows["features"], d.ranked)
+        outputs = (await self._in_worker(self.engine.forecast_outputs, rows["features"], d.ranked)).to_columns()
         nothing: list = []
         if horizon <= 1:
             return SampledFuture(session_id, meta.last_seq, meta.last_time, outputs, k, [], nothing, nothing, nothing)
