@@ -22,6 +22,8 @@ templates and the selection of requested outputs.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from aaren.oip.v2 import grpc_service_pb2 as pb
 from aaren.server.contract.columns import Columns, ModelDescription
@@ -36,13 +38,14 @@ INT64, FP64 = struct.Struct("<q"), struct.Struct("<d")
 
 
 class TensorCodec:
-    """The shared part of a task's OIP codec (module docstring); a task sets ``inputs``, ``accepted``
-    and ``outputs`` in ``__init__`` before calling ``_ready()``, and defines ``event``, ``encode`` and
-    ``parameters``."""
+    """The shared part of a task's OIP codec (module docstring); a task sets ``inputs`` and
+    ``outputs`` (and ``accepted``, for inputs beyond ``TIME`` and ``VALUES``) in ``__init__`` before
+    calling ``_ready()``, and defines ``encode`` and ``parameters`` (and ``event``, for a task with marks)."""
 
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    accepted: dict[str, tuple[str, ...]]
+    #: Input name -> every datatype it may come in, the declared one first.
+    accepted: Mapping[str, tuple[str, ...]] = MappingProxyType({"TIME": ("FP64",), "VALUES": ("FP32",)})
 
     def __init__(self, d: ModelDescription, default_top_k: int) -> None:
         self.description = d
@@ -83,7 +86,8 @@ class TensorCodec:
         return [c for c, name in zip(columns, self.output_names, strict=True) if name in names]
 
     def event(self, seen: dict[str, tuple[float, ...] | tuple[int, ...]]) -> tuple[float, int, list[float]]:
-        raise NotImplementedError
+        """``TIME`` and ``VALUES`` -> the event's columns (mark 0: a task of one mark)."""
+        return float(seen["TIME"][0]), 0, list(seen["VALUES"])
 
     def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
         raise NotImplementedError

@@ -18,12 +18,8 @@ class ClassCodec(TensorCodec):
     def __init__(self, d: ModelDescription, default_top_k: int) -> None:
         super().__init__(d, default_top_k)
         self.inputs = [("TIME", "FP64", [1]), ("VALUES", "FP32", [d.value_width])]
-        self.accepted = {"TIME": ("FP64",), "VALUES": ("FP32",)}
         self.outputs = [("SEQ", "INT64", [1]), ("CLASS_TOP", "INT64", [-1]), ("CLASS_PROBS", "FP64", [-1])]
         self._ready()
-
-    def event(self, seen: dict[str, tuple[float, ...] | tuple[int, ...]]) -> tuple[float, int, list[float]]:
-        return float(seen["TIME"][0]), 0, list(seen["VALUES"])
 
     def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
         o = ClassOutputs.from_columns(outputs)

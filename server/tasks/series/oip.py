@@ -19,12 +19,8 @@ class SeriesCodec(TensorCodec):
         super().__init__(d, default_top_k)
         h, c, q = d.horizon, d.value_width, len(d.quantiles)
         self.inputs = [("TIME", "FP64", [1]), ("VALUES", "FP32", [c])]
-        self.accepted = {"TIME": ("FP64",), "VALUES": ("FP32",)}
         self.outputs = [("SEQ", "INT64", [1]), ("SERIES_MEAN", "FP64", [h, c]), ("SERIES_QUANTILES", "FP64", [h, c, q])]
         self._ready()
-
-    def event(self, seen: dict[str, tuple[float, ...] | tuple[int, ...]]) -> tuple[float, int, list[float]]:
-        return float(seen["TIME"][0]), 0, list(seen["VALUES"])
 
     def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
         o = SeriesOutputs.from_columns(outputs)

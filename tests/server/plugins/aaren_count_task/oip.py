@@ -13,12 +13,8 @@ class CountCodec(TensorCodec):
         super().__init__(d, default_top_k)
         v = d.value_width
         self.inputs = [("TIME", "FP64", [1]), ("VALUES", "FP32", [v])]
-        self.accepted = {"TIME": ("FP64",), "VALUES": ("FP32",)}
         self.outputs = [("SEQ", "INT64", [1]), ("COUNT", "INT64", [1]), ("MEAN", "FP32", [v]), ("STD", "FP32", [v])]
         self._ready()
-
-    def event(self, seen: dict[str, tuple[float, ...] | tuple[int, ...]]) -> tuple[float, int, list[float]]:
-        return float(seen["TIME"][0]), 0, list(seen["VALUES"])
 
     def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
         o = CountOutputs.from_columns(outputs)
