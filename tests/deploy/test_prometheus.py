@@ -99,7 +99,7 @@ def template_queries() -> list[tuple[str, str]]:
 
 def metric_names() -> set[str]:
     """Every metric server/observability/metrics.py defines."""
-    names = set(re.findall(r'"(aaren_[a-z_]+)"', (ROOT / "server" / "metrics.py").read_text()))
+    names = set(re.findall(r'"(aaren_[a-z_]+)"', (ROOT / "server" / "observability" / "metrics.py").read_text()))
     assert len(names) >= 19, names
     return names
 
