@@ -102,7 +102,7 @@ class _Model:
         self.description, self.codec, self.checker = d, codec, checker
         self.stats = _Statistics()
 
-    def is_it(self, name: str, version: str) -> bool:
+    def matches(self, name: str, version: str) -> bool:
         return name == self.description.name and version in ("", self.description.version)
 
 
@@ -136,7 +136,7 @@ class OipServicer:
 
     def _find(self, name: str, version: str) -> _Model | None:
         model = self._models.get(name)
-        return model if model is not None and model.is_it(name, version) else None
+        return model if model is not None and model.matches(name, version) else None
 
     def close_streams(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
