@@ -83,8 +83,15 @@ def highest_versions() -> dict[str, str]:
 def stack_venv(versions: dict[str, str]) -> Path:
     """A venv with exactly ``versions`` of the stack plus this environment behind it (cached)."""
     pins = sorted(f"{name}=={version}" for name, version in versions.items())
-    key = hashlib.sha256(" ".join([sys.executable, *pins]).encode()).hexdigest()[:16]
-    venv = CACHE / f"grpcio{versions['grpcio']}-protobuf{versions['protobuf']}-{key}"
+    return cached_venv(f"grpcio{versions['grpcio']}-protobuf{versions['protobuf']}", pins, with_base=True)
+
+
+def cached_venv(name: str, pins: list[str], *, with_base: bool) -> Path:
+    """A venv with ``pins`` installed (cached under ``name`` and a key of the pins); ``with_base``:
+    this environment's packages behind the venv's own."""
+    parts = [sys.executable, *pins] if with_base else [sys.executable, *pins, "without-base"]
+    key = hashlib.sha256(" ".join(parts).encode()).hexdigest()[:16]
+    venv = CACHE / f"{name}-{key}"
     if venv.is_dir():
         return venv
     # Built aside and renamed into place: an interrupted build, or a second test run building the
@@ -98,16 +105,17 @@ def stack_venv(versions: dict[str, str]) -> Path:
         # reflection state their own grpcio and protobuf ranges) and brings their small deps.
         done = _pip("--python", str(python), "install", "--quiet", *pins)
         assert done.returncode == 0, f"pip could not install {pins}:\n{done.stderr[-4000:]}"
-        site = subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        # addsitedir (not a bare path line) so that this environment's own .pth files (aaren's
-        # editable install) run too; appended, so the venv's own packages come first.
-        base = sysconfig.get_path("purelib")
-        (Path(site) / "zz-aaren-test-base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+        if with_base:
+            site = subprocess.run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            # addsitedir (not a bare path line) so that this environment's own .pth files (aaren's
+            # editable install) run too; appended, so the venv's own packages come first.
+            base = sysconfig.get_path("purelib")
+            (Path(site) / "zz-aaren-test-base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
         try:
             building.rename(venv)
         except OSError:  # another run finished the same venv first
