@@ -24,7 +24,8 @@ __all__ = ["Task"]
 
 
 class Task(Protocol):
-    """What the engine core needs of a served model."""
+    """What the engine core needs of a served model. A task that can sample futures (the event task)
+    also has ``sample(rows, horizon, num_samples, seed)``: the unary Forecast's ``horizon > 1``."""
 
     description: ModelDescription
     version: str
