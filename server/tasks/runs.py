@@ -117,7 +117,7 @@ class RunTask:
         """``R`` runs of ``L`` events (``flat [R * L]``, ``shape (R, L)``): ``FEATURES [R, L, W]`` and the end state."""
         raise NotImplementedError
 
-    #: The hook of a batch of single events only: ``(inputs, rows) -> (new rows, FEATURES [A, W])``,
+    #: The hook of a batch of single events only: ``(runs, rows) -> (new rows, FEATURES [A, W])``,
     #: or None for the general path (which gives the same numbers).
     _step_all: Any = None
 
@@ -137,11 +137,11 @@ class RunTask:
         Returns new rows (``rows`` itself is not changed) and the outputs of the events where
         ``runs.want`` holds, in flat order (up to ``top_k`` ranked entries each; module docstring).
         """
-        inputs = self._event_inputs(runs)
         n_runs, n_events = len(runs.lengths), len(runs.dt)
         if n_events == n_runs and self._step_all is not None:
-            new, features = self._step_all(inputs, rows)
+            new, features = self._step_all(runs, rows)
         else:
+            inputs = self._event_inputs(runs)
             features = torch.empty(n_events, self.last_width, device=self.device)  # [A, W]
             new = {k: t.clone() for k, t in rows.items()}
             for length in np.unique(runs.lengths).tolist():

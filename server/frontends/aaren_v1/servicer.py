@@ -66,6 +66,8 @@ class _ModelView:
     levels: tuple[float, ...]
     checker: EventChecker
     encoder: Encoder
+    #: How many entries a forecast ranks (``ModelDescription.ranked``): a request's top_k is cut to it.
+    ranked: int
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -94,7 +96,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
             encoder = spec_of(d.task).load("aaren_v1")(d, self.settings.default_top_k)
             ref = pb.ModelRef(name=d.name, version=d.version)
-            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder)
+            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked)
         for alias, name in core.aliases.items():
             views.setdefault(alias, views[name])
         default = views[core.descriptions[0].name]
@@ -142,7 +144,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     def _top_k(self, request_top_k: int, view: _ModelView) -> int:
         k = request_top_k or self.settings.default_top_k
-        return min(k, view.description.ranked)
+        return min(k, view.ranked)
 
     def _response(self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView) -> pb.StreamResponse:
         response = pb.StreamResponse(request_id=request.request_id)

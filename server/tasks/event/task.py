@@ -173,11 +173,9 @@ class EventTask(RunTask):
         values = torch.from_numpy(runs.values).to(self.device, torch.float32)
         return dt, marks, values.view(len(runs.dt), self.description.value_width)
 
-    def _step_all(
-        self, inputs: tuple[Tensor, Tensor, Tensor], rows: dict[str, Tensor]
-    ) -> tuple[dict[str, Tensor], Tensor]:
+    def _step_all(self, runs: RunColumns, rows: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor]:
         """Every run is one event: one batched step on the rows as they are, no gather or scatter."""
-        y, *stepped = self._step(*inputs, *(rows[k] for k in self._state_fields))  # y [R, d]
+        y, *stepped = self._step(*self._event_inputs(runs), *(rows[k] for k in self._state_fields))  # y [R, d]
         new = dict(zip(self._state_fields, stepped, strict=True))
         new[FEATURES] = y
         return new, y
