@@ -59,9 +59,6 @@ class OutputColumns:
     """The base of a task's typed outputs: a dataclass whose fields are all ``[F, ...]`` arrays over
     the same F forecasts (a subclass declares them, with their shapes in its docstring)."""
 
-    def __len__(self) -> int:
-        return len(getattr(self, dataclasses.fields(self)[0].name))
-
     def to_columns(self) -> Columns:
         """The fields as plain columns (the arrays themselves, not copies)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
