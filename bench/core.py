@@ -54,7 +54,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from torch import Tensor
 
-from aaren_core.attention.functional import attention_naive, attention_scan
+from aaren_core.attention import attention_naive, attention_scan
 from aaren_core.attention.state import State
 from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 

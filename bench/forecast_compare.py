@@ -2,7 +2,7 @@
 
 Trains every backbone with every seed (sequentially, same config but the backbone and, for the
 GRU, the width that matches Aaren's parameter count), scores each run's best checkpoint on the
-test split with ``aaren_core.tasks.event.evaluation``, adds the no-history baseline and the constant gap
+test split with ``aaren_core.tasks.event.metrics``, adds the no-history baseline and the constant gap
 forecasts, and writes a Markdown table of mean ± std over seeds. Finished runs are reused, so an
 interrupted comparison continues where it stopped.
 
@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks.event.config import TrainConfig, command_line
 from aaren_core.tasks.event.data import BUILTIN_DATASETS
-from aaren_core.tasks.event.evaluation import EvalSplit, compute_metrics, constant_gap_metrics, model_predictor
+from aaren_core.tasks.event.metrics import EvalSplit, compute_metrics, constant_gap_metrics, model_predictor
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
-from aaren_core.training.event import TrainConfig, command_line, train
+from aaren_core.tasks.event.train import train
 
 KINDS = ("aaren", "aaren-decay", "transformer", "gru")
 TITLES = {

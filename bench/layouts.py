@@ -6,11 +6,11 @@
 
 Servers, all started first and checked once with a tiny load (TorchServe with the kit's
 ``--verify``): ``aaren serve --frontends N`` for each ``--layouts`` N (default 0, 1, 2; bundled
-model, eager, in-memory store, CPU), TorchServe 0.12 stateful from the kit in
-``shared/peers/torchserve`` (``setup.sh`` when its work folder has no stubs yet, ``start.sh``,
+model, eager, in-memory store, CPU), TorchServe 0.12 stateful from the project's kit in
+``bench/peers/torchserve`` (``setup.sh`` when its work folder has no stubs yet, ``start.sh``,
 ``stop.sh``; its ``client.py`` drives it), and the project's no-op echo (``bench.echo_server``).
 
-The kit's "Measuring side by side" protocol: warm-up (TorchServe 64 sessions x 200 events, the
+The kit's "Measuring side by side" protocol (its README): warm-up (TorchServe 64 sessions x 200 events, the
 others 64 x 100), then per rep and per level (1, 16, 64 sessions) every server once, a fresh client
 process per cell, 400 events per session, the order rotated by one per rep, 3 reps, at least 4 s
 before each TorchServe cell. Every session is its own stream, one event per message, waiting for
@@ -76,15 +76,8 @@ def layout_name(frontends: int) -> str:
     return f"aaren f{frontends}"
 
 
-def default_kit() -> Path:
-    env = os.environ.get("TS_KIT")
-    if env:
-        return Path(env)
-    for base in (ROOT, *ROOT.parents):
-        kit = base / "shared" / "peers" / "torchserve"
-        if (kit / "client.py").is_file():
-            return kit
-    return ROOT / "shared" / "peers" / "torchserve"
+#: The TorchServe peer's kit (bench/peers/torchserve/README.md).
+KIT = ROOT / "bench" / "peers" / "torchserve"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -528,7 +521,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batched-streams", type=int, default=4, help="streams of a batched-message cell")
     p.add_argument("--batched-messages", type=int, default=None, help="messages per stream (default 100; quick 10)")
     p.add_argument("--core-rounds", type=int, default=None, help="engine core alone: rounds (default 60; quick 10)")
-    p.add_argument("--ts-kit", type=Path, default=default_kit(), help="the TorchServe kit folder (or $TS_KIT)")
+    p.add_argument("--ts-kit", type=Path, default=KIT, help="the TorchServe kit folder (default: the project's own)")
     p.add_argument(
         "--ts-work",
         type=Path,

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.tasks.event.evaluation import EvalSplit, compute_metrics, model_predictor, recorded_metrics
+from aaren_core.tasks.event.config import TrainConfig
 from aaren_core.tasks.event.heads import LogNormalMixture, log_partial_expectation
-from aaren_core.training.event import TrainConfig
+from aaren_core.tasks.event.metrics import EvalSplit, compute_metrics, model_predictor, recorded_metrics
 
 
 def _errors(forecast: np.ndarray, target: np.ndarray) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """Which head for the series task: direct quantiles (pinball loss) or a Gaussian per step and channel?
 
 Trains the same Aaren ``SeriesModel`` with each head (``SeriesModelConfig.head``) and each seed
-on one series data set and horizon, selects each run on validation MSE as ``task_training`` does,
+on one series data set and horizon, selects each run on validation MSE as ``aaren_core.tasks.run`` does,
 and scores the test part's every origin restricted to the last ``L`` steps (the TSLib protocol):
 MSE and MAE of the mean, MAE of the median, the mean pinball loss over the quantile levels, the
 coverage of the outermost band, and the share of the truth below each quantile (calibration: it
@@ -23,10 +23,12 @@ import torch
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.datasets import load_series
+from aaren_core.tasks.config import TaskTrainConfig
+from aaren_core.tasks.report import METRICS_FILE
+from aaren_core.tasks.run import train_task
 from aaren_core.tasks.series.baselines import windows
 from aaren_core.tasks.series.data import SeriesData, calendar_features
 from aaren_core.tasks.series.model import HEADS, SeriesModel
-from aaren_core.training.task import METRICS_FILE, TaskTrainConfig, train_task
 
 COLUMNS = (
     ("mse", "MSE (mean)", 4),

@@ -36,10 +36,11 @@ import numpy as np
 
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
+from bench.accounting import Tally, percentile_ms, single_summary
+from bench.accounting import one_session as session_loop
 
 __all__ = ["main", "session_events"]
 
-WARM = 10  # first events of each session excluded from latency stats (as the kit's client)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -79,47 +80,17 @@ def forecasts_in(response: pb.StreamResponse, layout: int) -> tuple[int, str | N
     return n, first
 
 
-class Tally:
-    def __init__(self) -> None:
-        self.done: list[float] = []
-        self.errors: list[str] = []
-        self.spans: list[tuple[float, float]] = []
-        self.firsts: list[float] = []
-        self.lat: list[float] = []
-        self.forecasts = 0
-
-
 async def one_session(
     stub: pb_grpc.ForecastServiceStub, sid: str, index: int, a: argparse.Namespace, tally: Tally
 ) -> None:
-    ts0 = time.perf_counter()
     times, marks, values = session_events(index, a.events, a.num_marks, a.value_width)
     reqs = [pb.StreamRequest(events=[e], layout=a.layout_value) for e in make_events(sid, 1, times, marks, values)]
-    call = stub.Stream()
-    for i, r in enumerate(reqs):
-        t0 = time.perf_counter()
-        await call.write(r)
-        resp = await call.read()
-        dt = time.perf_counter() - t0
-        if resp is grpc.aio.EOF:
-            tally.errors.append("EOF")
-            break
-        n, problem = forecasts_in(resp, a.layout_value)
-        if n != 1:
-            tally.errors.append(problem or "no forecast")
-            break
-        tally.forecasts += 1
-        if i >= WARM:
-            tally.lat.append(dt)
-        elif i == 0:
-            tally.firsts.append(dt)
-        tally.done.append(time.perf_counter())
-    tally.spans.append((ts0, time.perf_counter()))
-    await call.done_writing()
-    try:
-        await asyncio.wait_for(call.code(), 10)
-    except TimeoutError:
-        call.cancel()
+
+    def problem(reply: pb.StreamResponse) -> str | None:
+        n, first = forecasts_in(reply, a.layout_value)
+        return None if n == 1 else first or "no forecast"
+
+    await session_loop(stub.Stream(), reqs, problem, tally)
 
 
 async def one_stream(stub: pb_grpc.ForecastServiceStub, s: int, a: argparse.Namespace, tally: Tally) -> None:
@@ -172,10 +143,6 @@ async def one_stream(stub: pb_grpc.ForecastServiceStub, s: int, a: argparse.Name
         call.cancel()
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(np.array(values) * 1e3, q)), 3) if values else None
-
-
 async def run(a: argparse.Namespace) -> dict[str, object]:
     tally = Tally()
     streams = a.sessions if a.mode == "single" else a.streams
@@ -202,42 +169,23 @@ async def run(a: argparse.Namespace) -> dict[str, object]:
     finally:
         for ch in channels:
             await ch.close()
-    res: dict[str, object] = dict(
-        label=a.label,
-        target=a.target,
-        mode=a.mode,
-        channels=len(channels),
-        wall_s=round(wall, 3),
-        forecasts=tally.forecasts,
-        errors=len(tally.errors),
-        first_error=tally.errors[0] if tally.errors else None,
-        ev_per_s=round(tally.forecasts / wall, 1),
-    )
+    res: dict[str, object] = dict(label=a.label, target=a.target, mode=a.mode, channels=len(channels))
     if a.mode == "single":
-        res.update(
-            sessions=a.sessions,
-            events_per_session=a.events,
-            events=len(tally.done),
-            p50_ms=_pct(tally.lat, 50),
-            p99_ms=_pct(tally.lat, 99),
-            mean_ms=round(float(np.mean(tally.lat)) * 1e3, 3) if tally.lat else None,
-            first_reply_ms_max=round(1e3 * max(tally.firsts), 2) if tally.firsts else None,
-            session_end_s_min=round(min(e for _, e in tally.spans) - t0, 3) if tally.spans else None,
-            session_end_s_max=round(max(e for _, e in tally.spans) - t0, 3) if tally.spans else None,
-        )
-        if tally.spans:  # steady state: events completed while every session was still active
-            t_end = min(e for _, e in tally.spans)
-            t_beg = max(b for b, _ in tally.spans)
-            k = sum(1 for t in tally.done if t_beg <= t <= t_end)
-            res["all_active_ev_per_s"] = round(k / (t_end - t_beg), 1) if t_end > t_beg else None
+        res.update(single_summary(tally, t0, wall), sessions=a.sessions, events_per_session=a.events)
+        res["forecasts"] = tally.forecasts
     else:
         res.update(
+            wall_s=round(wall, 3),
+            forecasts=tally.forecasts,
+            errors=len(tally.errors),
+            first_error=tally.errors[0] if tally.errors else None,
+            ev_per_s=round(tally.forecasts / wall, 1),
             streams=a.streams,
             batch=a.batch,
             messages=a.messages,
             events=a.streams * a.batch * a.messages,
-            msg_p50_ms=_pct(tally.lat, 50),
-            msg_p99_ms=_pct(tally.lat, 99),
+            msg_p50_ms=percentile_ms(tally.lat, 50),
+            msg_p99_ms=percentile_ms(tally.lat, 99),
         )
     return res
 

@@ -1,6 +1,6 @@
 """Aaren vs Transformer vs GRU (matched parameter counts) on the series and class tasks (issue 13).
 
-Trains every (data set, horizon, model, seed) with ``aaren_core.training.task.train_task`` on one
+Trains every (data set, horizon, model, seed) with ``aaren_core.tasks.run.train_task`` on one
 thread, one run at a time, in priority order, and writes two Markdown reports of test scores
 (mean ± std over seeds) after every finished run, so partial tables exist at any time:
 
@@ -40,10 +40,13 @@ from torch import nn
 
 from aaren_core.datasets import SERIES_DATASETS, load_class, load_series
 from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
+from aaren_core.tasks.config import TaskTrainConfig
+from aaren_core.tasks.report import METRICS_FILE
+from aaren_core.tasks.run import train_task
 from aaren_core.tasks.series.baselines import DLinear, DLinearConfig
 from aaren_core.tasks.series.data import ClassData, SeriesData
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
-from aaren_core.training.task import METRICS_FILE, TaskTrainConfig, baseline_scores, train_task
+from aaren_core.tasks.series.train import baseline_scores
 
 NEURAL = ("aaren", "transformer", "gru")
 SERIES_KINDS = (*NEURAL, "dlinear")
@@ -123,7 +126,7 @@ def loss_stride(horizon: int) -> int:
 
 def scored_phases(window: int, stride: int, period: int) -> int:
     """How many of the ``period`` phases (hours of the day, for hourly data) the trained forecast origins
-    cover: ``task_training`` starts windows every ``window // 4`` steps from step 0 and scores the positions
+    cover: ``aaren_core.tasks.run`` starts windows every ``window // 4`` steps from step 0 and scores the positions
     ``(window - 1) % stride, ... , window - 1``; the origin after position ``p`` of the window at ``s`` is
     ``s + p + 1``. When ``window // 4`` and ``stride`` share factors with ``period``, only some phases are
     ever trained (e.g. 3 of 24 for stride 8 and starts every 48 hours)."""
@@ -188,7 +191,7 @@ def match_d_model(base: TaskTrainConfig, kind: str, data: SeriesData | ClassData
 
 
 def command_line(config: TaskTrainConfig) -> str:
-    """The ``python -m aaren_core.training.task`` call that trains ``config`` alone."""
+    """The ``python -m aaren_core.tasks.run`` call that trains ``config`` alone."""
     default = TaskTrainConfig(task=config.task).to_dict()
     sets = []
     for key, value in config.to_dict().items():
@@ -202,7 +205,7 @@ def command_line(config: TaskTrainConfig) -> str:
             else str(value)
         )
         sets.append(f"--set {key}={text}")
-    return f"python -m aaren_core.training.task --task {config.task} " + " ".join(sets)
+    return f"python -m aaren_core.tasks.run --task {config.task} " + " ".join(sets)
 
 
 class DataCache:
@@ -536,7 +539,7 @@ def _series_setup(series_runs: Sequence[Run], missing: Sequence[str]) -> list[st
         "GRU (2 layers) and the Transformer take the width whose whole model (embedding, backbone, mean and "
         "quantile heads) is closest in parameters to Aaren's (`match_d_model`); the heads (d_model x H x C x 4) "
         "dominate the count at long horizons. DLinear: TSLib's `individual=False`, kernel 25, L = 96.",
-        f"- Training (`aaren_core.training.task`): windows of 192 train steps every 48 steps, shifted by one "
+        f"- Training (`aaren_core.tasks.run`): windows of 192 train steps every 48 steps, shifted by one "
         f"random offset each epoch (`window_offsets`: every hour of the day is a trained origin), AdamW lr 1e-3, "
         f"batch 32, loss MSE + pinball (q10/q50/q90) after every `loss_stride`-th position (stride max(1, H // 24)); "
         f"at most {SERIES_BUDGET.epochs} epochs, early stop after {SERIES_BUDGET.patience} epochs without a lower "
@@ -671,7 +674,7 @@ def _class_setup(class_runs: Sequence[Run], missing: Sequence[str]) -> list[str]
         "state by the steps, `time_decay`, the default of `aaren train --task series`; class Aaren does not); the "
         "GRU (2 layers) and the Transformer take the width whose whole model is closest in parameters to Aaren's "
         "(`match_d_model`). Aaren's extra parameters are its learned query tokens.",
-        "- Training (`aaren_core.training.task`): AdamW lr 1e-3, batch 32, loss CE of the final prediction "
+        "- Training (`aaren_core.tasks.run`): AdamW lr 1e-3, batch 32, loss CE of the final prediction "
         "(aux_weight 0: the early predictions are not trained directly), gradient clip 1. "
         f"{budgets}.",
         "- Selection: best accuracy (ties: lower train loss) on a stratified 20% of the archive's train part "

@@ -6,7 +6,6 @@ client commands run with the client's dependencies only.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -40,44 +39,28 @@ class _TrainCommand(typer.core.TyperCommand):
     """``aaren train --help`` ends with the ``--set`` keys, read from aaren_core when help is shown."""
 
     def format_help(self, ctx: typer.Context, formatter: typer.core.click.HelpFormatter) -> None:
-        from aaren_core.training import task as task_training
-        from aaren_core.training.event import SET_KEYS, TrainConfig
+        from aaren_core.config import format_value
+        from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS
+        from aaren_core.tasks import config as task_config
+        from aaren_core.tasks.event.config import SET_KEYS, TrainConfig
 
         defaults = TrainConfig().to_dict()
         keys = "\n".join(f"  {k}: {text} [default: {_shown(defaults[k])}]" for k, text in SET_KEYS.items())
-        task_defaults = task_training.TaskTrainConfig().to_dict()
+        task_defaults = task_config.TaskTrainConfig().to_dict()
         task_keys = "\n".join(
             # Parentheses: rich would take "[default: ...]" for markup and drop it.
-            f"  {k}: {text} (default: {_shown_task(task_defaults[k])})"
-            for k, text in task_training.SET_KEYS.items()
+            f"  {k}: {text} (default: {format_value(task_defaults[k]) or 'none'})"
+            for k, text in task_config.SET_KEYS.items()
             if k not in ("task", "data", "out_dir", "name")
         )
         self.epilog = (
             f"Keys for --set KEY=VALUE (or a --config file):\n\n{keys}\n\n"
-            f"With --task series or --task class (data sets: series {', '.join(_series_sets())}; class "
-            f"{', '.join(_class_sets())}), --set takes these keys instead (the shared flags --data, --out-dir, "
+            f"With --task series or --task class (data sets: series {', '.join(SERIES_DATASETS)}; class "
+            f"{', '.join(CLASS_DATASETS)}), --set takes these keys instead (the shared flags --data, --out-dir, "
             f"--name, --backbone, --d-model, --n-layers, --n-heads, --epochs, --batch-size, --lr, --seed "
             f"work too):\n\n{task_keys}"
         )
         super().format_help(ctx, formatter)
-
-
-def _shown_task(value: object) -> str:
-    if isinstance(value, list):
-        return ",".join(f"{v:g}" for v in value)
-    return "none" if value == "" else str(value).lower()
-
-
-def _series_sets() -> list[str]:
-    from aaren_core.datasets import SERIES_DATASETS
-
-    return list(SERIES_DATASETS)
-
-
-def _class_sets() -> list[str]:
-    from aaren_core.datasets import CLASS_DATASETS
-
-    return list(CLASS_DATASETS)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -86,56 +69,34 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
-def _set_items(items: list[str] | None) -> dict[str, object]:
-    changes: dict[str, object] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
-        changes[key.strip().replace("-", "_")] = value
-    return changes
+def _set_items(items: list[str] | None) -> dict[str, str]:
+    from aaren_core.config import parse_sets
+
+    try:
+        return parse_sets(items or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--set") from None
 
 
 def _train_task(task: str, flags: dict[str, object], set_items: list[str] | None) -> None:
-    """``aaren train --task series|class``: ``aaren_core.training.task.train_task``, then the report."""
+    """``aaren train --task series|class``: ``aaren_core.tasks.run.train_task``, then the report."""
     from aaren_core.checkpoint import CheckpointError
+    from aaren_core.tasks import run
+    from aaren_core.tasks.config import DEFAULT_DATA, TaskTrainConfig
     from aaren_core.tasks.event.data import DataError
-    from aaren_core.tasks.report import write_task_report
-    from aaren_core.training import task as task_training
 
     changes = _set_items(set_items)
     if "task" in changes:
         raise _fail("give the task with --task, not --set task=...")
-    changes = {"data": task_training.DEFAULT_DATA[task], **flags, **changes}
     try:
-        cfg = task_training.TaskTrainConfig(task=task).replace(**changes)
-        data = task_training.load_task_data(cfg)
-        result = task_training.train_task(cfg, data)
-        write_task_report(result.metrics, result.model, data, result.out_dir)
+        cfg = TaskTrainConfig(task=task).replace(**{"data": DEFAULT_DATA[task], **flags, **changes})
+        data = run.load_task_data(cfg)
+        result = run.train_task(cfg, data)
+        run.write_task_report(result.metrics, result.model, data, result.out_dir)
     except (DataError, CheckpointError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
-    typer.echo(_task_summary(result.metrics))
+    typer.echo(run.task_summary(result.metrics))
     typer.echo(f"checkpoint {result.out_dir / 'best'}; report {result.out_dir / 'report.md'}")
-
-
-def _task_summary(metrics: dict[str, object]) -> str:
-    """One line of a series or class run's test scores."""
-    test, base = metrics["test"], metrics["baselines"]
-    assert isinstance(test, dict) and isinstance(base, dict)
-    if metrics["task"] == "series":
-        seasonal = next(k for k in base if k.startswith("seasonal_naive_"))
-        stream = test.get("streaming")
-        streaming = f", streaming {stream['mse']:.4f}/{stream['mae']:.4f}" if stream else ""
-        return (
-            f"{metrics['name']} on test: MSE/MAE restricted {test['restricted']['mse']:.4f}/"
-            f"{test['restricted']['mae']:.4f}{streaming}; last value {base['last_value']['mse']:.4f}/"
-            f"{base['last_value']['mae']:.4f}, seasonal naive {base[seasonal]['mse']:.4f}/{base[seasonal]['mae']:.4f}"
-        )
-    by = test["accuracy_by_fraction"]
-    return (
-        f"{metrics['name']} on test: accuracy {test['accuracy']:.3f} (majority class "
-        f"{base['majority_class']['accuracy']:.3f}); after 10% / 50% of each sequence {by['0.1']:.3f} / {by['0.5']:.3f}"
-    )
 
 
 def _shown(value: object) -> str:
@@ -190,32 +151,6 @@ def train(
     --task series or --task class trains a series forecaster or a sequence classifier on a named
     data set instead and writes best/, metrics.json and report.md (with plots) into --out-dir.
     """
-    if task in ("series", "class"):
-        for flag, given in (("--config", config), ("--time-unit", time_unit), ("--resume", resume or None)):
-            if given is not None:
-                raise _fail(f"{flag} is for the event task; with --task {task} use --set KEY=VALUE")
-        shared = {
-            "model": backbone,
-            "d_model": d_model,
-            "n_layers": n_layers,
-            "n_heads": n_heads,
-            "data": data,
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "lr": lr,
-            "seed": seed,
-            "out_dir": out_dir,
-            "name": name,
-        }
-        _train_task(task, {k: v for k, v in shared.items() if v is not None}, set_)
-        return
-    if task != "event":
-        raise _fail(f"--task {task!r}: expected event, series or class")
-    from aaren_core.tasks.event.data import DataError
-    from aaren_core.training.event import TrainConfig
-    from aaren_core.training.event import train as run_training
-
-    base = TrainConfig.from_file(config) if config else TrainConfig()
     flags = {
         "backbone": backbone,
         "d_model": d_model,
@@ -230,13 +165,23 @@ def train(
         "out_dir": out_dir,
         "name": name,
     }
-    changes: dict[str, object] = {k: v for k, v in flags.items() if v is not None}
-    for item in set_ or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
-        changes[key.strip().replace("-", "_")] = value
+    given = {k: v for k, v in flags.items() if v is not None}
+    if task in ("series", "class"):
+        for flag, value in (("--config", config), ("--time-unit", time_unit), ("--resume", resume or None)):
+            if value is not None:
+                raise _fail(f"{flag} is for the event task; with --task {task} use --set KEY=VALUE")
+        # The series and class configs call the backbone ``model`` (it may also be ``dlinear``).
+        _train_task(task, {("model" if k == "backbone" else k): v for k, v in given.items()}, set_)
+        return
+    if task != "event":
+        raise _fail(f"--task {task!r}: expected event, series or class")
+    from aaren_core.tasks.event.config import TrainConfig
+    from aaren_core.tasks.event.data import DataError
+    from aaren_core.tasks.event.train import train as run_training
+
+    changes = {**given, **_set_items(set_)}
     try:
+        base = TrainConfig.from_file(config) if config else TrainConfig()
         cfg = base.replace(**changes)
         cfg = cfg.replace(data=_data_path(cfg.data))
     except ValueError as exc:
@@ -265,17 +210,15 @@ def evaluate(
     A series or class checkpoint (from `aaren train --task series|class`) is re-scored on its test
     split from its stored config, as training scored it, beside its baselines.
     """
-    task = _checkpoint_task(checkpoint)
-    if task in ("series", "class"):
-        _evaluate_task(checkpoint, split=split, data=data, out=out or checkpoint, plots=plots)
-        return
+    from aaren_core.checkpoint import CheckpointError
+    from aaren_core.tasks import run
     from aaren_core.tasks.event.data import DataError
-    from aaren_core.tasks.event.evaluation import evaluate_checkpoint, shows_top3
 
-    if split not in ("train", "val", "test"):
+    task = run.checkpoint_task(checkpoint)
+    if task == "event" and split not in ("train", "val", "test"):
         raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")
     try:
-        result = evaluate_checkpoint(
+        evaluation = run.evaluate(
             checkpoint,
             split=split,
             out_dir=out or checkpoint,
@@ -283,44 +226,12 @@ def evaluate(
             data_path=None if data is None else _data_path(data),
         )
     except DataError as exc:
-        raise typer.BadParameter(f"{exc} (give the events file with --data)", param_hint="--data") from None
-    m, b, r = result["model"], result["no_history"], result["recorded"]["model"]
-    top3 = f" (top-3 {m['top3_acc']:.3f})" if shows_top3(result) else ""
-    typer.echo(
-        f"{result['name']} on {split}: NLL {m['nll_total']:.4f} (no-history {b['nll_total']:.4f}), "
-        f"mark acc {m['mark_acc']:.3f}{top3}, time RMSE {m['time_rmse']:.3f}, "
-        f"q10/q50/q90 {m['calib_q10']:.3f}/{m['calib_q50']:.3f}/{m['calib_q90']:.3f}; as recorded (what the server "
-        f"sees) P(G<q)-P(G<=q) q10 {r['calib_q10_below']:.3f}-{r['calib_q10']:.3f}, "
-        f"q50 {r['calib_q50_below']:.3f}-{r['calib_q50']:.3f}, q90 {r['calib_q90_below']:.3f}-{r['calib_q90']:.3f}, "
-        f"PIT KS {r['pit_ks']:.4f}; report in {out or checkpoint}"
-    )
-
-
-def _checkpoint_task(checkpoint: Path) -> str | None:
-    """The ``task`` in a checkpoint's metadata (read as JSON, no torch), or ``None``: event checkpoints
-    and anything unreadable go the event way, which reports its own errors."""
-    try:
-        record = json.loads((checkpoint / "config.json").read_text())
-        task = record["metadata"]["task"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return task if isinstance(task, str) else None
-
-
-def _evaluate_task(checkpoint: Path, *, split: str, data: str | None, out: Path, plots: bool) -> None:
-    from aaren_core.checkpoint import CheckpointError
-    from aaren_core.tasks.event.data import DataError
-    from aaren_core.tasks.report import evaluate_task_checkpoint
-
-    if split != "test":
-        raise _fail(f"--split {split}: a series or class checkpoint is scored on its test split only")
-    if data is not None:
-        raise _fail("--data is for event checkpoints; a series or class checkpoint reads the data set it names")
-    try:
-        metrics = evaluate_task_checkpoint(checkpoint, out_dir=out, plots=plots)
-    except (DataError, CheckpointError, ValueError, OSError) as exc:
+        if task == "event":
+            raise typer.BadParameter(f"{exc} (give the events file with --data)", param_hint="--data") from None
         raise _fail(str(exc)) from None
-    typer.echo(f"{_task_summary(metrics)}; report in {out}")
+    except (CheckpointError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(evaluation.summary)
 
 
 split_app = typer.Typer(help="The train/val/test parts of a data set, as training splits it.", no_args_is_help=True)
@@ -352,8 +263,9 @@ def split_export(
     time order, and writes forecasts only from the last history event on.
     """
     from aaren_core.checkpoint import load_checkpoint
+    from aaren_core.tasks.event.config import TrainConfig
     from aaren_core.tasks.event.data import DataError, write_events
-    from aaren_core.training.event import TrainConfig, load_data
+    from aaren_core.tasks.event.train import load_data
 
     if split not in ("train", "val", "test"):
         raise typer.BadParameter(f"{split!r}: expected train, val or test", param_hint="--split")

@@ -22,8 +22,9 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 import torch
 from torch import Tensor, nn
 
-from aaren_core.attention.functional import ScanState
+from aaren_core.attention import ScanState
 from aaren_core.attention.state import AarenState, GRUState, KVCacheState, State
+from aaren_core.config import ConfigRecord
 from aaren_core.nn.layers import AarenLayer, TransformerLayer
 
 __all__ = [
@@ -40,9 +41,11 @@ S = TypeVar("S", bound=State)
 
 
 @dataclasses.dataclass(frozen=True)
-class BackboneConfig:
+class BackboneConfig(ConfigRecord):
     """Sizes of a backbone. ``d_ff`` defaults to ``4 d_model``; the GRU ignores heads and ``d_ff``.
     ``time_decay``: Aaren scores decay with each event's age (``AarenAttention``)."""
+
+    CONFIG_NAME: ClassVar[str] = "backbone config"
 
     kind: BackboneKind = "aaren"
     d_model: int = 64
@@ -63,17 +66,6 @@ class BackboneConfig:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.d_ff == 0:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BackboneConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown backbone config keys {sorted(unknown)}; expected a subset of {sorted(known)}")
-        return cls(**data)
 
 
 class Backbone(nn.Module, Generic[S]):

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aaren_core.attention.functional import ScanState, attention_scan, attention_step, empty_state
+from aaren_core.attention import ScanState, attention_scan, attention_step, empty_state
 
 __all__ = ["AarenAttention", "AarenLayer", "CausalSelfAttention", "FeedForward", "TransformerLayer"]
 
@@ -43,7 +43,7 @@ class AarenAttention(nn.Module):
     ``q = W_q q0 + b_q``, split into ``H`` heads of width ``Dh = d_model / H``. For input tokens
     ``x_i``: ``k_i = W_k x_i``, ``v_i = W_v x_i``, ``s_i = q . k_i / sqrt(Dh)`` per head (computed
     with ``W_k`` folded into the query, see ``_score_value_projection``), and the
-    mixer returns ``W_o o_k`` with ``o_k`` from ``aaren_core.attention.functional``. Keeping ``W_q`` makes
+    mixer returns ``W_o o_k`` with ``o_k`` from ``aaren_core.attention``. Keeping ``W_q`` makes
     Aaren exactly ``d_model`` parameters larger than a Transformer block (the query token), the
     parity the paper reports (3,152,896 vs 3,152,384 for d_model 512, d_ff 2048).
 

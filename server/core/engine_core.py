@@ -33,6 +33,10 @@ __all__ = ["EngineCore", "ServedModel"]
 
 SLOW_COUNT_PERIOD_S = 30.0
 
+#: The wall clock the idle sweeper holds ``updated_at`` against (seconds since the epoch). A module
+#: attribute so that a test can stop it and move it past the TTL by hand, whatever the machine's pace.
+wall_clock = time.time
+
 
 @dataclasses.dataclass(frozen=True)
 class ServedModel:
@@ -227,7 +231,7 @@ class EngineCore:
                 counted = time.monotonic()
             for m in self.models.values():
                 try:
-                    swept = await m.store.sweep(time.time())
+                    swept = await m.store.sweep(wall_clock())
                     # A slow count (Redis: a SCAN of every key) runs at most every SLOW_COUNT_PERIOD_S.
                     if swept or (slow_due and not m.store.cheap_count):
                         await m.batcher.update_session_gauges()

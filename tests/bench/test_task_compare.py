@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import bench.task_compare as tc
+from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
-from aaren_core.training.task import TaskTrainConfig
 
 
 def tiny_series(n: int = 1200, channels: int = 2) -> SeriesData:
@@ -92,7 +92,7 @@ def test_tiny_campaign_is_resumable(tmp_path, monkeypatch):
     assert len(metrics) == 3 + 4  # 3 class models, 4 series models
     for path in metrics:
         side = json.loads((path.parent / tc.RUN_FILE).read_text())
-        assert side["command"].startswith("python -m aaren_core.training.task")
+        assert side["command"].startswith("python -m aaren_core.tasks.run")
         assert "threads=1" in side["command"]
     stamps = {p: p.stat().st_mtime_ns for p in metrics}
     tc.main(argv)  # everything done: nothing retrained

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from aaren.client.cli import app
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks import run as task_run
 from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
-from aaren_core.training import task as task_training
 
 runner = CliRunner()
 
@@ -50,7 +50,7 @@ def sign_sequences(n: int, seed: int) -> ClassSet:
 @pytest.fixture
 def tiny_data(monkeypatch):
     """``electricity`` and ``JapaneseVowels`` are tiny generated sets; other names go the real way."""
-    real = task_training.load_task_data
+    real = task_run.load_task_data
     made = {
         ("series", "electricity"): daily_series(),
         ("class", "JapaneseVowels"): ClassData(
@@ -62,7 +62,7 @@ def tiny_data(monkeypatch):
         key = (config.task, config.data)
         return made[key] if key in made else real(config)
 
-    monkeypatch.setattr(task_training, "load_task_data", load)
+    monkeypatch.setattr(task_run, "load_task_data", load)
     return made
 
 
@@ -171,9 +171,9 @@ def test_class_train_and_evaluate(tmp_path, monkeypatch, tiny_data):
     [
         (("--task", "series", "--data", "ETTh1"), "error: unknown series data set 'ETTh1'"),
         (("--task", "class", "--data", "electricity"), "error: unknown class data set 'electricity'"),
-        (("--task", "series", "--set", "no_such_key=1"), "error: unknown task config key 'no_such_key'"),
+        (("--task", "series", "--set", "no_such_key=1"), "error: task config: unknown keys ['no_such_key']"),
         (("--task", "series", "--set", "horizon=0"), "horizon, lookback, window, loss_stride, val_stride >= 1"),
-        (("--task", "series", "--set", "epochs=many"), "error: epochs='many'; expected int"),
+        (("--task", "series", "--set", "epochs=many"), "error: task config: epochs='many'; expected int"),
         (("--task", "class", "--backbone", "dlinear"), "(or 'dlinear' for series)"),
         (("--task", "series", "--name", "no spaces"), "name empty or"),
         (("--task", "series", "--set", "task=class"), "error: give the task with --task"),

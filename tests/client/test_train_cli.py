@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from aaren.client.cli import app
 from aaren_core.checkpoint import load_checkpoint
-from aaren_core.training.event import CLI_FLAGS, SET_KEYS, TrainConfig
+from aaren_core.tasks.event.config import CLI_FLAGS, SET_KEYS, TrainConfig
 
 runner = CliRunner()
 

@@ -10,24 +10,22 @@ import pytest
 import torch
 from test_training import NUM_MARKS, make_sessions, make_tiny_data, tiny_config, write_hours_csv
 
+from aaren_core.tasks.event.config import TrainConfig
 from aaren_core.tasks.event.data import EventSchema, EventSequence, pad_batch
-from aaren_core.tasks.event.evaluation import (
+from aaren_core.tasks.event.heads import HeadOutput, LogNormalMixture
+from aaren_core.tasks.event.metrics import (
     EvalSplit,
     NoHistoryModel,
-    _report,
     compute_metrics,
     constant_gap_metrics,
-    evaluate_checkpoint,
     fit_lognormal_mixture,
     model_predictor,
-    point_forecast_verdict,
     recorded_metrics,
     score,
     score_recorded,
-    shows_top3,
 )
-from aaren_core.tasks.event.heads import HeadOutput, LogNormalMixture
-from aaren_core.training.event import TrainConfig, build_model, load_data, train
+from aaren_core.tasks.event.report import _report, evaluate_checkpoint, point_forecast_verdict, shows_top3
+from aaren_core.tasks.event.train import build_model, load_data, train
 
 SCHEMA = EventSchema(tuple(f"m{k}" for k in range(NUM_MARKS)), ("a", "b"), "minutes", (0.0, 0.0), (1.0, 1.0))
 

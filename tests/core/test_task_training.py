@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks.config import TaskTrainConfig
+from aaren_core.tasks.run import main, train_task
 from aaren_core.tasks.series.data import ClassData, ClassSet, SeriesData, ratio_borders
-from aaren_core.training.task import TaskTrainConfig, main, shifted_starts, train_task
+from aaren_core.tasks.series.train import shifted_starts
 
 
 def daily_series(n: int = 600) -> SeriesData:
@@ -65,7 +67,7 @@ def test_class_training_learns_and_reports_accuracy_by_fraction(tmp_path):
 def test_config_checks_and_set_coercion():
     c = TaskTrainConfig().replace(quantiles="0.05,0.5,0.95", time_features="false", epochs="3")
     assert c.quantiles == (0.05, 0.5, 0.95) and c.time_features is False and c.epochs == 3
-    with pytest.raises(ValueError, match="unknown task config key"):
+    with pytest.raises(ValueError, match=r"task config: unknown keys"):
         TaskTrainConfig().replace(nope=1)
     with pytest.raises(ValueError, match="dlinear"):
         TaskTrainConfig(task="class", model="dlinear")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from time_decay_models import decay_model
+from generated import decay_model
 
 from aaren_core.nn.layers import AarenAttention
 from aaren_core.tasks.event.fused import FusedEventModel

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks.event.config import TrainConfig
 from aaren_core.tasks.event.data import (
     DataError,
     EventData,
@@ -25,9 +26,7 @@ from aaren_core.tasks.event.data import (
     dequantize,
     fit_standardization,
 )
-from aaren_core.training.event import (
-    EarlyStopping,
-    TrainConfig,
+from aaren_core.tasks.event.train import (
     eval_jitter,
     fit_log_dt,
     load_data,
@@ -35,6 +34,7 @@ from aaren_core.training.event import (
     resolve_config,
     train,
 )
+from aaren_core.training.loop import EarlyStopping
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_MARKS = 4
@@ -179,7 +179,9 @@ def test_ddp_with_two_processes_matches_one_process(tmp_path):
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
         "-m",
-        "aaren_core.training.event",
+        "aaren_core.tasks.run",
+        "--task",
+        "event",
         "--config",
         str(config_path),
     ]
@@ -291,7 +293,7 @@ def test_early_stopping_rides_out_noise_and_stops_on_a_plateau():
 def test_length_buckets_batch_similar_lengths_and_keep_every_sequence_once():
     import numpy as np
 
-    from aaren_core.training.event import TrainConfig, batch_order
+    from aaren_core.tasks.event.train import batch_order
 
     lengths = [int(x) for x in np.random.default_rng(0).integers(2, 500, 203)]
     order = np.random.default_rng(1).permutation(203)

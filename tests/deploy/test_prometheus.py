@@ -481,7 +481,10 @@ def test_prometheus_scrapes_a_real_server_and_evaluates_every_expression(start_s
             'phase="total"}[30s])))'
         )
         (latency,) = wait_for(lambda: [v for v in values(prom.query(p99)) if math.isfinite(v)], "a finite p99", prom)
-        assert 0 < latency <= 10, latency
+        # Never a time bound: a finite quantile means the samples fell in the finite buckets the server declares.
+        assert latency > 0, latency
+        count = 'sum(aaren_event_latency_seconds_count{job="aaren", phase="total"})'
+        assert wait_for(lambda: [v for v in values(prom.query(count)) if v > 0], "latency samples", prom)
 
         # Every expression must parse and evaluate (prom.query asserts HTTP 200 and status success) and return
         # data. Dashboard expressions and recording rules must return a non-empty vector as they are. An alert's

@@ -5,26 +5,21 @@ Kept in its own module (not a conftest) so the tests of this folder share it wit
 
 from __future__ import annotations
 
-import glob
 import math
-import os
 import queue
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 import torch
+from generated import ev  # noqa: F401  (re-exported; it lives with the generated data)
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors.torch import load as load_safetensors
+from servers import ServerProcess, frozen_clock_env, layouts_of  # noqa: F401  (re-exported; they live in servers.py)
 
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc
@@ -33,10 +28,6 @@ REASON_KEY = "aaren-error-reason"
 SERVICE = "aaren.v1.ForecastService"
 CALL_TIMEOUT_S = 20.0  # a deadline on every call so that a server bug fails a test instead of hanging it
 _END = object()
-
-
-def ev(session_id: str, seq: int, time: float, mark: int = 0, values: Sequence[float] = (0.0, 0.0)) -> pb.Event:
-    return pb.Event(session_id=session_id, seq=seq, time=time, mark=mark, values=list(values))
 
 
 def stub_for(channel: grpc.Channel) -> aaren_pb2_grpc.ForecastServiceStub:
@@ -172,19 +163,6 @@ def assert_forecasts_close(a: pb.Forecast, b: pb.Forecast, atol: float = 1e-5) -
     assert all(abs(x - y) <= atol * max(1.0, abs(y)) for x, y in zip(na, nb, strict=True)), (na, nb)
 
 
-# ---------------------------------------------------------------- process layouts
-
-
-def layouts_of(start: Callable[..., Any], frontends: int) -> Callable[..., Any]:
-    """``start_server`` with ``frontends`` front-end processes unless a test names its own."""
-
-    def start_in_layout(**settings: Any) -> Any:
-        settings.setdefault("frontends", frontends)
-        return start(**settings)
-
-    return start_in_layout
-
-
 # ---------------------------------------------------------------- holding the model
 
 
@@ -230,75 +208,3 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
-
-
-# ---------------------------------------------------------------- server processes
-
-
-def frozen_clock_env(at: float | None = None) -> dict[str, str]:
-    """Environment that freezes a process's wall clock (``time.time()``) at ``at`` (default: now)
-    with Debian's libfaketime; monotonic clocks keep running, so timeouts and the event loop work.
-    Two processes started with it read identical wall-clock times, as two replicas whose clocks
-    agree within float resolution do."""
-    libraries = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-    if not libraries:
-        pytest.fail("libfaketime is not installed (make system-deps installs the Debian package libfaketime)")
-    frozen = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() if at is None else at))
-    # No "@": an absolute FAKETIME stands still instead of ticking on from that moment.
-    return {"LD_PRELOAD": libraries[0], "FAKETIME": frozen, "DONT_FAKE_MONOTONIC": "1"}
-
-
-class ServerProcess:
-    """``aaren serve`` in its own process (so a test can SIGKILL it), on free ports."""
-
-    def __init__(self, log_path: Path, env: dict[str, str] | None = None, **settings: Any) -> None:
-        """``env``: variables added to this environment for the server (e.g. ``frozen_clock_env()``)."""
-        defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "drain_grace_s": 1.0, "frontends": 0}
-        flags = []
-        for name, value in {**defaults, **settings}.items():
-            flags += [f"--{name.replace('_', '-')}", str(value)]
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", "from aaren.client.cli import app; app()", "serve", *flags],
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=None if env is None else {**os.environ, **env},
-        )
-        assert self.process.stdout is not None
-        # "aaren: listening on port N, metrics on port M", or "..., metrics off" (--metrics-port -1)
-        self.ready_line = self.process.stdout.readline().decode().rstrip("\n")
-        match = re.fullmatch(r"aaren: listening on port (\d+), (?:metrics on port (\d+)|metrics off)", self.ready_line)
-        if match is None:
-            self.kill()
-            raise RuntimeError(
-                f"server did not start: {self.ready_line!r}\n{log_path.read_text(errors='replace')[-3000:]}"
-            )
-        self.grpc_port = int(match[1])
-        self.metrics_port: int | None = int(match[2]) if match[2] is not None else None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        assert self.metrics_port is not None, f"this server serves no metrics: {self.ready_line!r}"
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
-
-    def kill(self) -> None:
-        """SIGKILL: no drain, no goodbye."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-        self._log.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self._log.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from conftest import TINY_SCHEMA
+from generated import TINY_SCHEMA
 from server_helpers import OpenStream, assert_forecasts, ev, get_session, stub_for
 
 from aaren.v1 import aaren_pb2 as pb

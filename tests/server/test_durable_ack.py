@@ -14,18 +14,13 @@ from server_helpers import (
     assert_forecasts,
     ev,
     get_session,
-    layouts_of,
     metric,
     scrape,
     stub_for,
     wait_until,
 )
 
-
-@pytest.fixture
-def start_server(start_server, frontends):
-    """Every server of this module runs in both process layouts."""
-    return layouts_of(start_server, frontends)
+pytestmark = pytest.mark.layouts  # every server of this module runs in both process layouts
 
 
 class BatchGate:

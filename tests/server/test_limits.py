@@ -21,6 +21,7 @@ from server_helpers import (
     wait_until,
 )
 
+from aaren.server.core import limits
 from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
 
@@ -39,8 +40,21 @@ def meta(token: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
 
 
-def test_tenant_event_rate_is_limited_with_a_retry_hint_and_other_tenants_go_on(start_server, tokens):
+class SteppedClock:
+    """A monotonic clock that moves only when the test steps it: the buckets see no time pass
+    however slow the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 1024.0  # and steps of 1/8 s: exact in binary, so the hints are exact
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_tenant_event_rate_is_limited_with_a_retry_hint_and_other_tenants_go_on(start_server, tokens, monkeypatch):
     values, path = tokens
+    clock = SteppedClock()
+    monkeypatch.setattr(limits, "clock", clock)  # the core (and its buckets) runs in this process
     srv = start_server(auth_tokens_file=path, tenant_events_per_s=2.0, tenant_burst_events=10)
     with grpc.insecure_channel(srv.address) as channel:
         stub = stub_for(channel)
@@ -51,17 +65,20 @@ def test_tenant_event_rate_is_limited_with_a_retry_hint_and_other_tenants_go_on(
         refused = a.send([ev("x", 1, 1.0)])
         error = refused.request_error
         assert (error.code, error.reason) == (pb.ERROR_CODE_RESOURCE_EXHAUSTED, "tenant_rate_limited"), refused
-        assert 0 < error.retry_after_ms <= 500 and "2 events/s" in error.message and "retry in" in error.message
+        # An empty bucket refills one event in 1 / (2 events/s): no time has passed, so the hint is exact.
+        assert error.retry_after_ms == 500 and "2 events/s" in error.message and "retry in" in error.message
         # B has its own bucket.
         assert all(r.HasField("forecast") for r in b.send(burst).results)
-        # After the hint, A may go on.
-        time.sleep(error.retry_after_ms / 1000 + 0.05)
+        clock.now += 0.375  # short of the hint: still refused, with the rest of the wait
+        still = a.send([ev("x", 1, 1.0)]).request_error
+        assert (still.reason, still.retry_after_ms) == ("tenant_rate_limited", 125), still
+        clock.now += 0.125  # the hint has passed: A may go on
         assert_forecast(a.send([ev("x", 1, 1.0)]).results[0], "x", 1)
         a.close()
         b.close()
     samples = scrape(srv.metrics_url)
-    assert metric(samples, "aaren_limit_refusals_total", limit="tenant_rate_limited") == 1
-    assert metric(samples, "aaren_events_rejected_total", reason="tenant_rate_limited") == 1
+    assert metric(samples, "aaren_limit_refusals_total", limit="tenant_rate_limited") == 2
+    assert metric(samples, "aaren_events_rejected_total", reason="tenant_rate_limited") == 2
 
 
 def test_streams_per_tenant_are_limited_others_still_open(start_server, tokens):

@@ -11,7 +11,6 @@ from server_helpers import (
     assert_event_error,
     assert_forecasts,
     ev,
-    layouts_of,
     metric,
     scrape,
     stub_for,
@@ -20,11 +19,7 @@ from server_helpers import (
 
 from aaren.v1 import aaren_pb2 as pb
 
-
-@pytest.fixture
-def start_server(start_server, frontends):
-    """Every server of this module runs in both process layouts."""
-    return layouts_of(start_server, frontends)
+pytestmark = pytest.mark.layouts  # every server of this module runs in both process layouts
 
 
 SIDS = ("sid-alpha-7f3e", "sid-beta-91c2", "sid-gamma-04aa")

@@ -8,7 +8,7 @@ import itertools
 import grpc
 import pytest
 import torch
-from adversarial_heads import adversarial_model
+from generated import adversarial_model
 
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc

@@ -7,11 +7,11 @@ single in-memory server fed the same events.
 
 from __future__ import annotations
 
-import random
 import threading
 
 import grpc
 import pytest
+from generated import random_events
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis_process import RedisProcess, free_port
 from server_helpers import (
@@ -26,7 +26,6 @@ from server_helpers import (
     frozen_clock_env,
     get_session,
     hold_model_steps,
-    layouts_of,
     metric,
     outcome,
     scrape,
@@ -37,20 +36,7 @@ from server_helpers import (
 from aaren.v1 import aaren_pb2 as pb
 from aaren_core.checkpoint import save_checkpoint
 
-
-@pytest.fixture
-def start_server(start_server, frontends):
-    """Every server of this module runs in both process layouts."""
-    return layouts_of(start_server, frontends)
-
-
-def events(session_id: str, n: int, seed: int = 0, start: int = 1, t0: float = 0.0) -> list[pb.Event]:
-    rng = random.Random(seed)
-    out, t = [], t0
-    for seq in range(start, start + n):
-        t += rng.expovariate(0.5)
-        out.append(ev(session_id, seq, t, rng.randrange(5), [rng.gauss(0, 1), rng.gauss(0, 1)]))
-    return out
+pytestmark = pytest.mark.layouts  # every server of this module runs in both process layouts
 
 
 def reference(start_server, evs: list[pb.Event]) -> tuple[dict[int, pb.Forecast], pb.GetSessionResponse]:
@@ -70,12 +56,12 @@ def health(channel: grpc.Channel) -> int:
 
 
 @pytest.fixture
-def replicas(tmp_path, tiny_checkpoint, redis_url, frontends):
-    """``aaren serve`` processes on one Redis, in the layout of the test (``frontends``)."""
+def replicas(tmp_path, tiny_checkpoint, redis_url, layout):
+    """``aaren serve`` processes on one Redis, in the layout of the test (``layout``)."""
     started: list[ServerProcess] = []
 
     def start(n: int = 2, **settings) -> list[ServerProcess]:
-        settings.setdefault("frontends", frontends)
+        settings.setdefault("frontends", layout)
         for _ in range(n):
             i = len(started)
             started.append(
@@ -89,7 +75,7 @@ def replicas(tmp_path, tiny_checkpoint, redis_url, frontends):
 
 
 def test_two_replicas_alternating_equal_one_process(replicas, start_server):
-    evs = events("alt", 12, seed=1)
+    evs = random_events("alt", 12, seed=1)
     expected, expected_session = reference(start_server, evs)
     servers = replicas(2)
     channels = [grpc.insecure_channel(s.address) for s in servers]
@@ -110,7 +96,7 @@ def test_two_replicas_alternating_equal_one_process(replicas, start_server):
 
 
 def test_kill_9_mid_stream_then_resume_on_the_other_replica(replicas, start_server):
-    evs = events("k9", 30, seed=2)
+    evs = random_events("k9", 30, seed=2)
     expected, expected_session = reference(start_server, evs)
     first, second = replicas(2)
     acked = 0
@@ -147,7 +133,7 @@ def test_kill_9_mid_stream_then_resume_on_the_other_replica(replicas, start_serv
 def test_concurrent_writers_one_wins_each_seq_and_conflicts_are_counted(start_server, redis_url):
     a = start_server(store_url=redis_url, model_thread=True)
     b = start_server(store_url=redis_url, model_thread=True)
-    via_a = events("race", 8, seed=3)
+    via_a = random_events("race", 8, seed=3)
     # Same times (so either writer's event may follow the other's), different marks and values.
     via_b = [ev("race", e.seq, e.time, (e.mark + 1) % 5, [v + 1.0 for v in e.values]) for e in via_a]
     with grpc.insecure_channel(a.address) as ca, grpc.insecure_channel(b.address) as cb:
@@ -213,7 +199,7 @@ def test_the_same_message_sent_to_two_replicas_at_once_has_one_winner(
     (frozen with libfaketime), so both compute byte-identical records. Redis holds both loads (a
     write pause: scripts wait, CLIENT LIST does not) until both wait, so both replicas step from
     the same stored seq every time: exactly one must win, the other is told state_conflict."""
-    evs = events("hedge", 60, seed=11)
+    evs = random_events("hedge", 60, seed=11)
     expected, expected_session = reference(start_server, evs)
     env = frozen_clock_env()
     # A long store timeout: a load waits in the paused Redis until the other replica's load arrives.
@@ -260,7 +246,7 @@ def test_redis_killed_mid_stream_then_restarted_loses_nothing(start_server, tmp_
     redis = RedisProcess(tmp_path / "redis", aof=True).start()
     try:
         srv = start_server(store_url=redis.url, store_check_interval_s=0.1)
-        evs = events("aof", 10, seed=5)
+        evs = random_events("aof", 10, seed=5)
         expected, expected_session = reference(start_server, evs)
         with grpc.insecure_channel(srv.address) as channel:
             stub = stub_for(channel)

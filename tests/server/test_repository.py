@@ -7,23 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from generated import tiny_class_model, write_checkpoint
 
 from aaren.server.contract.errors import ConfigError
 from aaren.server.tasks.repository import load_models
-from aaren_core.checkpoint import save_checkpoint
-from aaren_core.nn.backbones import BackboneConfig
-from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
 
 CPU = torch.device("cpu")
 LEVELS = (0.1, 0.5, 0.9)
 
 
 def _class_checkpoint(path: Path, name: str, kind: str = "aaren") -> None:
-    torch.manual_seed(0)
-    model = ClassModel(ClassModelConfig(BackboneConfig(kind=kind, d_model=8, n_layers=1, n_heads=2), 2, 3))
-    save_checkpoint(
-        path, model, {"task": "class", "name": name, "channels": ["a", "b"], "class_names": ["x", "y", "z"]}
-    )
+    write_checkpoint(path, tiny_class_model(kind), name, task="class", channels=["a", "b"], class_names=list("xyz"))
 
 
 def _load(root: Path, default_model: str | None = None):

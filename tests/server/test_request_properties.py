@@ -28,7 +28,7 @@ _examples = itertools.count()
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
-    from conftest import ServerThread
+    from servers import ServerThread
 
     with ServerThread(checkpoint=tiny_checkpoint, metrics_port=-1) as srv, grpc.insecure_channel(srv.address) as ch:
         yield ch

@@ -16,7 +16,6 @@ from server_helpers import (
     assert_event_error,
     assert_forecast,
     ev,
-    layouts_of,
     reason_of,
     stub_for,
 )
@@ -25,11 +24,7 @@ from aaren.server.contract.errors import ConfigError
 from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
 
-
-@pytest.fixture
-def start_server(start_server, frontends):
-    """Every server of this module runs in both process layouts."""
-    return layouts_of(start_server, frontends)
+pytestmark = pytest.mark.layouts  # every server of this module runs in both process layouts
 
 
 # --------------------------------------------------------------------------- TLS
@@ -93,7 +88,7 @@ def test_mutual_tls_needs_a_client_certificate_from_the_client_ca(start_server, 
 
 
 def test_plaintext_is_refused_off_loopback_unless_asked_for(start_server):
-    from conftest import ServerThread
+    from servers import ServerThread
 
     refusing = ServerThread(address="0.0.0.0:0")
     with pytest.raises(ConfigError, match=r"refusing to serve plaintext gRPC on 0\.0\.0\.0:0"):
@@ -226,7 +221,7 @@ def test_tenants_never_reach_each_others_sessions(auth_server, tokens):
 
 
 def test_token_file_errors_name_the_line_not_the_token(tmp_path, start_server):
-    from conftest import ServerThread
+    from servers import ServerThread
 
     bad = tmp_path / "tokens.txt"
     for content, message in (

@@ -15,18 +15,13 @@ from server_helpers import (
     assert_forecasts,
     ev,
     hold_model_steps,
-    layouts_of,
     stub_for,
     wait_until,
 )
 
 from aaren.v1 import aaren_pb2 as pb
 
-
-@pytest.fixture
-def start_server(start_server, frontends):
-    """Every server of this module runs in both process layouts."""
-    return layouts_of(start_server, frontends)
+pytestmark = pytest.mark.layouts  # every server of this module runs in both process layouts
 
 
 def health_status(channel: grpc.Channel, service: str = "") -> int:

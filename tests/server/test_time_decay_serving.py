@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from time_decay_models import decay_model
+from generated import decay_model
 
 from aaren.server.tasks.event.task import OUTPUT_NAMES, EventTask, RunColumns
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint

@@ -15,21 +15,24 @@ as steps arrive instead of only at the end.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aaren_core.attention.state import State
+from aaren_core.config import ConfigRecord
 from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 
 __all__ = ["ClassModel", "ClassModelConfig", "class_loss", "final_logits"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ClassModelConfig:
+class ClassModelConfig(ConfigRecord):
     """Backbone, channel count ``n_channels`` (C), class count ``n_classes`` (K)."""
+
+    CONFIG_NAME: ClassVar[str] = "class model config"
 
     backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
     n_channels: int = 1
@@ -38,20 +41,6 @@ class ClassModelConfig:
     def __post_init__(self) -> None:
         if self.n_channels < 1 or self.n_classes < 2:
             raise ValueError(f"need n_channels >= 1 and n_classes >= 2; got {self}")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["backbone"] = self.backbone.to_dict()
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ClassModelConfig:
-        data = dict(data)
-        backbone = BackboneConfig.from_dict(data.pop("backbone", {}))
-        known = {f.name for f in dataclasses.fields(cls)} - {"backbone"}
-        if set(data) - known:
-            raise ValueError(f"unknown class model config keys {sorted(set(data) - known)}")
-        return cls(backbone=backbone, **data)
 
 
 class ClassModel(nn.Module):

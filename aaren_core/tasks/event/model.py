@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aaren_core.attention.state import State
+from aaren_core.config import ConfigRecord
 from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 from aaren_core.tasks.event.heads import ForecastHeads, HeadOutput, mark_nll, value_nll
 
@@ -26,12 +27,14 @@ DEFAULT_QUANTILES = (0.1, 0.5, 0.9)
 
 
 @dataclasses.dataclass(frozen=True)
-class EventModelConfig:
+class EventModelConfig(ConfigRecord):
     """Sizes of the forecaster: its backbone, the data schema's widths, the heads; and two facts of
     the training data the forecast summaries need (``aaren_core.tasks.event.heads``): ``gap_max``, the largest
     training gap (bounds the point forecast; 0: not recorded, see ``ForecastHeads.gap_bound``), and
     ``time_resolution``, the resolution the times are recorded at (the served quantiles are those
     of the gap recorded at it; 0: continuous times), both in the data's time unit."""
+
+    CONFIG_NAME: ClassVar[str] = "event model config"
 
     backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
     num_marks: int = 16
@@ -50,20 +53,6 @@ class EventModelConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} is {value}; expected a finite number >= 0 (0: not known)")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["backbone"] = self.backbone.to_dict()
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EventModelConfig:
-        data = dict(data)
-        backbone = BackboneConfig.from_dict(data.pop("backbone", {}))
-        known = {f.name for f in dataclasses.fields(cls)} - {"backbone"}
-        if set(data) - known:
-            raise ValueError(f"unknown event model config keys {sorted(set(data) - known)}")
-        return cls(backbone=backbone, **data)
 
 
 @dataclasses.dataclass(frozen=True)

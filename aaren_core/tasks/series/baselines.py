@@ -15,13 +15,14 @@ longer than the lookback still works); DLinear reads windows ``[B, L, C]``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aaren_core.config import ConfigRecord
 from aaren_core.tasks.event.data import DataError
 
 __all__ = ["DLinear", "DLinearConfig", "last_value", "seasonal_naive", "windows"]
@@ -54,8 +55,10 @@ def windows(z: np.ndarray, origins: np.ndarray, lookback: int) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class DLinearConfig:
+class DLinearConfig(ConfigRecord):
     """``lookback`` L, ``horizon`` H, moving-average ``kernel`` (odd; TSLib uses 25)."""
+
+    CONFIG_NAME: ClassVar[str] = "dlinear config"
 
     lookback: int = 96
     horizon: int = 96
@@ -64,13 +67,6 @@ class DLinearConfig:
     def __post_init__(self) -> None:
         if self.lookback < 1 or self.horizon < 1 or self.kernel < 1 or self.kernel % 2 == 0:
             raise ValueError(f"need lookback, horizon >= 1 and an odd kernel >= 1; got {self}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DLinearConfig:
-        return cls(**data)
 
 
 class DLinear(nn.Module):

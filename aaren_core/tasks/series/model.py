@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aaren_core.attention.state import State
+from aaren_core.config import ConfigRecord
 from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 
 __all__ = ["HEADS", "SeriesForecast", "SeriesModel", "SeriesModelConfig", "pinball_loss", "series_loss"]
@@ -44,9 +45,11 @@ HEADS = ("quantile", "gaussian")
 
 
 @dataclasses.dataclass(frozen=True)
-class SeriesModelConfig:
+class SeriesModelConfig(ConfigRecord):
     """Backbone, channel count ``n_channels`` (C), ``horizon`` (H), ``quantiles`` (Q levels,
     increasing, in (0, 1)), ``time_features`` (F: 0, or 4 calendar features)."""
+
+    CONFIG_NAME: ClassVar[str] = "series model config"
 
     backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
     n_channels: int = 1
@@ -65,23 +68,6 @@ class SeriesModelConfig:
             raise ValueError(f"need n_channels >= 1, horizon >= 1, time_features >= 0; got {self}")
         if not q or any(not 0 < x < 1 for x in q) or any(a >= b for a, b in itertools.pairwise(q)):
             raise ValueError(f"quantiles must increase strictly inside (0, 1); got {q}")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["backbone"] = self.backbone.to_dict()
-        out["quantiles"] = list(self.quantiles)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SeriesModelConfig:
-        data = dict(data)
-        backbone = BackboneConfig.from_dict(data.pop("backbone", {}))
-        known = {f.name for f in dataclasses.fields(cls)} - {"backbone"}
-        if set(data) - known:
-            raise ValueError(f"unknown series model config keys {sorted(set(data) - known)}")
-        if "quantiles" in data:
-            data["quantiles"] = tuple(data["quantiles"])
-        return cls(backbone=backbone, **data)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""Offline scores of the series and class tasks.
+"""Offline scores of the series task, as TSLib scores them.
 
-Series, as TSLib scores them: forecasts from every origin of a part (``SeriesData.forecast_origins``)
-compared with the truth on standardized values,
+Forecasts from every origin of a part (``SeriesData.forecast_origins``) compared with the truth on
+standardized values,
 
     MSE = mean over origins, steps h < H, channels of (x_hat - x)^2,   MAE likewise of |x_hat - x|,
 
@@ -9,39 +9,22 @@ plus both per step ``h``. A window model (DLinear, or a ``SeriesModel`` restrict
 ``L`` steps) sees ``z[s - L : s]``; a streaming ``SeriesModel`` has seen ``z[0 : s]`` through its
 state (``streaming_forecasts``), so its numbers say what serving gives, and the restricted ones
 make the comparison with window baselines fair.
-
-Class: accuracy of the final prediction, and accuracy after a fraction ``f`` of each sequence
-(the prediction at step ``ceil(f n_i)``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
-from aaren_core.tasks.classify.model import ClassModel
 from aaren_core.tasks.series.baselines import windows
-from aaren_core.tasks.series.data import ClassSet, SeriesData, calendar_features
+from aaren_core.tasks.series.data import SeriesData, calendar_features
 from aaren_core.tasks.series.model import SeriesModel
 
-__all__ = [
-    "DEFAULT_FRACTIONS",
-    "EarlyAccuracy",
-    "ErrorSums",
-    "class_logits",
-    "early_accuracy",
-    "model_window_predictor",
-    "score_series",
-    "score_streaming",
-    "streaming_forecasts",
-]
+__all__ = ["ErrorSums", "Predictor", "model_window_predictor", "score_series", "score_streaming", "streaming_forecasts"]
 
-DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 Predictor = Callable[[np.ndarray], np.ndarray]
 
 
@@ -146,42 +129,3 @@ def score_streaming(
     out = sums.result()
     out["windows"] = len(origins)
     return out
-
-
-@torch.no_grad()
-def class_logits(model: ClassModel, data: ClassSet, batch: int = 64) -> list[np.ndarray]:
-    """Logits after every step of every sequence: ``[n_i, K]`` each, in order."""
-    out: list[np.ndarray] = []
-    for i in range(0, len(data), batch):
-        seqs = data.series[i : i + batch]
-        n = max(len(s) for s in seqs)
-        padded = np.zeros((len(seqs), n, seqs[0].shape[1]), dtype=np.float32)
-        for j, s in enumerate(seqs):
-            padded[j, : len(s)] = s
-        logits = model(torch.from_numpy(padded)).numpy()
-        out.extend(logits[j, : len(s)] for j, s in enumerate(seqs))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class EarlyAccuracy:
-    """Accuracy at the end and after each fraction of the sequences seen."""
-
-    final: float
-    by_fraction: dict[float, float]
-
-
-def early_accuracy(
-    logits: Sequence[np.ndarray], labels: np.ndarray, fractions: Sequence[float] = DEFAULT_FRACTIONS
-) -> EarlyAccuracy:
-    """``logits[i] [n_i, K]``, ``labels [n]``: the prediction after ``ceil(f n_i)`` steps (at least
-    one) scored for each fraction ``f``; ``final`` is ``f = 1``."""
-    by = {}
-    for f in fractions:
-        hits = [
-            int(np.argmax(lg[max(1, math.ceil(f * len(lg) - 1e-9)) - 1]) == y)
-            for lg, y in zip(logits, labels, strict=True)
-        ]
-        by[float(f)] = float(np.mean(hits))
-    final = float(np.mean([int(np.argmax(lg[-1]) == y) for lg, y in zip(logits, labels, strict=True)]))
-    return EarlyAccuracy(final, by)

@@ -1,0 +1,214 @@
+"""The config the series and class tasks share: ``TaskTrainConfig``, its ``--set`` keys, its data.
+
+Read and written by the one config I/O of ``aaren_core.config``; a checkpoint stores it
+as ``train_config`` beside ``checkpoint_metadata``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from aaren_core.config import ConfigRecord
+from aaren_core.config import command_line as generic_command_line
+from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS, load_class, load_series
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.data import DataError
+from aaren_core.tasks.series.data import ClassData, SeriesData
+
+__all__ = [
+    "DEFAULT_DATA",
+    "SET_KEYS",
+    "TaskTrainConfig",
+    "checkpoint_metadata",
+    "command_line",
+    "load_task_data",
+]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+SET_KEYS: dict[str, str] = {
+    "task": "series (forecast the next horizon steps) or class (class probabilities after every step)",
+    "model": "backbone: aaren, transformer or gru (series also dlinear)",
+    "data": "a data set of aaren_core.datasets (series: power-hourly...; class: JapaneseVowels...)",
+    "d_model": "model width",
+    "n_layers": "backbone layers",
+    "n_heads": "attention heads",
+    "d_ff": "feed-forward width (0: the backbone's default)",
+    "dropout": "dropout rate",
+    "time_decay": "aaren only: age the state by the steps (true/false; default: true for series, false for class)",
+    "horizon": "series: steps forecast after each observation (H)",
+    "lookback": "series: steps a window model sees; the restricted score's window (L)",
+    "window": "series: train window length in steps (the loss is taken inside it)",
+    "loss_stride": "series: score every n-th position of a train window",
+    "quantiles": "series: quantile levels, comma-separated and increasing",
+    "time_features": "series: feed 4 calendar features of the time (true/false)",
+    "quantile_weight": "series: weight of the pinball loss (or the Gaussian NLL) beside the MSE",
+    "window_offsets": "series: shift the train windows by a random offset each epoch (true/false)",
+    "head": "series: quantile (direct quantiles, pinball loss) or gaussian (a Gaussian per step and channel)",
+    "val_stride": "series: score every n-th validation origin",
+    "aux_weight": "class: weight of the mean cross-entropy over every step (early predictions)",
+    "val_fraction": "class: stratified fraction of train held out for model selection",
+    "epochs": "most epochs (early stopping may end sooner)",
+    "batch_size": "windows (series) or sequences (class) per batch",
+    "steps_per_epoch": "most batches per epoch (0: all)",
+    "lr": "AdamW learning rate",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "gradient-norm clip (0: none)",
+    "patience": "epochs without a better validation score before stopping early",
+    "seed": "seed of everything random",
+    "threads": "torch CPU threads (0: torch's default)",
+    "max_minutes": "time budget in minutes: no new epoch starts once it is spent (0: none)",
+    "out_dir": "run directory (best/, metrics.json, report.md)",
+    "cache": "wheel cache of the data sets (default $AAREN_WHEEL_CACHE or ~/.cache/aaren/wheels)",
+    "name": "served model name in the checkpoint (default: aaren-<task>-<data>)",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskTrainConfig(ConfigRecord):
+    """Everything a task run depends on; ``--set key=value`` sets any field."""
+
+    task: str = "series"
+    model: str = "aaren"
+    data: str = "power-hourly"
+    d_model: int = 32
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 0
+    dropout: float = 0.0
+    #: None: on for series Aaren (measured: it closes the streaming-vs-restricted gap), else off.
+    time_decay: bool | None = None
+
+    horizon: int = 96
+    lookback: int = 96
+    window: int = 192
+    loss_stride: int = 1
+    quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+    time_features: bool = True
+    quantile_weight: float = 1.0
+    #: Series: ``quantile`` (direct quantiles) or ``gaussian`` (``aaren_core.tasks.series.model``).
+    head: str = "quantile"
+    #: Series: each epoch shifts every train window's start by one random offset below the spacing
+    #: of the starts, so windows (and the positions the loss scores) start at every hour of the day
+    #: over the epochs. Without it they start every ``window // 4`` steps from step 0: with hourly
+    #: data and window 192, always at the same hour. Stored configs without the key read false.
+    window_offsets: bool = True
+    val_stride: int = 1
+    aux_weight: float = 0.0
+    val_fraction: float = 0.2
+
+    epochs: int = 10
+    batch_size: int = 32
+    steps_per_epoch: int = 0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    patience: int = 3
+    seed: int = 0
+    threads: int = 0
+    max_minutes: float = 0.0
+    out_dir: str = "runs/tasks"
+    cache: str = ""
+    name: str = ""
+
+    CONFIG_NAME: ClassVar[str] = "task config"
+
+    def __post_init__(self) -> None:
+        checks = {
+            "task in ['class', 'series']": self.task in ("series", "class"),
+            "model in ['aaren', 'transformer', 'gru'] (or 'dlinear' for series)": self.model
+            in ("aaren", "transformer", "gru") + (("dlinear",) if self.task == "series" else ()),
+            "horizon, lookback, window, loss_stride, val_stride >= 1": min(
+                self.horizon, self.lookback, self.window, self.loss_stride, self.val_stride
+            )
+            >= 1,
+            "epochs, batch_size, patience >= 1": min(self.epochs, self.batch_size, self.patience) >= 1,
+            "steps_per_epoch, threads >= 0": min(self.steps_per_epoch, self.threads) >= 0,
+            "0 < val_fraction < 1": 0 < self.val_fraction < 1,
+            "lr > 0": self.lr > 0,
+            "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name or bool(NAME_PATTERN.fullmatch(self.name)),
+        }
+        failed = [k for k, ok in checks.items() if not ok]
+        if failed:
+            raise ValueError(f"task config: expected {', '.join(failed)}")
+
+    @property
+    def decays(self) -> bool:
+        """Whether the backbone ages its state by the steps: ``time_decay``, by default on for a
+        series Aaren and off otherwise; never for the Transformer, GRU or DLinear."""
+        if self.model != "aaren":
+            return False
+        return self.task == "series" if self.time_decay is None else self.time_decay
+
+    @property
+    def run_name(self) -> str:
+        """The served model name: ``name``, or ``aaren-<task>-<data>`` (``aaren-series-power-hourly``)."""
+        return self.name or f"aaren-{self.task}-{self.data}"
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> TaskTrainConfig:
+        """The config a checkpoint's ``train_config`` stored; keys added since default (``name``)."""
+        if record.get("task") not in ("series", "class"):
+            raise ValueError(f"train_config: task {record.get('task')!r}; expected 'series' or 'class'")
+        # Series runs stored before window offsets existed trained without them.
+        if record["task"] == "series":
+            record = {"window_offsets": False, **record}
+        return cls(task=record["task"]).replace(**{k: v for k, v in record.items() if k != "task"})  # type: ignore[no-any-return]
+
+    def backbone(self) -> BackboneConfig:
+        return BackboneConfig(
+            kind=self.model,  # type: ignore[arg-type]
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            time_decay=self.decays,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, ``time_decay`` as it applies (so a stored config reads the same whatever
+        later defaults say)."""
+        return {**super().to_dict(), "time_decay": self.decays}
+
+
+DEFAULT_DATA = {"series": "power-hourly", "class": "JapaneseVowels"}
+
+
+def load_task_data(config: TaskTrainConfig) -> SeriesData | ClassData:
+    """Read ``config.data`` (a name of ``SERIES_DATASETS`` or ``CLASS_DATASETS``, by task) from the
+    wheel cache; ``DataError`` for an unknown name or a missing wheel."""
+    known = SERIES_DATASETS if config.task == "series" else CLASS_DATASETS
+    if config.data not in known:
+        raise DataError(f"unknown {config.task} data set {config.data!r}; expected one of {sorted(known)}")
+    cache = config.cache or None
+    return load_series(config.data, cache) if config.task == "series" else load_class(config.data, cache)
+
+
+def checkpoint_metadata(config: TaskTrainConfig, data: SeriesData | ClassData) -> dict[str, Any]:
+    """What ``train_task`` stores beside the weights: ``task``, ``data``, ``source``, ``name`` (the
+    served model name), ``channels``, ``train_config``; series also ``horizon``, ``quantiles``,
+    ``step_seconds`` (the regular step, ``SeriesData.period``) and ``time_unit`` (``"seconds"``:
+    event times are seconds since the Unix epoch, the calendar features come from them); class
+    also ``class_names``."""
+    meta: dict[str, Any] = {"task": config.task, "data": config.data, "source": data.source, "name": config.run_name}
+    if isinstance(data, SeriesData):
+        meta |= {
+            "channels": list(data.channels),
+            "horizon": config.horizon,
+            "quantiles": list(config.quantiles),
+            "step_seconds": float(data.period),
+            "time_unit": "seconds",
+        }
+    else:
+        meta |= {"channels": list(data.channels), "class_names": list(data.class_names)}
+    return {**meta, "train_config": config.to_dict()}
+
+
+def command_line(config: TaskTrainConfig) -> str:
+    """The ``aaren train --task ...`` command that runs ``config``: ``--data``, ``--name`` and
+    ``--out-dir`` always, ``--set`` for every other key that differs from the defaults."""
+    return generic_command_line(config, TaskTrainConfig(task=config.task), always=("task", "data", "name", "out_dir"))

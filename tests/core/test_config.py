@@ -1,0 +1,88 @@
+"""The one config I/O (aaren_core.config): one conversion rule for every config, records that read
+back unchanged, and written commands that parse back to the same config."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from aaren_core.config import parse_sets
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.classify.model import ClassModelConfig
+from aaren_core.tasks.config import TaskTrainConfig
+from aaren_core.tasks.config import command_line as task_command_line
+from aaren_core.tasks.event.config import TrainConfig
+from aaren_core.tasks.event.config import command_line as event_command_line
+from aaren_core.tasks.event.model import EventModelConfig
+from aaren_core.tasks.series.baselines import DLinearConfig
+from aaren_core.tasks.series.model import SeriesModelConfig
+
+
+@pytest.mark.parametrize(("text", "value"), [("true", True), ("YES", True), ("1", True), ("no", False), ("0", False)])
+def test_one_boolean_rule_for_the_event_and_the_task_configs(text, value):
+    assert TrainConfig().replace(progress=text).progress is value
+    assert TaskTrainConfig().replace(time_features=text).time_features is value
+    assert TaskTrainConfig().replace(time_decay=text).time_decay is value
+
+
+def test_a_bad_boolean_a_bad_number_and_an_unknown_key_say_what_was_expected():
+    for config, owner in ((TrainConfig(), "train config"), (TaskTrainConfig(), "task config")):
+        with pytest.raises(ValueError, match=rf"{owner}: epochs='many'; expected int"):
+            config.replace(epochs="many")
+        with pytest.raises(ValueError, match=rf"{owner}: seed=1.5; expected int"):
+            config.replace(seed=1.5)
+        with pytest.raises(ValueError, match=rf"{owner}: unknown keys \['nope'\]"):
+            config.replace(nope=1)
+    with pytest.raises(ValueError, match="expected true or false"):
+        TaskTrainConfig().replace(window_offsets="maybe")
+    with pytest.raises(ValueError, match=r"backbone config: unknown keys \['width'\]"):
+        BackboneConfig.from_dict({"width": 3})
+
+
+def test_lists_tuples_and_none_from_strings():
+    config = TaskTrainConfig().replace(quantiles="0.05, 0.5,0.95", time_decay="auto")
+    assert config.quantiles == (0.05, 0.5, 0.95) and config.time_decay is None
+    event = TrainConfig().replace(value_columns="a,b", jitter="none", split_at="2013-10-01,2013-11-01")
+    assert event.value_columns == ["a", "b"] and event.jitter is None
+    assert event.split_at == ["2013-10-01", "2013-11-01"]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        BackboneConfig("gru", 16, 1, 2, 0, 0.1, False),
+        EventModelConfig(BackboneConfig("aaren", 8, 1, 2, time_decay=True), 3, 2, gap_max=4.5),
+        SeriesModelConfig(BackboneConfig("transformer", 8, 1, 2), 3, 12, (0.2, 0.8), 4, "gaussian"),
+        ClassModelConfig(BackboneConfig(), 2, 5),
+        DLinearConfig(24, 6, 5),
+    ],
+)
+def test_model_configs_read_back_equal_from_their_records(config):
+    record = config.to_dict()
+    assert type(config).from_dict(record) == config
+    assert all(not isinstance(v, tuple) for v in record.values())  # JSON values: tuples are lists
+
+
+def test_written_commands_parse_back_to_the_same_config():
+    event = TrainConfig(d_model=32, time_decay=False, jitter=1.0, split="time", value_columns=["x"], patience=3)
+    words = shlex.split(event_command_line(event))
+    flags = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(2, len(words), 2) if words[i] != "--set"}
+    sets = parse_sets(words[i + 1] for i in range(2, len(words), 2) if words[i] == "--set")
+    assert TrainConfig().replace(**flags, **sets) == event
+
+    task = TaskTrainConfig(task="series", horizon=24, quantiles=(0.05, 0.5, 0.95), window_offsets=False, name="x")
+    words = shlex.split(task_command_line(task))
+    pairs = dict(zip(words[2::2], words[3::2], strict=True))
+    assert pairs["--task"] == "series" and pairs["--name"] == "x"
+    sets = parse_sets(words[i + 1] for i in range(2, len(words), 2) if words[i] == "--set")
+    rebuilt = TaskTrainConfig(task="series").replace(
+        data=pairs["--data"], name=pairs["--name"], out_dir=pairs["--out-dir"], **sets
+    )
+    assert rebuilt == task
+
+
+def test_set_items_need_an_equals_sign():
+    assert parse_sets(["max-minutes=2", "name=a=b"]) == {"max_minutes": "2", "name": "a=b"}
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        parse_sets(["epochs"])
