@@ -12,6 +12,8 @@ __all__ = ["ClassEncoder"]
 
 
 class ClassEncoder:
+    """Encodes ``ClassOutputs``: each class index with its name (``class_names``) and probability."""
+
     def __init__(self, description: ModelDescription, default_top_k: int) -> None:
         self.names = tuple(description.class_names)
 

@@ -15,6 +15,8 @@ __all__ = ["EventEncoder"]
 
 
 class EventEncoder:
+    """Encodes ``EventOutputs`` at the server's quantile levels."""
+
     def __init__(self, description: ModelDescription, default_top_k: int) -> None:
         self.levels = tuple(description.quantiles)
 

@@ -12,6 +12,8 @@ __all__ = ["SeriesEncoder"]
 
 
 class SeriesEncoder:
+    """Encodes ``SeriesOutputs`` at the model's quantile levels."""
+
     def __init__(self, description: ModelDescription, default_top_k: int) -> None:
         self.levels = tuple(description.quantiles)
 

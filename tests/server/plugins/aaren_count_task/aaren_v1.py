@@ -10,6 +10,8 @@ from aaren_count_task.outputs import CountOutputs
 
 
 class CountEncoder:
+    """Encodes ``CountOutputs``."""
+
     def __init__(self, description: ModelDescription, default_top_k: int) -> None:
         pass
 
