@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import shutil
 from pathlib import Path
 
@@ -25,18 +26,22 @@ PLUGINS = Path(__file__).parent / "plugins"
 SCALE = (1.0, 2.0)
 
 
-@pytest.fixture
-def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plug-in's folder on the path and its one registry line as an entry point, for this process
-    and the front-end processes it starts."""
-    site = tmp_path / "site"
+def install(site: Path, monkeypatch: pytest.MonkeyPatch, line: str) -> None:
+    """The plug-in's folder on the path and ``line`` as an entry point of group ``aaren.tasks`` (a
+    distribution's metadata in ``site``), for this process and the front-end processes it starts."""
     dist = site / "aaren_count_task-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: aaren-count-task\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[aaren.tasks]\ncount = aaren_count_task.spec:SPEC\n")
+    (dist / "entry_points.txt").write_text(f"[aaren.tasks]\n{line}\n")
     for path in (PLUGINS, site):
         monkeypatch.syspath_prepend(str(path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PLUGINS), str(site), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.fixture
+def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The count task's one registry line."""
+    install(tmp_path / "site", monkeypatch, "count = aaren_count_task.spec:SPEC")
 
 
 @pytest.fixture
@@ -69,6 +74,26 @@ def test_the_registry_reads_the_entry_point(installed):
     assert (spec.task, spec.checkpoint_kind) == ("count", "count_model")
     assert registry.spec_of_kind("count_model") == spec
     assert sorted(registry.task_specs()) == ["class", "count", "event", "series"]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("event = aaren_count_task.spec:SPEC", "must load to a TaskSpec whose task is 'event'"),
+        ("count = aaren_count_task.spec:NOPE", "task plug-in 'count' (aaren_count_task.spec:NOPE) cannot be loaded"),
+        ("count = aaren_count_task.spec:CLASH", "clashes with task 'event': names and checkpoint kinds must be unique"),
+    ],
+    ids=["misnamed", "missing", "clashing"],
+)
+def test_a_bad_plugin_line_stops_the_registry_saying_why(tmp_path, monkeypatch, line, expected):
+    from aaren.server.contract.errors import ConfigError
+
+    install(tmp_path / "site", monkeypatch, line)
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        registry.task_specs()
+    with pytest.raises(ConfigError, match=re.escape("no task 'nope' is registered")):
+        monkeypatch.setattr(registry, "task_specs", lambda: {s.task: s for s in registry.BUILT_IN})
+        registry.spec_of("nope")
 
 
 def test_a_plugin_task_is_served_over_aaren_v1_and_oip(start_server, frontends, repository):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from aaren.server.tasks.registry import TaskSpec
 
 SPEC = TaskSpec(
@@ -11,3 +13,6 @@ SPEC = TaskSpec(
     aaren_v1="aaren_count_task.aaren_v1:CountEncoder",
     oip="aaren_count_task.oip:CountCodec",
 )
+
+#: A line that claims the event task's checkpoint kind (tests/server/test_task_plugin.py: refused).
+CLASH = dataclasses.replace(SPEC, checkpoint_kind="event_model")
