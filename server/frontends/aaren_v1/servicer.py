@@ -3,8 +3,8 @@
 It runs the checks that need no state (``EventChecker``), hands each request to the engine core
 as a ``CoreRequest`` and encodes the ``Outcomes`` it gets back: what every forecast has here, the
 task's own part with the encoder of the model's task (``aaren.server.tasks.registry``; it never
-branches on a task name). The core is an ``EngineCore`` in
-this process or its IPC client (``aaren.server.ipc.channel``): the same calls either way.
+branches on a task name). The core is an ``EngineCore`` in this process or its IPC client
+(``aaren.server.ipc.channel``): the same calls either way.
 """
 
 from __future__ import annotations
