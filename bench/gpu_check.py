@@ -234,8 +234,9 @@ def equality(cpu: EventTask, dev: EventTask, sizes: Sizes, seed: int) -> list[di
     table: list[dict[str, object]] = []
     for phase, run_lengths in phases:
         runs = random_runs(rng, run_lengths, d.num_marks, d.value_width)
-        rows_cpu, out_cpu = cpu.apply(rows_cpu, runs, TOP_K)
-        rows_dev, out_dev = dev.apply(rows_dev, runs, TOP_K)
+        rows_cpu, typed_cpu = cpu.apply(rows_cpu, runs, TOP_K)
+        rows_dev, typed_dev = dev.apply(rows_dev, runs, TOP_K)
+        out_cpu, out_dev = typed_cpu.to_columns(), typed_dev.to_columns()
         rows_ref, out_ref = reference.apply(rows_ref, runs)
         events = int(run_lengths.sum())
         for pair, (rows_a, out_a), (rows_b, out_b), tol in (

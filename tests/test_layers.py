@@ -199,6 +199,10 @@ def _torch_free_rooms(graph: ImportGraph) -> list[str]:
     return [*graph.under("aaren.server.frontends"), *ipc, *top, *graph.under("aaren.client")]
 
 
+#: The modules of ``aaren.server.tasks`` (and of each task's folder) that front ends load (the registry
+#: names each task's by dotted path, so the graph cannot follow them from a front end).
+TASK_FRONT_DOOR = ("registry", "outputs", "aaren_v1", "oip")
+
 RULES = {
     "front ends, the IPC client, aaren, aaren.formats and the client never import torch": (
         _torch_free_rooms,
@@ -208,7 +212,9 @@ RULES = {
     "a front end never imports the core, a task or a store (it reaches them through the contract)": (
         lambda g: g.under("aaren.server.frontends"),
         ("aaren.server.core", "aaren.server.tasks", "aaren.server.stores", "aaren_core"),
-        (),
+        # The tasks' torch-free door: the registry (which names each task's codecs by dotted path,
+        # imported when a model of that task is served) and the interfaces of those codecs.
+        ("aaren.server.tasks.registry", "aaren.server.tasks.aaren_v1", "aaren.server.tasks.oip"),
     ),
     "the contract, observability and settings import no other server room (so that every room may import them)": (
         lambda g: g.under("aaren.server.contract", "aaren.server.observability", "aaren.server.settings"),
@@ -218,6 +224,11 @@ RULES = {
     "the core never imports a front end": (
         lambda g: g.under("aaren.server.core"),
         ("aaren.server.frontends",),
+        (),
+    ),
+    "a task's outputs, codecs and the registry never import torch (front-end processes load them)": (
+        lambda g: [m for m in g.under("aaren.server.tasks") if m.rpartition(".")[2] in TASK_FRONT_DOOR],
+        TORCH,
         (),
     ),
     "a task never imports a front end or the core": (

@@ -6,11 +6,18 @@ the checks that need no state, as columns, plus the refusals of the others. The 
 answers it with ``Outcomes``: one kind and seq per event, and the task's output columns for the
 events that got a forecast. Both are plain data (numpy arrays, str lists, ``ErrorInfo``), so they
 cross a process boundary as they are. Nothing here imports torch: front-end processes never do.
+
+A task's outputs are typed where they are made and read (``OutputColumns``: one dataclass of arrays
+per task, e.g. ``aaren.server.tasks.event.outputs.EventOutputs``) and plain columns (``Columns``,
+name -> ``[F, ...]``) where they travel: ``Outcomes.outputs`` and ``SampledFuture.outputs`` hold
+``to_columns()``, which the IPC packs without knowing any task, and the front end reads them back
+with the codec of the model's task (``ModelDescription.task``), ``from_columns`` (no copy either way).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Self
 
 import numpy as np
 
@@ -22,10 +29,12 @@ __all__ = [
     "ERROR",
     "FORECAST",
     "NEXT_SEQ",
+    "Columns",
     "CoreRequest",
     "EventColumns",
     "ModelDescription",
     "Outcomes",
+    "OutputColumns",
     "SampledFuture",
     "SessionView",
     "StepSummary",
@@ -39,6 +48,28 @@ MAX_SEQ = 2**62
 #: core, which alone knows it): for protocols without seqs (OIP). Such an event continues a session
 #: and never starts one: for a session without state it is refused like any seq > 1.
 NEXT_SEQ = 0
+
+
+#: A task's outputs as they travel: column name -> ``[F, ...]`` over F forecasts.
+Columns = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputColumns:
+    """The base of a task's typed outputs: a dataclass whose fields are all ``[F, ...]`` arrays over
+    the same F forecasts (a subclass declares them, with their shapes in its docstring)."""
+
+    def to_columns(self) -> Columns:
+        """The fields as plain columns (the arrays themselves, not copies)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_columns(cls, columns: Columns) -> Self:
+        """The typed outputs of ``to_columns()``'s columns (say which one is missing or extra)."""
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        if sorted(columns) != sorted(names):
+            raise ValueError(f"{cls.__name__} has the columns {names}; got {sorted(columns)}")
+        return cls(**columns)
 
 
 @dataclasses.dataclass(slots=True)
@@ -89,15 +120,15 @@ class Outcomes:
     ``kind [n]`` (``FORECAST``, ``ACK``, ``DUPLICATE``, ``ERROR``); ``last_seq [n]`` the session's last
     applied seq for an ack or duplicate (else 0); ``errors`` by position for ``ERROR``;
     ``forecast_index [F]`` the positions with a forecast, increasing, and ``outputs`` the task's
-    columns for them (name -> ``[F, ...]``). ``request_error``: the whole request was refused
-    before any event was considered (then ``kind`` is empty).
+    columns for them (``Columns``: the task's ``OutputColumns.to_columns()``). ``request_error``:
+    the whole request was refused before any event was considered (then ``kind`` is empty).
     """
 
     kind: np.ndarray
     last_seq: np.ndarray
     errors: dict[int, ErrorInfo]
     forecast_index: np.ndarray
-    outputs: dict[str, np.ndarray]
+    outputs: Columns
     request_error: ErrorInfo | None = None
 
     @classmethod
@@ -139,8 +170,9 @@ class ModelDescription:
 
     @property
     def ranked(self) -> int:
-        """How many entries a forecast ranks (marks, or classes): front ends cut a request's top_k."""
-        return len(self.class_names) if self.task == "class" else self.num_marks
+        """How many entries a forecast ranks (its classes where it names any, else its marks): front
+        ends cut a request's top_k."""
+        return len(self.class_names) or self.num_marks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +209,7 @@ class SampledFuture:
     session_id: str
     seq: int
     last_time: float
-    outputs: dict[str, np.ndarray]
+    outputs: Columns
     top_k: int
     steps: list[StepSummary]
     times: list[list[float]]

@@ -31,7 +31,7 @@ from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
 from aaren.server.tasks.base import Task
-from aaren.server.tasks.event.task import RunColumns
+from aaren.server.tasks.runs import RunColumns
 
 __all__ = ["Batcher", "Scope"]
 
@@ -527,9 +527,10 @@ class Batcher:
             rows = {k: v.index_select(0, index) for k, v in loaded.tensors.items()}
         model_started = time.perf_counter()
         if self._in_worker is not None:
-            new_rows, outputs = await self._in_worker(self.engine.apply, rows, runs, self._top_k)  # type: ignore[misc]
+            new_rows, typed = await self._in_worker(self.engine.apply, rows, runs, self._top_k)  # type: ignore[misc]
         else:
-            new_rows, outputs = self.engine.apply(rows, runs, self._top_k)
+            new_rows, typed = self.engine.apply(rows, runs, self._top_k)
+        outputs = typed.to_columns()  # plain columns from here on (contract.columns.Outcomes)
         store_started = time.perf_counter()
 
         # Per session r: its last applied event, and what became of it.

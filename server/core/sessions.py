@@ -90,11 +90,11 @@ class SessionCalls:
         if num_samples > s.max_num_samples:
             raise Reasons.num_samples_too_large(num_samples, s.max_num_samples).exception()
         d = self.engine.description
-        if horizon > 1 and d.task != "event":
+        if horizon > 1 and not hasattr(self.engine, "sample"):  # a task that samples futures has ``sample``
             raise Reasons.sampling_unsupported(d.name, d.task).exception()
         meta, rows = await self._get(session_id, tenant)
         k = top_k or s.default_top_k
-        outputs = await self._in_worker(self.engine.forecast_outputs, rows["features"], d.ranked)
+        outputs = (await self._in_worker(self.engine.forecast_outputs, rows["features"], d.ranked)).to_columns()
         nothing: list = []
         if horizon <= 1:
             return SampledFuture(session_id, meta.last_seq, meta.last_time, outputs, k, [], nothing, nothing, nothing)

@@ -31,6 +31,7 @@ class MemoryStore(SessionStore):
         self.idle_ttl_s = idle_ttl_s
         rows = min(capacity, INITIAL_ROWS) + 1
         self._pool: dict[str, Tensor] = layout.empty(rows)
+        self._device = layout.device
         self._free: list[int] = list(range(rows - 1, 0, -1))
         self._slots: dict[str, int] = {}
         #: Session id -> metadata, least recently written first.
@@ -45,7 +46,7 @@ class MemoryStore(SessionStore):
 
     async def load(self, session_ids: Sequence[str]) -> LoadedBatch:
         slots = [self._slots.get(sid, 0) for sid in session_ids]
-        index = torch.tensor(slots, dtype=torch.long, device=self.layout.device)
+        index = torch.tensor(slots, dtype=torch.long, device=self._device)
         return LoadedBatch(
             metas=[self._metas.get(sid) for sid in session_ids],
             tensors={k: pool.index_select(0, index) for k, pool in self._pool.items()},
@@ -87,7 +88,7 @@ class MemoryStore(SessionStore):
             rows.append(i)
             slots.append(slot)
         if rows:
-            device = self.layout.device
+            device = self._device
             # Every row written, in order (the common batch): scatter the tensors as they are.
             src = None if rows == list(range(len(session_ids))) else torch.tensor(rows, dtype=torch.long, device=device)
             dst = torch.tensor(slots, dtype=torch.long, device=device)

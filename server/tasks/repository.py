@@ -2,9 +2,9 @@
 
 As in Triton's model repository, a folder holds one sub-folder per model; here each sub-folder is
 a checkpoint (``aaren_core.checkpoint``: ``config.json`` + ``model.safetensors``) and its task
-comes from the model kind it holds: an ``EventModel`` is served by the event task
-(``aaren.server.tasks.event.task.EventTask``), a ``SeriesModel`` by ``SeriesTask``, a ``ClassModel`` by
-``ClassTask``. A model is named by its checkpoint's ``name`` (what ``ModelRef.name`` shows);
+comes from the model kind it holds, through the task registry (``aaren.server.tasks.registry``:
+``event_model`` -> the event task, ``series_model`` -> series, ``class_model`` -> class, and the
+kinds of plug-in tasks). A model is named by its checkpoint's ``name`` (what ``ModelRef.name`` shows);
 requests may also use its folder's name. Names are unique within a server.
 
 The default model (requests that name none) is ``default_model`` when set, else the folder
@@ -18,6 +18,7 @@ tiny event model (said loudly).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 from collections.abc import Sequence
@@ -26,14 +27,10 @@ from pathlib import Path
 import torch
 
 from aaren.server.contract.errors import ConfigError
+from aaren.server.tasks import registry
 from aaren.server.tasks.base import Task
-from aaren.server.tasks.classify.task import ClassTask
-from aaren.server.tasks.event.task import event_task_of_checkpoint, load_event_task
-from aaren.server.tasks.series.task import SeriesTask
+from aaren.server.tasks.event.task import load_event_task
 from aaren_core.checkpoint import CONFIG_FILE, CheckpointError, load_checkpoint
-from aaren_core.tasks.classify.model import ClassModel
-from aaren_core.tasks.event.model import EventModel
-from aaren_core.tasks.series.model import SeriesModel
 
 __all__ = ["ServedModels", "load_models", "load_task", "model_folders"]
 
@@ -69,27 +66,21 @@ def load_task(
     *,
     compile_model: bool = False,
 ) -> Task:
-    """The task engine for one checkpoint, chosen by the kind of model it holds."""
+    """The task for one checkpoint, chosen by the kind of model it holds (``registry.spec_of_kind``).
+    The executor is imported before the checkpoint loads: a plug-in's module registers its model kind."""
+    spec = registry.spec_of_kind(_declared_kind(Path(checkpoint)))
+    executor = spec.load("executor") if spec is not None else None
     try:
         ckpt = load_checkpoint(checkpoint, map_location=device)
     except CheckpointError as exc:
         raise ConfigError(f"model {checkpoint}: {exc}") from None
-    model, metadata = ckpt.model, ckpt.metadata
-    task: Task
+    if executor is None:
+        kinds = sorted(s.checkpoint_kind for s in registry.task_specs().values())
+        raise ConfigError(
+            f"model {checkpoint} holds a {ckpt.kind!r} model; the service serves {', '.join(kinds)} checkpoints"
+        )
     try:
-        if isinstance(model, EventModel):
-            task = event_task_of_checkpoint(ckpt, device, quantiles, compile_model=compile_model)
-        elif isinstance(model, SeriesModel):
-            name = str(metadata.get("name") or f"aaren-series-{metadata.get('data', 'model')}")
-            task = SeriesTask(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
-        elif isinstance(model, ClassModel):
-            name = str(metadata.get("name") or f"aaren-class-{metadata.get('data', 'model')}")
-            task = ClassTask(model, version=ckpt.model_version, name=name, metadata=metadata, device=device)
-        else:
-            raise ConfigError(
-                f"model {checkpoint} holds a {ckpt.kind!r} model; the service serves event_model, series_model "
-                "and class_model checkpoints"
-            )
+        task: Task = executor(ckpt, device, quantiles, compile_model=compile_model)
     except ValueError as exc:
         raise ConfigError(f"model {checkpoint}: {exc}") from None
     name = task.description.name
@@ -99,6 +90,14 @@ def load_task(
             "starting with a letter or digit): the name keys its sessions and metrics"
         )
     return task
+
+
+def _declared_kind(checkpoint: Path) -> str:
+    """The model kind a checkpoint's config names ("" when it cannot be read: loading it says why)."""
+    try:
+        return str(json.loads((checkpoint / CONFIG_FILE).read_text())["model"]["kind"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def model_folders(root: Path) -> list[Path]:

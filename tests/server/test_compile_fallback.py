@@ -23,8 +23,8 @@ def test_compile_without_a_compiler_falls_back_to_the_eager_model(caplog):
 
     eager = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
     runs = RunColumns.single([1.5], [3], [[0.2, -1.0]])
-    got = engine.apply({k: t.unsqueeze(0).clone() for k, t in engine.layout_rows().items()}, runs, 3)[1]
-    want = eager.apply({k: t.unsqueeze(0).clone() for k, t in eager.layout_rows().items()}, runs, 3)[1]
+    got = engine.apply({k: t.unsqueeze(0).clone() for k, t in engine.layout_rows().items()}, runs, 3)[1].to_columns()
+    want = eager.apply({k: t.unsqueeze(0).clone() for k, t in eager.layout_rows().items()}, runs, 3)[1].to_columns()
     assert got.keys() == want.keys()
     for name in want:  # the fallback is the eager model, bit for bit
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)

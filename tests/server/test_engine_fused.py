@@ -24,8 +24,9 @@ def test_fused_engine_equals_reference_engine(batch):
         runs = RunColumns.single(
             dt.tolist(), rng.integers(0, 16, batch).tolist(), rng.normal(size=(batch, width)).tolist()
         )
-        rows, got = fused.apply(rows, runs, 16)
-        rows_ref, want = reference.apply(rows_ref, runs, 16)
+        rows, typed = fused.apply(rows, runs, 16)
+        rows_ref, typed_ref = reference.apply(rows_ref, runs, 16)
+        got, want = typed.to_columns(), typed_ref.to_columns()
         assert got.keys() == want.keys() == set(OUTPUT_NAMES)
         for name in OUTPUT_NAMES:
             assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, name
@@ -33,4 +34,4 @@ def test_fused_engine_equals_reference_engine(batch):
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
     for name, t in rows.items():
         torch.testing.assert_close(t, rows_ref[name], rtol=1e-5, atol=1e-6, msg=name)
-    assert fused.forecast_outputs(rows["features"], 3)["top_marks"].shape == (batch, 3)
+    assert fused.forecast_outputs(rows["features"], 3).top_marks.shape == (batch, 3)

@@ -8,6 +8,7 @@ parallel scan), across a Redis-backed restart, and through the unary calls.
 
 from __future__ import annotations
 
+import queue
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as triton
 from server_helpers import (
     CALL_TIMEOUT_S,
     OpenStream,
@@ -27,6 +29,7 @@ from server_helpers import (
     scrape,
     stub_for,
 )
+from tritonclient.utils import InferenceServerException
 
 from aaren.client import EventIn
 from aaren.v1 import aaren_pb2 as pb
@@ -478,3 +481,106 @@ def test_the_session_commands_take_a_model(start_server, capsys):
     assert "ended session 'cli' (last seq 2)" in capsys.readouterr().out
     assert end_command(srv.address, "cli", model="tiny-series") == 0
     assert "did not exist" in capsys.readouterr().out
+
+
+def _oip_inputs(event: pb.Event, *extra: triton.InferInput) -> list[triton.InferInput]:
+    """A series or class event as OIP tensors: ``TIME`` FP64 [1], ``VALUES`` FP32 [C]."""
+    t = triton.InferInput("TIME", [1], "FP64")
+    t.set_data_from_numpy(np.array([event.time], np.float64))
+    values = np.array(event.values, np.float32)
+    v = triton.InferInput("VALUES", [len(values)], "FP32")
+    v.set_data_from_numpy(values)
+    return [t, v, *extra]
+
+
+def test_oip_metadata_and_config_of_the_series_and_class_models(start_server):
+    srv = start_server()
+    with triton.InferenceServerClient(srv.address) as client:
+        index = client.get_model_repository_index().models
+        assert sorted((m.name, m.state) for m in index) == [(n, "READY") for n in ("tiny", "tiny-class", "tiny-series")]
+        assert client.is_model_ready("tiny-series") and client.is_model_ready("tiny-class")
+        series = client.get_model_metadata("tiny-series")
+        assert (series.platform, [(t.name, t.datatype, list(t.shape)) for t in series.inputs]) == (
+            "aaren_series", [("TIME", "FP64", [1]), ("VALUES", "FP32", [2])],
+        )  # fmt: skip
+        assert [(t.name, t.datatype, list(t.shape)) for t in series.outputs] == [
+            ("SEQ", "INT64", [1]), ("SERIES_MEAN", "FP64", [3, 2]), ("SERIES_QUANTILES", "FP64", [3, 2, 3]),
+        ]  # fmt: skip
+        config = client.get_model_config("tiny-series").config
+        assert [(o.name, list(o.dims)) for o in config.output] == [
+            ("SEQ", [1]), ("SERIES_MEAN", [3, 2]), ("SERIES_QUANTILES", [3, 2, 3]),
+        ]  # fmt: skip
+        p = {k: v.string_value for k, v in config.parameters.items()}
+        assert (p["task"], p["horizon"], float(p["step_seconds"])) == ("series", "3", HOUR)
+        assert p["value_names"] == "load,temperature"
+        assert p["quantile_levels"] == "0.1,0.5,0.9"
+        classes = client.get_model_metadata("tiny-class")
+        assert [(t.name, t.datatype, list(t.shape)) for t in classes.inputs] == [
+            ("TIME", "FP64", [1]), ("VALUES", "FP32", [3]),
+        ]  # fmt: skip
+        assert [(t.name, t.datatype, list(t.shape)) for t in classes.outputs] == [
+            ("SEQ", "INT64", [1]), ("CLASS_TOP", "INT64", [-1]), ("CLASS_PROBS", "FP64", [-1]),
+        ]  # fmt: skip
+        p = {k: v.string_value for k, v in client.get_model_config("tiny-class").config.parameters.items()}
+        assert (p["task"], p["class_names"], p["default_top_k"]) == ("class", ",".join(CLASSES), "3")
+        # A series model has no MARK: the event task's tensors are refused by name.
+        mark = triton.InferInput("MARK", [1], "INT64")
+        mark.set_data_from_numpy(np.array([0], np.int64))
+        with pytest.raises(InferenceServerException, match="unexpected inference input 'MARK' for model 'tiny-series'"):
+            client.infer("tiny-series", _oip_inputs(_series_events("x", 1, seed=0)[0], mark), sequence_id="x")
+
+
+def test_oip_streams_series_and_class_sequences_equal_to_aaren_v1_and_offline(start_server, repository):
+    """tritonclient streams a series sequence (an int id) and a class sequence (a string id) of two
+    models interleaved on one stream, START and END; every answer equals aaren.v1's for the same
+    events (other sessions) and the models' offline outputs."""
+    srv = start_server()
+    series, trial = _series_events("v1-meter", 8, seed=20), _class_events("v1-trial", 6, seed=21)
+    mean, quantiles = _offline_series(repository, series)
+    probs = _offline_class(repository, trial)
+    with triton.InferenceServerClient(srv.address) as client, grpc.insecure_channel(srv.address) as channel:
+        answers: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        sent = []
+        for i in range(len(series)):
+            client.async_stream_infer("tiny-series", _oip_inputs(series[i]), sequence_id=7, sequence_start=i == 0,
+                                      sequence_end=i == len(series) - 1, request_id=f"s{i}")  # fmt: skip
+            sent.append(("s", i))
+            if i < len(trial):
+                client.async_stream_infer("tiny-class", _oip_inputs(trial[i]), sequence_id="trial-ä",
+                                          sequence_start=i == 0, parameters={"top_k": 2},
+                                          request_id=f"c{i}")  # fmt: skip
+                sent.append(("c", i))
+        got = [answers.get(timeout=CALL_TIMEOUT_S) for _ in sent]
+        client.stop_stream()
+        assert [e for _, e in got] == [None] * len(sent)
+        assert [r.get_response().id for r, _ in got] == [f"{m}{i}" for m, i in sent]
+        oip = {(m, i): r for (m, i), (r, _) in zip(sent, got, strict=True)}
+
+        v1 = OpenStream(stub_for(channel))
+        served_mean, served_q = _served_series(v1.send(series, model="tiny-series"))
+        served_class = _served_class(v1.send(trial, model="tiny-class", top_k=2), 2)
+        v1.close()
+        for i in range(len(series)):
+            r = oip[("s", i)]
+            assert r.as_numpy("SEQ").tolist() == [i + 1] and r.get_response().model_name == "tiny-series"
+            # float32 model arithmetic: a history in one call rounds unlike steps (as in test_e2e)
+            np.testing.assert_allclose(r.as_numpy("SERIES_MEAN"), served_mean[i], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(r.as_numpy("SERIES_QUANTILES"), served_q[i], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(r.as_numpy("SERIES_MEAN"), mean[i], atol=ATOL, rtol=1e-4)
+            np.testing.assert_allclose(r.as_numpy("SERIES_QUANTILES"), quantiles[i], atol=ATOL, rtol=1e-4)
+        for i in range(len(trial)):
+            r = oip[("c", i)]
+            assert r.as_numpy("SEQ").tolist() == [i + 1] and r.as_numpy("CLASS_TOP").shape == (2,)
+            assert r.as_numpy("CLASS_TOP").tolist() == [c for c, _ in served_class[i]]
+            np.testing.assert_allclose(r.as_numpy("CLASS_PROBS"), [p for _, p in served_class[i]], atol=1e-6)
+            np.testing.assert_allclose(r.as_numpy("CLASS_PROBS"), np.sort(probs[i])[::-1][:2], atol=1e-5)
+
+        # END ended the series sequence; the class sequence goes on, unary, at seq 7.
+        stub = stub_for(channel)
+        error = rpc_error(stub.GetSession, pb.GetSessionRequest(session_id="7", model="tiny-series"))
+        assert_rpc_error(error, grpc.StatusCode.NOT_FOUND, "session_not_found")
+        more = pb.Event(time=6.0, values=[0.5, 0.0, -0.5])
+        assert client.infer("tiny-class", _oip_inputs(more), sequence_id="trial-ä").as_numpy("SEQ").tolist() == [7]
+        stats = {s.name: s.inference_stats.success.count for s in client.get_inference_statistics().model_stats}
+        assert stats == {"tiny": 0, "tiny-series": 8, "tiny-class": 7}

@@ -26,12 +26,16 @@ def test_engine_history_and_steps_of_a_saved_decay_model_agree(tmp_path, fused):
     dt = np.concatenate([[0.0], rng.exponential(5.0, n - 1)])
     marks, values = rng.integers(0, 5, n), rng.normal(size=(n, 2))
     rows = {k: t.unsqueeze(0) for k, t in engine.layout_rows().items()}
-    history_rows, history = engine.apply(
+    history_rows, typed = engine.apply(
         rows, RunColumns(dt, marks, values.astype(np.float32), np.array([0]), np.array([n]), np.ones(n, dtype=bool)), 5
     )
+    history = typed.to_columns()
     step_rows = rows
     for i in range(n):
-        step_rows, one = engine.apply(step_rows, RunColumns.single([dt[i]], [int(marks[i])], [values[i].tolist()]), 5)
+        step_rows, one_typed = engine.apply(
+            step_rows, RunColumns.single([dt[i]], [int(marks[i])], [values[i].tolist()]), 5
+        )
+        one = one_typed.to_columns()
     for name in OUTPUT_NAMES:
         if name != "top_marks":
             np.testing.assert_allclose(history[name][-1], one[name][0], rtol=1e-4, atol=1e-5, err_msg=name)

@@ -1,9 +1,11 @@
 """The aaren.v1 front end: converts ``aaren.v1`` messages to engine-core columns and back.
 
 It runs the checks that need no state (``EventChecker``), hands each request to the engine core
-as a ``CoreRequest`` and encodes the ``Outcomes`` it gets back. The core is an ``EngineCore`` in
-this process or its IPC client (``aaren.server.ipc.client_side``): the same ``CoreAPI`` either way.
-The streaming method is the shared ``StreamLoop``; this class is its ``StreamCodec``.
+as a ``CoreRequest`` and encodes the ``Outcomes`` it gets back: what every forecast has here, the
+task's own part with the encoder of the model's task (``aaren.server.tasks.registry``; it never
+branches on a task name). The core is an ``EngineCore`` in this process or its IPC client
+(``aaren.server.ipc.client_side``): the same ``CoreAPI`` either way. The streaming method is the
+shared ``StreamLoop``; this class is its ``StreamCodec``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from aaren.server.frontends.streams import Accepted, RefusedError, StreamLoop, a
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
+from aaren.server.tasks.aaren_v1 import Encoder
+from aaren.server.tasks.registry import spec_of
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 
@@ -49,16 +53,16 @@ _FORECAST_MODES = frozenset(pb.ForecastMode.values())
 
 @dataclasses.dataclass(frozen=True)
 class _ModelView:
-    """What the front end keeps of one served model: its description, reference, checks."""
+    """What the front end keeps of one served model: its description, reference, checks and the
+    encoder of its task (``aaren.server.tasks.aaren_v1.Encoder``)."""
 
     description: ModelDescription
     ref: pb.ModelRef
     levels: tuple[float, ...]
     checker: EventChecker
-
-    @property
-    def task(self) -> str:
-        return self.description.task
+    encoder: Encoder
+    #: How many entries a forecast ranks (``ModelDescription.ranked``): a request's top_k is cut to it.
+    ranked: int
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -87,7 +91,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         views = {}
         for d in core.descriptions:
             checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
-            views[d.name] = _ModelView(d, pb.ModelRef(name=d.name, version=d.version), tuple(d.quantiles), checker)
+            encoder = spec_of(d.task).load("aaren_v1")(d, self.settings.default_top_k)
+            ref = pb.ModelRef(name=d.name, version=d.version)
+            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked)
         for alias, name in core.aliases.items():
             views.setdefault(alias, views[name])
         default = views[core.descriptions[0].name]
@@ -122,88 +128,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             error.retry_after_ms = math.ceil(info.retry_after_s * 1000)
         return error
 
-    def _fill_forecast(
-        self,
-        out: pb.Forecast,
-        session_id: str,
-        seq: int,
-        last_time: float,
-        mean: float,
-        quantiles: list[float],
-        marks: list[int],
-        probs: list[float],
-        value_means: list[float],
-        value_stds: list[float],
-        view: _ModelView,
-    ) -> None:
-        """Write one forecast into ``out`` in place: about 2.5x cheaper than building nested messages
-        by keyword, which copies each submessage into its parent."""
-        out.session_id = session_id
-        out.seq = seq
-        out.last_time = last_time
-        next_time = out.next_time
-        next_time.mean = mean
-        next_time.expected_time = last_time + mean
-        # add() then attribute writes: about 20% cheaper than add(**fields) with upb (measured).
-        add = next_time.quantiles.add
-        for q, v in zip(view.levels, quantiles, strict=True):
-            item = add()
-            item.q = q
-            item.value = v
-        add = out.marks.add
-        for m, pr in zip(marks, probs, strict=True):
-            item = add()
-            item.mark = m
-            item.probability = pr
-        add = out.values.add
-        for m, sd in zip(value_means, value_stds, strict=True):
-            item = add()
-            item.mean = m
-            item.std = sd
-        out.model.CopyFrom(view.ref)
-
     def _forecast_message(self, future: SampledFuture, view: _ModelView) -> pb.Forecast:
         out = pb.Forecast()
-        o, k = future.outputs, self._top_k(future.top_k, view)
-        if view.task != "event":
-            out.session_id, out.seq, out.last_time = future.session_id, future.seq, future.last_time
-            self._fill_task_forecast(out, view, o, 0, k)
-            out.model.CopyFrom(view.ref)
-            return out
-        self._fill_forecast(
-            out,
-            future.session_id,
-            future.seq,
-            future.last_time,
-            float(o["time_mean"][0]),
-            o["time_quantiles"][0].tolist(),
-            o["top_marks"][0, :k].tolist(),
-            o["top_probs"][0, :k].tolist(),
-            o["value_mean"][0].tolist(),
-            o["value_std"][0].tolist(),
-            view,
-        )
+        out.session_id, out.seq, out.last_time = future.session_id, future.seq, future.last_time
+        view.encoder.rows(future.outputs, self._top_k(future.top_k, view))(out, 0, future.last_time)
+        out.model.CopyFrom(view.ref)
         return out
 
     def _top_k(self, request_top_k: int, view: _ModelView) -> int:
         k = request_top_k or self.settings.default_top_k
-        return min(k, view.description.ranked)
-
-    def _fill_task_forecast(self, out: pb.Forecast, view: _ModelView, o: dict[str, np.ndarray], f: int, k: int) -> None:
-        """A series or class forecast (row ``f`` of the output columns) into ``out``."""
-        if view.task == "series":
-            mean, quantiles = o["series_mean"][f], o["series_quantiles"][f]  # [H, C], [H, C, Q]
-            series = out.series
-            series.horizon, series.channels = mean.shape[0], mean.shape[1]
-            series.means.extend(mean.reshape(-1).tolist())
-            series.quantiles.extend(quantiles.reshape(-1).tolist())
-            series.quantile_levels.extend(view.levels)
-        else:
-            names = view.description.class_names
-            add = out.classes.classes.add
-            for c, p in zip(o["class_top"][f, :k].tolist(), o["class_probs"][f, :k].tolist(), strict=True):
-                item = add()
-                item.class_index, item.class_name, item.probability = c, names[c], p
+        return min(k, view.ranked)
 
     def _response(self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView) -> pb.StreamResponse:
         response = pb.StreamResponse(request_id=request.request_id)
@@ -212,49 +146,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             return response
         if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
             return self._columns_response(request, outcomes, response, view)
-        if view.task != "event":
-            return self._task_rows_response(request, outcomes, response, view)
-        results = response.results
-        events = request.events
-        kinds = outcomes.kind.tolist()
-        out = outcomes.outputs
-        k = self._top_k(request.top_k, view)
-        f = 0
+        results, events, ref = response.results, request.events, view.ref
         if len(outcomes.forecast_index):
-            means = out["time_mean"].tolist()
-            quantiles = out["time_quantiles"].tolist()
-            marks = out["top_marks"][:, :k].tolist()
-            probs = out["top_probs"][:, :k].tolist()
-            value_means = out["value_mean"].tolist()
-            value_stds = out["value_std"].tolist()
-        for i, kind in enumerate(kinds):
-            event = events[i]
-            if kind == FORECAST:
-                result = results.add(session_id=event.session_id, seq=event.seq)
-                self._fill_forecast(
-                    result.forecast,
-                    event.session_id,
-                    event.seq,
-                    event.time,
-                    means[f],
-                    quantiles[f],
-                    marks[f],
-                    probs[f],
-                    value_means[f],
-                    value_stds[f],
-                    view,
-                )
-                f += 1
-            else:
-                self._add_result(results, event, outcomes, i, kind)
-        return response
-
-    def _task_rows_response(
-        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse, view: _ModelView
-    ) -> pb.StreamResponse:
-        """RESPONSE_LAYOUT_ROWS for series and class models: one result per event."""
-        results, events, out = response.results, request.events, outcomes.outputs
-        k = self._top_k(request.top_k, view)
+            write = view.encoder.rows(outcomes.outputs, self._top_k(request.top_k, view))
         f = 0
         for i, kind in enumerate(outcomes.kind.tolist()):
             event = events[i]
@@ -262,8 +156,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 result = results.add(session_id=event.session_id, seq=event.seq)
                 forecast = result.forecast
                 forecast.session_id, forecast.seq, forecast.last_time = event.session_id, event.seq, event.time
-                self._fill_task_forecast(forecast, view, out, f, k)
-                forecast.model.CopyFrom(view.ref)
+                write(forecast, f, event.time)
+                forecast.model.CopyFrom(ref)
                 f += 1
             else:
                 self._add_result(results, event, outcomes, i, kind)
@@ -293,8 +187,6 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         if not len(index):
             return response
         positions = index.tolist()
-        out = outcomes.outputs
-        k = self._top_k(request.top_k, view)
         chosen = [events[i] for i in positions]
         last_times = [e.time for e in chosen]
         block = response.forecast_columns
@@ -303,31 +195,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         block.seq.extend([e.seq for e in chosen])
         block.last_time.extend(last_times)
         block.model.CopyFrom(view.ref)
-        if view.task == "series":
-            mean = out["series_mean"]  # [F, H, C]
-            block.horizon, block.channels = mean.shape[1], mean.shape[2]
-            block.quantile_levels.extend(view.levels)
-            block.series_means.extend(mean.reshape(-1).tolist())
-            block.series_quantiles.extend(out["series_quantiles"].reshape(-1).tolist())
-            return response
-        if view.task == "class":
-            top = out["class_top"][:, :k]
-            block.class_top_k = top.shape[1]
-            block.classes.extend(top.reshape(-1).tolist())
-            block.class_probabilities.extend(out["class_probs"][:, :k].reshape(-1).tolist())
-            block.class_names.extend(view.description.class_names)
-            return response
-        means = out["time_mean"].tolist()
-        block.mean_gap.extend(means)
-        block.expected_time.extend([t + m for t, m in zip(last_times, means, strict=True)])
-        block.quantile_levels.extend(view.levels)
-        block.gap_quantiles.extend(out["time_quantiles"].reshape(-1).tolist())
-        top = out["top_marks"][:, :k]
-        block.top_k = top.shape[1]
-        block.marks.extend(top.reshape(-1).tolist())
-        block.mark_probabilities.extend(out["top_probs"][:, :k].reshape(-1).tolist())
-        block.value_means.extend(out["value_mean"].reshape(-1).tolist())
-        block.value_stds.extend(out["value_std"].reshape(-1).tolist())
+        view.encoder.columns(block, outcomes.outputs, self._top_k(request.top_k, view), last_times)
         return response
 
     def core_request(self, request: pb.StreamRequest, tenant: str, view: _ModelView | None = None) -> CoreRequest:

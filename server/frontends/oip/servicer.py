@@ -1,12 +1,15 @@
 """The Open Inference Protocol front end: Triton's ``inference.GRPCInferenceService`` with its
 sequence extension, so that tritonclient (and other OIP clients) drive aaren sessions unchanged.
 
-A sequence is a session (scoped by the caller's tenant, as in aaren.v1); each request carries one
-event as named tensors (``TIME``, ``MARK``, ``VALUES``) and is answered with the session's forecast
-as named tensors in ``raw_output_contents``. The protocol has no seq: a request without START is
-sent to the engine core with ``NEXT_SEQ``, and the core, which alone knows the stored last seq,
-numbers it. START ends an open session of that id first (as Triton does) and sends seq 1; END ends
-the session once its event is applied. README "OIP / Triton clients" has the whole contract.
+Every served model is reached by its name. A sequence is a session of that model (scoped by the
+caller's tenant, as in aaren.v1); each request carries one event as named tensors and is answered
+with the session's forecast as named tensors in ``raw_output_contents``: which tensors, a model's
+task says (its OIP codec, ``aaren.server.tasks.registry``; the event task's ``TIME``, ``MARK``,
+``VALUES`` in, ``SEQ``, ``MEAN_GAP``, ... out; see ``aaren.server.tasks.<task>.oip``). The
+protocol has no seq: a request without START is sent to the engine core with ``NEXT_SEQ``, and the
+core, which alone knows the stored last seq, numbers it. START ends an open session of that id
+first (as Triton does) and sends seq 1; END ends the session once its event is applied. README
+"OIP / Triton clients" has the whole contract.
 
 Like every front end this only converts: proto <-> ``CoreRequest`` / ``Outcomes``. It never imports
 torch (front-end processes run it).
@@ -17,13 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf import message_factory
 
 from aaren import __version__
@@ -37,6 +38,8 @@ from aaren.server.frontends.streams import Accepted, RefusedError, StreamLoop, a
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
+from aaren.server.tasks.oip import TensorCodec
+from aaren.server.tasks.registry import spec_of
 
 __all__ = ["OIP_SERVICE_NAME", "OipServicer", "add_oip_servicer_to_server"]
 
@@ -45,92 +48,18 @@ log = logging.getLogger(__name__)
 #: The service's name on the wire (Triton's), whatever the package of our copy of its messages.
 OIP_SERVICE_NAME = "inference.GRPCInferenceService"
 EXTENSIONS = ("sequence", "sequence(string_id)", "model_configuration", "parameters", "statistics")
-_STRUCT = {"FP64": "d", "FP32": "f", "INT64": "q", "INT32": "i"}
-_INT64, _FP64 = struct.Struct("<q"), struct.Struct("<d")
-_TYPED = {"FP64": "fp64_contents", "FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents"}
 _CONFIG_TYPE = {"FP64": mc.TYPE_FP64, "FP32": mc.TYPE_FP32, "INT64": mc.TYPE_INT64, "INT32": mc.TYPE_INT32}
-# The inputs of the event task: name -> (accepted datatypes, the first one declared).
-_INPUT_TYPES = {"TIME": ("FP64",), "MARK": ("INT64", "INT32"), "VALUES": ("FP32",)}
 #: The stream loop's refusal of a whole request, and its way of ending a call (``frontends.streams``).
 _RefusedError, _abort = RefusedError, abort
-
-
-class _Tensors:
-    """The event task's tensors as this server declares them (ModelMetadata, ModelConfig) and
-    encodes them. Outputs, per forecast: ``SEQ`` INT64 [1] (the seq the event was applied as),
-    ``MEAN_GAP`` FP64 [1] and ``EXPECTED_TIME`` FP64 [1] (time + mean gap), ``GAP_QUANTILES`` FP64 [Q]
-    (at ``quantile_levels``), ``TOP_MARKS`` INT64 [k] and ``TOP_PROBS`` FP64 [k] (k: the ``top_k``
-    parameter, else the server's default), ``VALUE_MEAN`` / ``VALUE_STD`` FP64 [V] (when V > 0)."""
-
-    def __init__(self, d: ModelDescription, default_top_k: int) -> None:
-        self.width = d.value_width
-        self.q = len(d.quantiles)
-        self.num_marks = d.num_marks
-        self.default_top_k = min(default_top_k or d.num_marks, d.num_marks)
-        self.inputs: list[tuple[str, str, list[int]]] = [("TIME", "FP64", [1]), ("MARK", "INT64", [1])]
-        if self.width:
-            self.inputs.append(("VALUES", "FP32", [self.width]))
-        self.input_names = [name for name, _, _ in self.inputs]
-        #: (name, datatype) -> (the little-endian struct of its data, its element count, its typed field)
-        self.layouts: dict[tuple[str, str], tuple[struct.Struct, int, str]] = {}
-        for name, _, shape in self.inputs:
-            for datatype in _INPUT_TYPES[name]:
-                code = _STRUCT[datatype]
-                self.layouts[(name, datatype)] = (struct.Struct(f"<{shape[0]}{code}"), shape[0], _TYPED[datatype])
-        self.outputs: list[tuple[str, str, list[int]]] = [
-            ("SEQ", "INT64", [1]),
-            ("MEAN_GAP", "FP64", [1]),
-            ("EXPECTED_TIME", "FP64", [1]),
-            ("GAP_QUANTILES", "FP64", [self.q]),
-            ("TOP_MARKS", "INT64", [-1]),
-            ("TOP_PROBS", "FP64", [-1]),
-        ]
-        if self.width:
-            self.outputs += [("VALUE_MEAN", "FP64", [self.width]), ("VALUE_STD", "FP64", [self.width])]
-        self.output_names = [name for name, _, _ in self.outputs]
-        self._templates: dict[tuple[int, tuple[str, ...]], pb.ModelInferResponse] = {}
-        self.model_name = d.name
-        self.model_version = d.version
-
-    def template(self, k: int, names: tuple[str, ...]) -> pb.ModelInferResponse:
-        """A response with the output tensors' names, datatypes and shapes filled in (cached:
-        copying it is cheaper than building the nested messages for every answer)."""
-        key = (k, names)
-        cached = self._templates.get(key)
-        if cached is None:
-            cached = pb.ModelInferResponse(model_name=self.model_name, model_version=self.model_version)
-            for name, datatype, shape in self.outputs:
-                if name in names:
-                    shape = [k] if shape == [-1] else shape
-                    cached.outputs.add(name=name, datatype=datatype, shape=shape)
-            if len(self._templates) < 256:
-                self._templates[key] = cached
-        return cached
-
-    def encode(self, names: tuple[str, ...], k: int, seq: int, time_: float, out: dict[str, np.ndarray]) -> list[bytes]:
-        """The raw bytes of the requested outputs of one forecast (row 0 of ``out``), in declared order."""
-        mean = float(out["time_mean"][0])
-        columns = [
-            _INT64.pack(seq),
-            _FP64.pack(mean),
-            _FP64.pack(time_ + mean),
-            out["time_quantiles"][0].astype("<f8").tobytes(),
-            out["top_marks"][0, :k].astype("<i8").tobytes(),
-            out["top_probs"][0, :k].astype("<f8").tobytes(),
-        ]
-        if self.width:
-            columns += [out["value_mean"][0].astype("<f8").tobytes(), out["value_std"][0].astype("<f8").tobytes()]
-        if len(names) == len(columns):
-            return columns
-        return [c for c, name in zip(columns, self.output_names, strict=True) if name in names]
 
 
 class _Event:
     """One decoded request: its sequence (as a session id), flags, the event and what to answer."""
 
-    __slots__ = ("end", "k", "mark", "names", "request_id", "session_id", "start", "time", "values")
+    __slots__ = ("end", "k", "mark", "model", "names", "request_id", "session_id", "start", "time", "values")
 
-    def __init__(self) -> None:
+    def __init__(self, model: _Model) -> None:
+        self.model = model
         self.session_id = ""
         self.start = self.end = False
         self.time = 0.0
@@ -176,6 +105,18 @@ class _Statistics:
         self.last_ms = int(time.time() * 1000)
 
 
+class _Model:
+    """One served model as this front end sees it: its description, the codec of its task, its
+    stateless checks and its statistics."""
+
+    def __init__(self, d: ModelDescription, codec: TensorCodec, checker: EventChecker) -> None:
+        self.description, self.codec, self.checker = d, codec, checker
+        self.stats = _Statistics()
+
+    def matches(self, name: str, version: str) -> bool:
+        return name == self.description.name and version in ("", self.description.version)
+
+
 class OipServicer:
     """Registered before the server starts (``add_oip_servicer_to_server``); calls that need the
     model are refused with UNAVAILABLE until ``attach``."""
@@ -184,30 +125,30 @@ class OipServicer:
         self.settings = settings
         self.metrics = metrics
         self._core: CoreAPI | None = None
-        self._tensors: _Tensors | None = None
-        self._described: ModelDescription | None = None
-        self._checker: EventChecker | None = None
+        self._models: dict[str, _Model] = {}
         self._loop = StreamLoop[pb.ModelInferRequest, pb.ModelStreamInferResponse](
             self, settings.max_inflight_requests_per_stream, metrics.open_streams
         )
-        self._stats = _Statistics()
         self._latency = {m: metrics.request_latency.labels(m) for m in ("ModelInfer", "ModelStreamInfer")}
         self.draining = False
         #: What the health service says (the store answers): ServerReady follows it.
         self.serving = False
 
     def attach(self, core: CoreAPI) -> None:
-        """Serve through ``core``: an ``EngineCore`` or the IPC client of one. The Open
-        Inference Protocol serves the first event model of the server (the default when it is one);
-        its tensors have the event task's shapes. Without an event model every request is for an
-        unknown model."""
-        events = [d for d in core.descriptions if d.task == "event"]
-        self._described = events[0] if events else None
-        if self._described is not None:
-            d = self._described
-            self._tensors = _Tensors(d, self.settings.default_top_k)
-            self._checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+        """Serve through ``core``: an ``EngineCore`` or the IPC client of one. Every model of the
+        server is served by its name, with the tensors of its task's codec."""
+        models = {}
+        for d in core.descriptions:
+            codec = spec_of(d.task).load("oip")(d, self.settings.default_top_k)
+            models[d.name] = _Model(
+                d, codec, EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+            )
+        self._models = models
         self._core = core
+
+    def _find(self, name: str, version: str) -> _Model | None:
+        model = self._models.get(name)
+        return model if model is not None and model.matches(name, version) else None
 
     def close_streams(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
@@ -229,24 +170,23 @@ class OipServicer:
         assert self._core is not None
         return self._core
 
-    async def _model(self, context: grpc.aio.ServicerContext, name: str, version: str) -> ModelDescription:
-        """The served model's description, or NOT_FOUND for another name or version."""
+    async def _model(self, context: grpc.aio.ServicerContext, name: str, version: str) -> _Model:
+        """The served model of that name (and version), or NOT_FOUND."""
         await self._ready(context)
-        d = self._described
-        if d is None or name != d.name or version not in ("", d.version):
+        model = self._find(name, version)
+        if model is None:
             await _abort(context, Reasons.model_unknown(name, version))
-        assert d is not None
-        return d
+        assert model is not None
+        return model
 
     def _decode(self, request: pb.ModelInferRequest) -> _Event:
-        """The request's sequence, flags and event; ``_RefusedError`` says what is wrong with it."""
-        t = self._tensors
-        if t is None or self._checker is None:
+        """The request's model, sequence, flags and event; ``_RefusedError`` says what is wrong with it."""
+        model = self._find(request.model_name, request.model_version)
+        if model is None:
             raise _RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
-        event = _Event()
+        t = model.codec
+        event = _Event(model)
         event.request_id = request.id
-        if request.model_name != t.model_name or request.model_version not in ("", t.model_version):
-            raise _RefusedError(Reasons.model_unknown(request.model_name, request.model_version))
         params = request.parameters
         sid = ""
         if "sequence_id" in params:
@@ -262,7 +202,7 @@ class OipServicer:
                 raise _RefusedError(Reasons.parameter_type("sequence_id", "an int64, uint64 or string parameter"))
         if not sid:
             raise _RefusedError(Reasons.sequence_id_missing(t.model_name))
-        error = self._checker.session_id_error(sid)
+        error = model.checker.session_id_error(sid)
         if error is not None:
             raise _RefusedError(error)
         event.session_id = sid
@@ -274,7 +214,7 @@ class OipServicer:
             which = p.WhichOneof("parameter_choice")
             if which not in ("int64_param", "uint64_param"):
                 raise _RefusedError(Reasons.parameter_type("top_k", "an integer parameter"))
-            k = min(max(int(getattr(p, which)), 1), t.num_marks)
+            k = min(max(int(getattr(p, which)), 1), t.ranked)
         event.k = k
         if request.outputs:
             wanted = set()
@@ -288,9 +228,14 @@ class OipServicer:
         self._inputs(request, event)
         return event
 
+    def _record_refusal(self, request: pb.ModelInferRequest, started: float) -> None:
+        """A request refused before it reached the core counts as a failure of its model (if served)."""
+        model = self._find(request.model_name, request.model_version)
+        if model is not None:
+            model.stats.record(False, started)
+
     def _inputs(self, request: pb.ModelInferRequest, event: _Event) -> None:
-        t = self._tensors
-        assert t is not None
+        t = event.model.codec
         raw = request.raw_input_contents
         seen: dict[str, tuple[float, ...] | tuple[int, ...]] = {}
         for i, tensor in enumerate(request.inputs):
@@ -299,7 +244,7 @@ class OipServicer:
             if layout is None:
                 if name not in t.input_names:
                     raise _RefusedError(Reasons.input_unknown(name, t.model_name, t.input_names))
-                accepted = list(_INPUT_TYPES[name])
+                accepted = list(t.accepted[name])
                 raise _RefusedError(Reasons.input_datatype(name, datatype, t.model_name, accepted))
             unpack, count, typed = layout
             shape = tensor.shape
@@ -319,13 +264,10 @@ class OipServicer:
         if len(seen) != len(t.input_names):
             missing = next(name for name in t.input_names if name not in seen)
             raise _RefusedError(Reasons.input_missing(missing, t.model_name, t.input_names))
-        event.time = float(seen["TIME"][0])
-        event.mark = int(seen["MARK"][0])
-        event.values = list(seen["VALUES"]) if t.width else []
+        event.time, event.mark, event.values = t.event(seen)
 
     def _core_request(self, event: _Event, tenant: str) -> CoreRequest:
-        assert self._checker is not None
-        return self._checker.request(
+        return event.model.checker.request(
             [event.session_id],
             [1 if event.start else NEXT_SEQ],
             [event.time],
@@ -333,15 +275,14 @@ class OipServicer:
             [event.values],
             next_seq=True,
             tenant=tenant,
-            model=self._described.name if self._described is not None else "",
+            model=event.model.description.name,
         )
 
     def _answer(
         self, event: _Event, outcomes: Outcomes, response: pb.ModelInferResponse
     ) -> pb.ModelInferResponse | ErrorInfo:
         """The answer of one event written into ``response`` (returned), or why it was refused."""
-        t = self._tensors
-        assert t is not None
+        t = event.model.codec
         if outcomes.request_error is not None:
             return outcomes.request_error
         if int(outcomes.kind[0]) != FORECAST:
@@ -352,13 +293,13 @@ class OipServicer:
         response.CopyFrom(t.template(event.k, event.names))
         response.id = event.request_id
         response.raw_output_contents.extend(
-            t.encode(event.names, event.k, int(outcomes.last_seq[0]), event.time, outcomes.outputs)
+            t.requested(event.names, event.k, int(outcomes.last_seq[0]), event.time, outcomes.outputs)
         )
         return response
 
-    async def _end_session(self, core: CoreAPI, session_id: str, tenant: str) -> None:
+    async def _end_session(self, core: CoreAPI, event: _Event, tenant: str) -> None:
         with contextlib.suppress(ServiceError):
-            await core.end_session(session_id, tenant, model=self._described.name if self._described else "")
+            await core.end_session(event.session_id, tenant, model=event.model.description.name)
 
     # ------------------------------------------------------------------ health and metadata
 
@@ -379,8 +320,7 @@ class OipServicer:
     ) -> pb.ModelReadyResponse:
         if self._core_error() is not None:
             return pb.ModelReadyResponse(ready=False)
-        d = self._described
-        known = d is not None and request.name == d.name and request.version in ("", d.version)
+        known = self._find(request.name, request.version) is not None
         return pb.ModelReadyResponse(ready=known and self.serving and not self.draining)
 
     async def ServerMetadata(  # noqa: N802
@@ -391,9 +331,8 @@ class OipServicer:
     async def ModelMetadata(  # noqa: N802
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        d = await self._model(context, request.name, request.version)
-        t = self._tensors
-        assert t is not None
+        model = await self._model(context, request.name, request.version)
+        d, t = model.description, model.codec
         return pb.ModelMetadataResponse(
             name=d.name,
             versions=[d.version],
@@ -405,20 +344,16 @@ class OipServicer:
     async def ModelConfig(  # noqa: N802
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelConfigResponse:
-        d = await self._model(context, request.name, request.version)
-        t = self._tensors
-        assert t is not None
+        model = await self._model(context, request.name, request.version)
+        d, t = model.description, model.codec
         parameters = {
             "task": d.task,
             "version": d.version,
             "backbone": d.backbone,
-            "quantile_levels": ",".join(repr(q) for q in d.quantiles),
-            "mark_names": ",".join(d.mark_names),
             "value_names": ",".join(d.value_names),
             "time_unit": d.time_unit,
-            "num_marks": str(d.num_marks),
-            "default_top_k": str(t.default_top_k),
             "state_bytes_per_session": str(d.state_bytes_per_session),
+            **t.parameters(),
         }
         config = mc.ModelConfig(
             name=d.name,
@@ -440,43 +375,48 @@ class OipServicer:
     async def RepositoryIndex(  # noqa: N802
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
-        """The served model (read-only: loading and unloading are not served)."""
+        """The served models (read-only: loading and unloading are not served)."""
         await self._ready(context)
-        d = self._described
         state = "READY" if self.serving and not self.draining else "UNAVAILABLE"
-        models = (
-            [] if d is None else [pb.RepositoryIndexResponse.ModelIndex(name=d.name, version=d.version, state=state)]
-        )
+        models = [
+            pb.RepositoryIndexResponse.ModelIndex(name=m.description.name, version=m.description.version, state=state)
+            for m in self._models.values()
+        ]
         return pb.RepositoryIndexResponse(models=models)
 
     def statistics(self) -> dict[str, list[int]]:
         """This front end's ModelStatistics by model, as plain values (its ``oip_statistics`` report)."""
-        d = self._described
-        return {} if d is None else {d.name: self._stats.plain()}
+        return {m.description.name: m.stats.plain() for m in self._models.values()}
 
     async def ModelStatistics(  # noqa: N802
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
+        """Every front-end process's counts per model (all models when the request names none)."""
         core = await self._ready(context)
-        d = self._described
-        if d is None or (request.name and (request.name != d.name or request.version not in ("", d.version))):
-            await _abort(context, Reasons.model_unknown(request.name, request.version))
-        assert d is not None
+        if request.name:
+            models = [await self._model(context, request.name, request.version)]
+        else:
+            models = list(self._models.values())
         # Every front-end process's counts (this one's included); in one process, this one's.
         reports = await core.front_end_reports("oip_statistics") or [self.statistics()]
-        s = _Statistics.summed(r[d.name] for r in reports if d.name in r)
-        stats = pb.ModelStatistics(
-            name=d.name,
-            version=d.version,
-            last_inference=s.last_ms,
-            inference_count=s.success,
-            execution_count=s.success,
-            inference_stats=pb.InferStatistics(
-                success=pb.StatisticDuration(count=s.success, ns=s.success_ns),
-                fail=pb.StatisticDuration(count=s.fail, ns=s.fail_ns),
-            ),
-        )
-        return pb.ModelStatisticsResponse(model_stats=[stats])
+        stats = []
+        for model in models:
+            d = model.description
+            s = _Statistics.summed(r[d.name] for r in reports if d.name in r)
+            stats.append(
+                pb.ModelStatistics(
+                    name=d.name,
+                    version=d.version,
+                    last_inference=s.last_ms,
+                    inference_count=s.success,
+                    execution_count=s.success,
+                    inference_stats=pb.InferStatistics(
+                        success=pb.StatisticDuration(count=s.success, ns=s.success_ns),
+                        fail=pb.StatisticDuration(count=s.fail, ns=s.fail_ns),
+                    ),
+                )
+            )
+        return pb.ModelStatisticsResponse(model_stats=stats)
 
     # ------------------------------------------------------------------ inference
 
@@ -489,12 +429,12 @@ class OipServicer:
         try:
             event = self._decode(request)
         except _RefusedError as exc:
-            self._stats.record(False, started)
+            self._record_refusal(request, started)
             await _abort(context, exc.info)
         if self.draining or core.draining:
             await _abort(context, Reasons.shutting_down())
         if event.start:
-            await self._end_session(core, event.session_id, tenant)
+            await self._end_session(core, event, tenant)
         answered: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
         core.submit(self._core_request(event, tenant), lambda o: answered.done() or answered.set_result(o))
         outcomes = await answered  # encoded on this call's task, not on the core's callback
@@ -504,8 +444,8 @@ class OipServicer:
             log.exception("encoding the answer of request %r failed", event.request_id)
             answer = Reasons.internal()
         if event.end and not isinstance(answer, ErrorInfo):
-            await asyncio.shield(self._end_session(core, event.session_id, tenant))
-        self._stats.record(not isinstance(answer, ErrorInfo), started)
+            await asyncio.shield(self._end_session(core, event, tenant))
+        event.model.stats.record(not isinstance(answer, ErrorInfo), started)
         self._latency["ModelInfer"].observe(time.perf_counter() - started)
         if isinstance(answer, ErrorInfo):
             await _abort(context, answer)
@@ -529,37 +469,39 @@ class OipServicer:
         event = self._decode(request)
         core = self._core
         assert core is not None
-        sid = event.session_id
         return Accepted(
             self._core_request(event, tenant),
             lambda outcomes: self._stream_reply(event, outcomes),
-            before=(lambda: self._end_session(core, sid, tenant)) if event.start else None,
-            after=(lambda reply: self._ended(core, sid, tenant, reply)) if event.end else None,
+            before=(lambda: self._end_session(core, event, tenant)) if event.start else None,
+            after=(lambda reply: self._ended(core, event, tenant, reply)) if event.end else None,
         )
 
     def refusal(self, request: pb.ModelInferRequest, info: ErrorInfo) -> pb.ModelStreamInferResponse:
-        return self._refused(request.id, info)
+        return self._refused(request.model_name, request.model_version, request.id, info)
 
     def answered(self, reply: pb.ModelStreamInferResponse, started: float) -> None:
-        self._stats.record(not reply.error_message, started)
+        model = self._find(reply.infer_response.model_name, reply.infer_response.model_version)
+        if model is not None:
+            model.stats.record(not reply.error_message, started)
         self._latency["ModelStreamInfer"].observe(time.perf_counter() - started)
 
     def _stream_reply(self, event: _Event, outcomes: Outcomes) -> pb.ModelStreamInferResponse:
         response = pb.ModelStreamInferResponse()
         answer = self._answer(event, outcomes, response.infer_response)  # in place: cheaper than a copy
-        return self._refused(event.request_id, answer) if isinstance(answer, ErrorInfo) else response
+        if isinstance(answer, ErrorInfo):
+            d = event.model.description
+            return self._refused(d.name, d.version, event.request_id, answer)
+        return response
 
-    def _refused(self, request_id: str, info: ErrorInfo) -> pb.ModelStreamInferResponse:
-        t = self._tensors
-        name, version = (t.model_name, t.model_version) if t is not None else ("", "")
+    def _refused(self, name: str, version: str, request_id: str, info: ErrorInfo) -> pb.ModelStreamInferResponse:
         return pb.ModelStreamInferResponse(
             error_message=info.message,
             infer_response=pb.ModelInferResponse(model_name=name, model_version=version, id=request_id),
         )
 
-    async def _ended(self, core: CoreAPI, session_id: str, tenant: str, reply: pb.ModelStreamInferResponse) -> None:
+    async def _ended(self, core: CoreAPI, event: _Event, tenant: str, reply: pb.ModelStreamInferResponse) -> None:
         if not reply.error_message:
-            await self._end_session(core, session_id, tenant)
+            await self._end_session(core, event, tenant)
 
 
 def _flag(params: Any, name: str) -> bool:

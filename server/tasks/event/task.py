@@ -7,41 +7,36 @@ output after its last event, so a forecast needs no recomputation.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from aaren.server.contract.columns import ModelDescription
-from aaren.server.tasks.base import Outputs
+from aaren.server.tasks.event.outputs import OUTPUT_NAMES, EventOutputs
+from aaren.server.tasks.runs import FEATURES, RunColumns, RunTask
 from aaren_core.attention.state import State
 from aaren_core.checkpoint import Checkpoint, load_checkpoint
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
 __all__ = [
+    "FEATURES",
     "OUTPUT_NAMES",
     "EventTask",
-    "ModelDescription",
-    "Outputs",
     "RunColumns",
-    "event_task_of_checkpoint",
+    "from_checkpoint",
     "load_event_task",
     "resolve_device",
 ]
 
 log = logging.getLogger(__name__)
 
-FEATURES = "features"
 COMPILE_WARMUP_TOP_K = 3
-#: The event task's output columns, each ``[F, ...]`` over F forecasts.
-OUTPUT_NAMES = ("time_mean", "time_quantiles", "top_marks", "top_probs", "value_mean", "value_std")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -51,48 +46,10 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RunColumns:
-    """The events a batch applies, as flat columns grouped by session (``A`` events, ``R`` sessions).
-
-    ``dt [A]`` gaps since each event's previous one (0 for a session's first event), ``marks [A]``,
-    ``values [A, V]`` raw values, ``want [A]`` which events get a forecast; session ``r``'s events are
-    ``starts[r] : starts[r] + lengths[r]``. ``times [A]`` the events' own times (tasks whose inputs
-    come from the clock, e.g. a series' calendar features; None when no task needs them).
-    """
-
-    dt: np.ndarray
-    marks: np.ndarray
-    values: np.ndarray
-    starts: np.ndarray
-    lengths: np.ndarray
-    want: np.ndarray
-    times: np.ndarray | None = None
-
-    @classmethod
-    def single(
-        cls,
-        dt: Sequence[float],
-        marks: Sequence[int],
-        values: Sequence[Sequence[float]],
-        times: Sequence[float] | None = None,
-    ) -> RunColumns:
-        """One event per session, every one forecast."""
-        n = len(dt)
-        return cls(
-            np.asarray(dt, dtype=np.float64),
-            np.asarray(marks, dtype=np.int64),
-            np.asarray(values, dtype=np.float32).reshape(n, -1),
-            np.arange(n),
-            np.ones(n, dtype=np.int64),
-            np.ones(n, dtype=bool),
-            None if times is None else np.asarray(times, dtype=np.float64),
-        )
-
-
-class EventTask:
+class EventTask(RunTask):
     """The event task (``aaren.server.tasks.base.Task``): an ``EventModel`` with a constant-size state
-    per session, stepped and scanned in batches; outputs ``OUTPUT_NAMES``."""
+    per session, stepped and scanned in batches (``RunTask.apply``, with the fused batched step of
+    every row at once as its ``_step_all`` hook); outputs ``EventOutputs``."""
 
     #: Step and forecast eagerly with ``aaren_core.tasks.event.fused`` (the weights folded once; the engine never
     #: changes them); False runs the module-by-module reference, ``EventModel.step`` and ``forecast``.
@@ -109,17 +66,9 @@ class EventTask:
         quantiles: Sequence[float],
         compile_model: bool = False,
     ) -> None:
-        if model.backbone.state_type.growing:
-            raise ValueError(
-                f"the service keeps a constant-size state per session; the {model.config.backbone.kind!r} "
-                "backbone's state grows with every event (use aaren or gru)"
-            )
-        self.model = model.to(device).eval()
-        self.device = device
-        self.version = version
+        super().__init__(model, version=version, device=device)
+        self.last_width = model.config.backbone.d_model
         self.quantiles = tuple(quantiles)
-        self._state_type = type(model.init_state(1))
-        self._state_fields = list(model.init_state(1).tensors())
         schema = metadata.get("schema", {})
         config = model.config
         state_bytes = model.backbone.state_nbytes(model.init_state(1, device="cpu"))
@@ -217,99 +166,40 @@ class EventTask:
         f = self.model.forecast(features, self.quantiles, top_k)
         return f.time_mean, f.time_quantiles, f.top_marks, f.top_probs, f.value_mean, f.value_std
 
-    def layout_rows(self) -> dict[str, Tensor]:
-        """The fresh row of every per-session tensor (state fields and features), on the device."""
-        rows = {k: t[0] for k, t in self.model.init_state(1, device=self.device).tensors().items()}
-        rows[FEATURES] = torch.zeros(self.model.config.backbone.d_model, device=self.device)
-        return rows
-
-    def state_of(self, rows: dict[str, Tensor]) -> State:
-        return self._state_type(**{k: rows[k] for k in self._state_fields})
-
-    @torch.inference_mode()
-    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], Outputs]:
-        """Apply session ``r``'s events ``runs.starts[r] : runs.starts[r] + runs.lengths[r]`` (flat
-        columns, one session's events together and in order) to row ``r`` of ``rows`` (``name -> [R, ...]``).
-
-        Returns new rows (``rows`` itself is not changed) and the forecasts of the events where
-        ``runs.want`` holds, in flat order (up to ``top_k`` marks each). Sessions with one event are
-        stepped together in one batched ``step``; runs of equal length ``L > 1`` are ingested together
-        with one parallel scan (``prefill [R_L, L]``): the same numbers as stepping them one by one.
-        """
-        dt, marks, values = self._inputs(runs)  # [A], [A], [A, V]
-        n_runs = len(runs.lengths)
-        if len(runs.dt) == n_runs:  # every run is one event: one batched step, no gather or scatter
-            y, *stepped = self._step(dt, marks, values, *(rows[k] for k in self._state_fields))  # y [R, d]
-            new = dict(zip(self._state_fields, stepped, strict=True))
-            new[FEATURES] = y
-            features = y
-        else:
-            features = torch.empty(len(runs.dt), self.description.d_model, device=self.device)  # [A, d]
-            new = {k: t.clone() for k, t in rows.items()}
-            lengths = runs.lengths
-            for length in np.unique(lengths).tolist():
-                members_np = np.flatnonzero(lengths == length)
-                whole = len(members_np) == n_runs
-                members = None if whole else torch.from_numpy(members_np).to(self.device)
-                state = self.state_of(
-                    rows if members is None else {k: t.index_select(0, members) for k, t in rows.items()}
-                )
-                flat_np = (runs.starts[members_np][:, None] + np.arange(length)).reshape(-1)  # [R_L * L]
-                flat = torch.from_numpy(flat_np).to(self.device)
-                if length == 1:
-                    y, *stepped = self._step(dt[flat], marks[flat], values[flat], *state.tensors().values())
-                    state = self._state_type(**dict(zip(self._state_fields, stepped, strict=True)))
-                    last = y
-                    features.index_copy_(0, flat, y)
-                else:
-                    shape = (len(members_np), length)
-                    y, state = self.model.prefill(
-                        dt[flat].view(shape), marks[flat].view(shape), values[flat].view(*shape, -1), state
-                    )  # y [R_L, L, d]
-                    last = y[:, -1]
-                    features.index_copy_(0, flat, y.reshape(-1, y.shape[-1]))
-                parts = {**state.tensors(), FEATURES: last}
-                for k, t in parts.items():
-                    if members is None:
-                        new[k] = t
-                    else:
-                        new[k].index_copy_(0, members, t)
-        if runs.want.all():
-            wanted = features
-        elif runs.want.any():
-            wanted = features.index_select(0, torch.from_numpy(np.flatnonzero(runs.want)).to(self.device))
-        else:
-            return new, self.empty_outputs(top_k)
-        return new, self.forecast_outputs(wanted, top_k)
-
-    def _inputs(self, runs: RunColumns) -> tuple[Tensor, Tensor, Tensor]:
+    def _event_inputs(self, runs: RunColumns) -> tuple[Tensor, Tensor, Tensor]:
         """Flat event columns -> ``dt [A]``, ``marks [A]``, ``values [A, V]`` tensors on the device."""
         dt = torch.from_numpy(runs.dt).to(self.device, torch.float32)
         marks = torch.from_numpy(runs.marks).to(self.device, torch.long)
         values = torch.from_numpy(runs.values).to(self.device, torch.float32)
         return dt, marks, values.view(len(runs.dt), self.description.value_width)
 
-    def output_names(self) -> tuple[str, ...]:
-        return OUTPUT_NAMES
+    def _step_all(self, runs: RunColumns, rows: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor]:
+        """Every run is one event: one batched step on the rows as they are, no gather or scatter."""
+        y, *stepped = self._step(*self._event_inputs(runs), *(rows[k] for k in self._state_fields))  # y [R, d]
+        new = dict(zip(self._state_fields, stepped, strict=True))
+        new[FEATURES] = y
+        return new, y
 
-    def empty_outputs(self, top_k: int) -> Outputs:
+    def _step_events(self, inputs: tuple[Tensor, Tensor, Tensor], flat: Tensor, state: State) -> tuple[Tensor, State]:
+        dt, marks, values = inputs
+        y, *stepped = self._step(dt[flat], marks[flat], values[flat], *state.tensors().values())
+        return y, self._state_type(**dict(zip(self._state_fields, stepped, strict=True)))
+
+    def _prefill_events(
+        self, inputs: tuple[Tensor, Tensor, Tensor], flat: Tensor, shape: tuple[int, int], state: State
+    ) -> tuple[Tensor, State]:
+        dt, marks, values = inputs
+        return self.model.prefill(dt[flat].view(shape), marks[flat].view(shape), values[flat].view(*shape, -1), state)
+
+    def empty_outputs(self, top_k: int) -> EventOutputs:
         k = min(top_k, self.description.num_marks)
-        q, v = len(self.quantiles), self.description.value_width
-        return {
-            "time_mean": np.zeros(0),
-            "time_quantiles": np.zeros((0, q)),
-            "top_marks": np.zeros((0, k), dtype=np.int64),
-            "top_probs": np.zeros((0, k)),
-            "value_mean": np.zeros((0, v)),
-            "value_std": np.zeros((0, v)),
-        }
+        return EventOutputs.empty(k, len(self.quantiles), self.description.value_width)
 
     @torch.inference_mode()
-    def forecast_outputs(self, features: Tensor, top_k: int) -> Outputs:
-        """Forecasts from ``features [F, d_model]`` as numpy columns (``OUTPUT_NAMES``): gap mean ``[F]``
-        and quantiles ``[F, Q]``, top marks and probabilities ``[F, k]``, value means and stds ``[F, V]``."""
-        columns = self._forecast(features, top_k)
-        return {name: t.cpu().numpy() for name, t in zip(OUTPUT_NAMES, columns, strict=True)}
+    def forecast_outputs(self, features: Tensor, top_k: int) -> EventOutputs:
+        """Forecasts from ``features [F, d_model]`` (``EventOutputs``): gap mean ``[F]`` and quantiles
+        ``[F, Q]``, top marks and probabilities ``[F, k]``, value means and stds ``[F, V]``."""
+        return EventOutputs(*(t.cpu().numpy() for t in self._forecast(features, top_k)))
 
     @torch.inference_mode()
     def sample(
@@ -353,13 +243,13 @@ def load_event_task(
     ckpt = load_checkpoint(checkpoint, map_location=device)
     if not isinstance(ckpt.model, EventModel):
         raise ValueError(f"{checkpoint} holds a {ckpt.kind!r} model; the service needs an event_model checkpoint")
-    return event_task_of_checkpoint(ckpt, device, quantiles, compile_model=compile_model)
+    return from_checkpoint(ckpt, device, quantiles, compile_model=compile_model)
 
 
-def event_task_of_checkpoint(
+def from_checkpoint(
     ckpt: Checkpoint, device: torch.device, quantiles: Sequence[float], *, compile_model: bool = False
 ) -> EventTask:
-    """The engine of a loaded event-model checkpoint."""
+    """The task of a loaded event-model checkpoint (its registry entry's executor)."""
     assert isinstance(ckpt.model, EventModel)
     name = str(ckpt.metadata.get("name", f"aaren-{ckpt.config['backbone']['kind']}"))
     return EventTask(

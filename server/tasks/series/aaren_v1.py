@@ -1,0 +1,40 @@
+"""The series task's aaren.v1 encoder (``aaren.server.tasks.aaren_v1.Encoder``; torch-free): a
+forecast's ``series`` holds the H x C means and H x C x Q quantiles, flat, in the data's units."""
+
+from __future__ import annotations
+
+from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.tasks.aaren_v1 import RowWriter
+from aaren.server.tasks.series.outputs import SeriesOutputs
+from aaren.v1 import aaren_pb2 as pb
+
+__all__ = ["SeriesEncoder"]
+
+
+class SeriesEncoder:
+    """Encodes ``SeriesOutputs`` at the model's quantile levels."""
+
+    def __init__(self, description: ModelDescription, default_top_k: int) -> None:
+        self.levels = tuple(description.quantiles)
+
+    def rows(self, outputs: Columns, k: int) -> RowWriter:
+        o = SeriesOutputs.from_columns(outputs)
+        levels = self.levels
+
+        def write(out: pb.Forecast, f: int, last_time: float) -> None:
+            mean, quantiles = o.series_mean[f], o.series_quantiles[f]  # [H, C], [H, C, Q]
+            series = out.series
+            series.horizon, series.channels = mean.shape[0], mean.shape[1]
+            series.means.extend(mean.reshape(-1).tolist())
+            series.quantiles.extend(quantiles.reshape(-1).tolist())
+            series.quantile_levels.extend(levels)
+
+        return write
+
+    def columns(self, block: pb.ForecastColumns, outputs: Columns, k: int, last_times: list[float]) -> None:
+        o = SeriesOutputs.from_columns(outputs)
+        mean = o.series_mean  # [F, H, C]
+        block.horizon, block.channels = mean.shape[1], mean.shape[2]
+        block.quantile_levels.extend(self.levels)
+        block.series_means.extend(mean.reshape(-1).tolist())
+        block.series_quantiles.extend(o.series_quantiles.reshape(-1).tolist())

@@ -1,0 +1,20 @@
+"""The series task's output columns (torch-free: front ends read them)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from aaren.server.contract.columns import OutputColumns
+
+__all__ = ["SeriesOutputs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SeriesOutputs(OutputColumns):
+    """Per forecast (F of them), the next H steps of C channels in the data's raw units: means
+    ``series_mean [F, H, C]`` and quantiles ``series_quantiles [F, H, C, Q]`` (at the model's levels)."""
+
+    series_mean: np.ndarray
+    series_quantiles: np.ndarray
