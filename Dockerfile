@@ -57,6 +57,7 @@ COPY aaren ./aaren
 COPY aaren_core ./aaren_core
 COPY server ./server
 COPY client ./client
+COPY cli ./cli
 COPY proto ./proto
 # The bundled models: package data of the wheel (setup.py), so the image serves them from it.
 COPY models ./models

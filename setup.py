@@ -17,6 +17,7 @@ ROOMS = {
     "aaren.v1": "proto/aaren/v1",
     "aaren.oip": "proto/aaren/oip",
     "aaren.client": "client",
+    "aaren.cli": "cli",
     "aaren.server": "server",
     "aaren_core": "aaren_core",
     "aaren.models": "models",

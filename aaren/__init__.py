@@ -3,7 +3,8 @@
 One import namespace for everything the distribution installs:
 
 - ``aaren.v1``: the generated gRPC/protobuf code of the wire contract (source: ``proto/aaren/v1``);
-- ``aaren.client``: the typed Python client and the ``aaren`` command line;
+- ``aaren.client``: the typed Python client;
+- ``aaren.cli``: the ``aaren`` command line (above every other room);
 - ``aaren.server``: the service;
 - ``aaren_core`` (its own top-level package): the model library.
 

@@ -140,7 +140,7 @@ class Server:
 
 
 def aaren_command() -> list[str]:
-    return [sys.executable, "-c", "from aaren.client.cli import app; app()", "serve"]
+    return [sys.executable, "-c", "from aaren.cli.app import app; app()", "serve"]
 
 
 def start_aaren(

@@ -1,4 +1,4 @@
-"""Typed Python client of the aaren service, and the ``aaren`` command line.
+"""Typed Python client of the aaren service (the ``aaren`` command line is ``aaren.cli``).
 
 ``AarenClient`` (``aaren.client.client``) is the async client, ``SyncClient`` (alias ``Client``;
 ``aaren.client.sync``) the blocking one for scripts and notebooks; ``aaren.client.frames`` sends pandas

@@ -5,8 +5,9 @@ an ``EventStream``: ``send`` events (any sessions), then ``async for`` the ``Str
 request, or ``apply`` one request and wait for its own result. The unary helpers (``forecast``,
 ``get_session``, ``end_session``, ``describe_model``) return dataclasses and raise ``AarenError``.
 
-Inputs and outputs are plain dataclasses converted straight from the proto fields (no reflection),
-so the conversion stays cheap next to the transport.
+Inputs and outputs are plain dataclasses. The stream's results are converted straight from the proto
+fields (no reflection), so the conversion stays cheap next to the transport; the unary answers, whose
+fields are named as in the proto, are filled by name (``_by_name``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import dataclasses
 import datetime as dt
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, TypedDict, Unpack
+from collections.abc import AsyncIterator, MutableSequence, Sequence
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import grpc
 import grpc.aio
+from google.protobuf.message import Message
 
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
@@ -64,6 +66,8 @@ _CODE_NAMES = {v.number: v.name.removeprefix("ERROR_CODE_") for v in pb.ErrorCod
 _STATUS_BY_NAME = {s.name: s for s in grpc.StatusCode}
 _LAST_PER_SESSION = pb.FORECAST_MODE_LAST_PER_SESSION
 _EVERY_EVENT = pb.FORECAST_MODE_EVERY_EVENT
+#: A dataclass of the answers (``_by_name``).
+_Out = TypeVar("_Out")
 
 
 class AarenError(Exception):
@@ -488,6 +492,17 @@ class ModelInfoOut:
         return self.mark_names[mark] if 0 <= mark < len(self.mark_names) else str(mark)
 
 
+def _by_name(cls: type[_Out], message: Message, **given: Any) -> _Out:
+    """The dataclass ``cls`` from ``message``: each field not ``given`` is the message's field of the
+    same name, a repeated one as a tuple."""
+    values = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if field.name not in given:
+            value = getattr(message, field.name)
+            values[field.name] = tuple(value) if isinstance(value, MutableSequence) else value
+    return cls(**values, **given)
+
+
 def _datetime(msg: pb.GetSessionResponse, field: str) -> dt.datetime | None:
     if not msg.HasField(field):
         return None
@@ -842,18 +857,12 @@ class AarenClient:
         r: pb.GetSessionResponse = await self._unary(
             self._stub.GetSession, pb.GetSessionRequest(session_id=session_id, include_state=include_state, model=model)
         )
-        return SessionOut(
-            r.session_id,
-            r.last_seq,
-            r.last_time,
-            r.n_events,
-            r.state_bytes,
-            r.state,
-            r.model.name,
-            r.model.version,
-            _datetime(r, "created_at"),
-            _datetime(r, "updated_at"),
-            _datetime(r, "expires_at"),
+        return _by_name(
+            SessionOut,
+            r,
+            model_name=r.model.name,
+            model_version=r.model.version,
+            **{stamp: _datetime(r, stamp) for stamp in ("created_at", "updated_at", "expires_at")},
         )
 
     async def end_session(self, session_id: str, model: str = "") -> EndSessionOut:
@@ -867,36 +876,4 @@ class AarenClient:
     async def describe_model(self, model: str = "") -> ModelInfoOut:
         """The served model ``model`` (by name; "" the default)."""
         r: pb.DescribeModelResponse = await self._unary(self._stub.DescribeModel, pb.DescribeModelRequest(model=model))
-        lim = r.limits
-        return ModelInfoOut(
-            r.name,
-            r.version,
-            r.backbone,
-            r.d_model,
-            r.n_layers,
-            r.n_heads,
-            r.num_marks,
-            r.value_width,
-            r.state_bytes_per_session,
-            r.parameters,
-            tuple(r.mark_names),
-            tuple(r.value_names),
-            r.time_unit,
-            tuple(r.quantile_levels),
-            r.device,
-            LimitsOut(
-                lim.max_events_per_request,
-                lim.max_session_id_bytes,
-                lim.max_message_bytes,
-                lim.max_horizon,
-                lim.max_num_samples,
-                lim.default_num_samples,
-                lim.default_top_k,
-                lim.idle_ttl_seconds,
-            ),
-            r.task or "event",
-            r.horizon,
-            r.step_seconds,
-            tuple(r.class_names),
-            tuple(r.served_models),
-        )
+        return _by_name(ModelInfoOut, r, limits=_by_name(LimitsOut, r.limits), task=r.task or "event")

@@ -109,7 +109,7 @@ class ServerProcess:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from aaren.client.cli import app; app()", "serve", *flags],
+            [sys.executable, "-c", "from aaren.cli.app import app; app()", "serve", *flags],
             stdout=subprocess.PIPE,
             stderr=self._log,
             env=None if env is None else {**os.environ, **env},

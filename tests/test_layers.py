@@ -41,11 +41,13 @@ def _matches(module: str, prefixes: Iterable[str]) -> bool:
 
 @dataclass(frozen=True)
 class Import:
-    """One import statement's module, where it stands (1-based line) in which project module."""
+    """One import statement's module, where it stands (1-based line) in which project module; ``lazy``:
+    inside a function (it runs when the function is called, not when the module loads)."""
 
     importer: str
     module: str
     line: int
+    lazy: bool = False
 
 
 def modules_of(root: Path, rooms: Mapping[str, str]) -> dict[str, Path]:
@@ -76,13 +78,13 @@ def imports_of(name: str, path: Path, known: Iterable[str]) -> list[Import]:
     tree = ast.parse(path.read_text(), filename=str(path))
     out: list[Import] = []
 
-    def visit(node: ast.AST) -> None:
+    def visit(node: ast.AST, lazy: bool = False) -> None:
         if isinstance(node, ast.If) and _type_checking_only(node):
             for child in node.orelse:
-                visit(child)
+                visit(child, lazy)
             return
         if isinstance(node, ast.Import):
-            out.extend(Import(name, alias.name, node.lineno) for alias in node.names)
+            out.extend(Import(name, alias.name, node.lineno, lazy) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -90,14 +92,15 @@ def imports_of(name: str, path: Path, known: Iterable[str]) -> list[Import]:
                 module = ".".join([*base, node.module] if node.module else base)
             else:
                 module = node.module or ""
-            out.append(Import(name, module, node.lineno))
+            out.append(Import(name, module, node.lineno, lazy))
             out.extend(
-                Import(name, f"{module}.{alias.name}", node.lineno)
+                Import(name, f"{module}.{alias.name}", node.lineno, lazy)
                 for alias in node.names
                 if f"{module}.{alias.name}" in known
             )
+        inside = lazy or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         for child in ast.iter_child_nodes(node):
-            visit(child)
+            visit(child, inside)
 
     visit(tree)
     return out
@@ -178,23 +181,17 @@ def violations(
 #: Known breaches, each an (importer, imported prefix) whose imports the rules skip, with why and whose
 #: slice removes it. The list may only shrink: an entry that no longer matches an import fails
 #: ``test_every_exception_is_still_needed``, so it is deleted with the fix.
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("aaren.client.cli", "aaren.server"): (
-        "the `aaren` command line serves too (serve, token): it lazy-imports the server per command; to close,"
-        " the product's command line moves out of the client"
-    ),
-    ("aaren.client.cli", "aaren_core"): (
-        "train, evaluate, datasets and export lazy-import aaren_core (torch) per command; to close, as above"
-    ),
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+#: The IPC modules of the front-end processes' side of the socket (the package's ``__init__`` too).
+IPC_TORCH_FREE = ("client_side", "framing", "packing")
 
 
 def _torch_free_rooms(graph: ImportGraph) -> list[str]:
     """Front ends, the IPC client (the front-end processes' side of the socket), the top-level package
     with its formats, the client."""
-    ipc_client = [m for m in graph.under("aaren.server.ipc") if m.rpartition(".")[2] in ("client", "frontend_side")]
-    # Until the IPC package is split into its two ends, its one module holds the client too.
-    ipc = ipc_client or graph.under("aaren.server.ipc")
+    ipc = ["aaren.server.ipc", *(f"aaren.server.ipc.{name}" for name in IPC_TORCH_FREE)]
     top = ["aaren", *graph.under("aaren.formats")]
     return [*graph.under("aaren.server.frontends"), *ipc, *top, *graph.under("aaren.client")]
 
@@ -251,6 +248,14 @@ RULES = {
         ("aaren.server", "aaren_core"),
         (),
     ),
+    # The command line is the top of the stack: it may import every room (the server and aaren_core
+    # inside its commands only, test_the_command_line_loads_its_rooms_inside_its_commands), and no
+    # room imports it.
+    "nothing but the command line imports aaren.cli": (
+        lambda g: [m for m in g.paths if not _matches(m, ("aaren.cli",))],
+        ("aaren.cli",),
+        (),
+    ),
 }
 
 
@@ -265,6 +270,24 @@ def test_the_graph_sees_the_whole_tree(graph):
         assert graph.under(room), f"no module under {room}"
     assert "aaren.server.contract.errors" in graph.reach("aaren.server.frontends.aaren_v1.servicer")
     assert "torch" in graph.reach("aaren_core.attention.state")
+    for name in IPC_TORCH_FREE:
+        assert f"aaren.server.ipc.{name}" in graph.paths, f"no IPC module {name}"
+    assert "aaren.server.app" in graph.reach("aaren.cli.server")  # its lazy imports count
+
+
+def test_the_command_line_loads_its_rooms_inside_its_commands(graph):
+    """``aaren.cli`` loads the server, aaren_core and torch only when a command that needs them runs:
+    its modules import them inside functions (so ``aaren --help`` and the client commands stay light)."""
+    heavy = ("aaren.server", "aaren_core", *TORCH)
+    eager = [
+        f"{graph.where(imp)} ({imp.module})"
+        for name in graph.under("aaren.cli")
+        for imp in graph.imports[name]
+        if not imp.lazy and _matches(imp.module, heavy)
+    ]
+    assert not eager, "imported when aaren.cli loads: " + ", ".join(eager)
+    lazy = {imp.module.split(".")[0] for name in graph.under("aaren.cli") for imp in graph.imports[name] if imp.lazy}
+    assert "aaren_core" in lazy  # the check sees the imports it allows
 
 
 @pytest.mark.parametrize("rule", list(RULES))

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from aaren.client.cli import app
+from aaren.cli.app import app
 from aaren.client.client import AarenClient
 
 SESSIONS = ("alpha", "beta", "gamma", "delta")

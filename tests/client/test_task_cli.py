@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from aaren.client.cli import app
+from aaren.cli.app import app
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.tasks import run as task_run
 from aaren_core.tasks.classify.data import ClassData, ClassSet

@@ -11,7 +11,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from aaren.client.cli import app
+from aaren.cli.app import app
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.tasks.event.config import CLI_FLAGS, SET_KEYS, TrainConfig
 

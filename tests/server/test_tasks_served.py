@@ -30,7 +30,9 @@ from server_helpers import (
     stub_for,
 )
 from tritonclient.utils import InferenceServerException
+from typer.testing import CliRunner
 
+from aaren.cli.app import app
 from aaren.client import EventIn
 from aaren.v1 import aaren_pb2 as pb
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
@@ -317,14 +319,12 @@ def test_the_python_client_reads_series_and_class_forecasts_in_both_layouts(star
 
 
 def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_the_models_compute(
-    start_server, repository, tmp_path, capsys
+    start_server, repository, tmp_path
 ):
     import datetime as dt
     import json
 
     import pandas as pd
-
-    from aaren.client.commands import replay_command
 
     srv = start_server()
     events = _series_events("x", 10, seed=8)
@@ -333,9 +333,8 @@ def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_t
                           "load": [e.values[0] for e in events]})  # fmt: skip
     frame.to_csv(tmp_path / "meter.csv", index=False)
     out = tmp_path / "series_out.csv"
-    assert replay_command(srv.address, str(tmp_path / "meter.csv"), model="tiny-series", out=out,
-                          progress=False, as_json=True) == 0  # fmt: skip
-    summary = json.loads(capsys.readouterr().out)
+    summary = json.loads(_aaren("replay", str(tmp_path / "meter.csv"), "-t", srv.address, "--model", "tiny-series",
+                                "--out", str(out), "--no-progress", "--json"))  # fmt: skip
     mean, _ = _offline_series(repository, events)
     written = pd.read_csv(out)
     assert len(written) == 10 * 3 and set(written["session_id"]) == {"meter"}
@@ -351,9 +350,9 @@ def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_t
     # With history rows (a `context` column, as `aaren split export` writes): the forecast after the
     # last history row is written and scored too.
     frame.assign(context=[1] * 4 + [0] * 6).to_csv(tmp_path / "meter_split.csv", index=False)
-    assert replay_command(srv.address, str(tmp_path / "meter_split.csv"), model="tiny-series",
-                          out=tmp_path / "split_out.csv", progress=False, as_json=True) == 0  # fmt: skip
-    summary = json.loads(capsys.readouterr().out)
+    split_out = tmp_path / "split_out.csv"
+    summary = json.loads(_aaren("replay", str(tmp_path / "meter_split.csv"), "-t", srv.address, "--model",
+                                "tiny-series", "--out", str(split_out), "--no-progress", "--json"))  # fmt: skip
     split = pd.read_csv(tmp_path / "split_out.csv")
     assert sorted(set(split["seq"])) == list(range(4, 11)) and summary["series"]["origins"] == 4
     np.testing.assert_allclose(
@@ -365,9 +364,8 @@ def test_aaren_replay_of_a_series_file_and_a_class_file_writes_and_scores_what_t
     rows = [{"session_id": sid, "time": e.time, "x": e.values[0], "y": e.values[1], "z": e.values[2],
              "label": labels[sid]} for sid, evs in sequences.items() for e in evs]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / "trials.csv", index=False)
-    assert replay_command(srv.address, str(tmp_path / "trials.csv"), model="tiny-class",
-                          out=tmp_path / "class_out.jsonl", progress=False, as_json=True) == 0  # fmt: skip
-    summary = json.loads(capsys.readouterr().out)
+    summary = json.loads(_aaren("replay", str(tmp_path / "trials.csv"), "-t", srv.address, "--model", "tiny-class",
+                                "--out", str(tmp_path / "class_out.jsonl"), "--no-progress", "--json"))  # fmt: skip
     expected = (1 + (CLASSES[int(np.argmax(_offline_class(repository, sequences["b"])[-1]))] == "jump")) / 2
     assert summary["class"]["sequences"] == 2 and summary["class"]["accuracy"] == expected
     lines = [json.loads(line) for line in (tmp_path / "class_out.jsonl").read_text().splitlines()]
@@ -460,27 +458,29 @@ def test_concurrent_streams_of_three_models_on_one_connection_are_all_answered(s
         assert_rpc_error(error, grpc.StatusCode.NOT_FOUND, "session_not_found")
 
 
-def test_the_session_commands_take_a_model(start_server, capsys):
-    from aaren.client.commands import end_command, forecast_command, session_command
-
+def test_the_session_commands_take_a_model(start_server):
     srv = start_server()
     with grpc.insecure_channel(srv.address) as channel:
         stream = OpenStream(stub_for(channel))
         stream.send(_series_events("cli", 2, seed=18), model="tiny-series")
         stream.send(_class_events("cli", 2, seed=19), model="tiny-class")
         stream.close()
-    assert forecast_command(srv.address, "cli", model="tiny-series") == 0
-    shown = capsys.readouterr().out
+    shown = _aaren("forecast", "cli", "-t", srv.address, "--model", "tiny-series")
     assert "load mean" in shown and "+10800 s" in shown  # 3 hourly steps ahead
-    assert forecast_command(srv.address, "cli", model="tiny-class", top_k=4) == 0
-    shown = capsys.readouterr().out
+    shown = _aaren("forecast", "cli", "-t", srv.address, "--model", "tiny-class", "--top-k", "4")
     assert all(name in shown for name in CLASSES)
-    assert session_command(srv.address, "cli", model="tiny-class", as_json=True) == 0
-    assert '"model_name": "tiny-class"' in capsys.readouterr().out
-    assert end_command(srv.address, "cli", model="tiny-series") == 0
-    assert "ended session 'cli' (last seq 2)" in capsys.readouterr().out
-    assert end_command(srv.address, "cli", model="tiny-series") == 0
-    assert "did not exist" in capsys.readouterr().out
+    assert '"model_name": "tiny-class"' in _aaren(
+        "session", "cli", "-t", srv.address, "--model", "tiny-class", "--json"
+    )
+    assert "ended session 'cli' (last seq 2)" in _aaren("end", "cli", "-t", srv.address, "--model", "tiny-series")
+    assert "did not exist" in _aaren("end", "cli", "-t", srv.address, "--model", "tiny-series")
+
+
+def _aaren(*args: str) -> str:
+    """``aaren ARGS`` (the command line in this process): what it printed to stdout; it must exit 0."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.stdout
 
 
 def _oip_inputs(event: pb.Event, *extra: triton.InferInput) -> list[triton.InferInput]:

