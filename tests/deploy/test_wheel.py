@@ -17,6 +17,7 @@ checkout.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -33,8 +34,18 @@ pytestmark = pytest.mark.venvs
 
 REPO = Path(__file__).resolve().parents[2]
 TORCH_SPEC = "torch==2.13.0"  # the Makefile's TORCH_SPEC: the CPU wheel these machines hold
+
+
+def _room_folders() -> list[str]:
+    """The top-level folders of setup.py's ``ROOMS`` (read from its source, never run)."""
+    for node in ast.parse((REPO / "setup.py").read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["ROOMS"]:
+            return sorted({folder.split("/")[0] for folder in ast.literal_eval(node.value).values()})
+    raise AssertionError("setup.py has no ROOMS")
+
+
 #: what the wheel is built from: the build files and every folder setup.py maps to a package
-SOURCES = ("pyproject.toml", "setup.py", "README.md", "aaren", "aaren_core", "client", "server", "proto", "models")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", *_room_folders())
 #: the bundled models: folder -> (served name, task), read from each checkpoint's config
 BUNDLED = {
     folder.name: (config["metadata"]["name"], config["metadata"].get("task", "event"))
