@@ -354,17 +354,17 @@ def test_checker_finds_direct_lazy_relative_and_transitive_imports(tmp_path):
 
 
 def test_checker_passes_a_clean_tree(tmp_path):
-    _write(tmp_path, {"client/__init__.py": "import json\n", "client/cli.py": "from aaren.client import x\n"})
+    _write(tmp_path, {"client/__init__.py": "import json\n", "client/tool.py": "from aaren.client import x\n"})
     graph = ImportGraph(tmp_path, {"aaren.client": "client"})
-    assert graph.under("aaren.client") == ["aaren.client", "aaren.client.cli"]
+    assert graph.under("aaren.client") == ["aaren.client", "aaren.client.tool"]
     assert violations(graph, graph.under("aaren.client"), (*TORCH, "aaren.server")) == []
 
 
 def test_an_exception_skips_only_its_own_imports(tmp_path):
-    _write(tmp_path, {"client/__init__.py": "", "client/cli.py": "import aaren.server.app\nimport torch\n"})
+    _write(tmp_path, {"client/__init__.py": "", "client/tool.py": "import aaren.server.app\nimport torch\n"})
     rooms = {"aaren.client": "client"}
-    graph = ImportGraph(tmp_path, rooms, skip=[("aaren.client.cli", "aaren.server"), ("aaren.client.cli", "grpc")])
-    assert graph.skipped == {("aaren.client.cli", "aaren.server")}
-    assert violations(graph, ["aaren.client.cli"], ("aaren.server",)) == []
-    (left,) = violations(graph, ["aaren.client.cli"], TORCH)
-    assert "client/cli.py:2 (torch)" in left
+    graph = ImportGraph(tmp_path, rooms, skip=[("aaren.client.tool", "aaren.server"), ("aaren.client.tool", "grpc")])
+    assert graph.skipped == {("aaren.client.tool", "aaren.server")}
+    assert violations(graph, ["aaren.client.tool"], ("aaren.server",)) == []
+    (left,) = violations(graph, ["aaren.client.tool"], TORCH)
+    assert "client/tool.py:2 (torch)" in left
