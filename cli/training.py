@@ -90,6 +90,7 @@ def _data_path(data: str) -> str:
 
 
 def train(
+    ctx: typer.Context,
     task: Annotated[
         str,
         typer.Option(
@@ -129,21 +130,9 @@ def train(
     --task series or --task class trains a series forecaster or a sequence classifier on a named
     data set instead and writes best/, metrics.json and report.md (with plots) into --out-dir.
     """
-    flags = {
-        "backbone": backbone,
-        "d_model": d_model,
-        "n_layers": n_layers,
-        "n_heads": n_heads,
-        "data": data,
-        "time_unit": time_unit,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "seed": seed,
-        "out_dir": out_dir,
-        "name": name,
-    }
-    given = {k: v for k, v in flags.items() if v is not None}
+    # Every other flag is a config key of the same name; unset (None) keeps the config's value.
+    own = ("task", "config", "set_", "resume")
+    given = {k: v for k, v in ctx.params.items() if k not in own and v is not None}
     if task in ("series", "class"):
         for flag, value in (("--config", config), ("--time-unit", time_unit), ("--resume", resume or None)):
             if value is not None:
