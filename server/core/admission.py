@@ -52,10 +52,15 @@ class Admission:
                 return Reasons.over_limit("tenant_rate_limited", message, wait)
         return None
 
-    def accepted(self, n: int, tenant: str) -> None:
-        self.pending += n
-        if tenant:
-            self.tenant_pending[tenant] += n
+    def admit(self, n: int, valid: int, tenant: str) -> ErrorInfo | None:
+        """Refuse a request of ``n`` events of ``tenant`` (``refusal``), or count its ``valid`` events
+        as pending until ``answered``: one call per request, its check and its count together."""
+        refusal = self.refusal(n, tenant)
+        if refusal is None and valid:
+            self.pending += valid
+            if tenant:
+                self.tenant_pending[tenant] += valid
+        return refusal
 
     def answered(self, n: int, tenant: str) -> None:
         self.pending -= n

@@ -137,8 +137,6 @@ class Batcher:
         self._model_sessions = metrics.model_sessions.labels(name)
         #: Sessions of this model held (the last count plus this server's starts and ends since).
         self.sessions_held = 0
-        #: Called after each count: the engine core sums the models' gauges.
-        self.on_sessions_counted: Callable[[], None] | None = None
         #: A tenant's sessions (all models': the engine core sets it); default: this store's.
         self.count_tenant_sessions: Callable[[str], Awaitable[int]] = store.count_group
         #: Whether that count is cheap (exact every time) rather than cached for TENANT_COUNT_TTL_S.
@@ -155,8 +153,8 @@ class Batcher:
     # ------------------------------------------------------------------ accepting
 
     def enqueue(self, request: CoreRequest, on_done: Callable[[Outcomes], None]) -> None:
-        """Queue an admitted request's valid events; ``on_done`` gets its outcomes once every event
-        is answered (at once when none is valid)."""
+        """Queue an admitted request's valid events (``Admission.admit`` counted them); ``on_done`` gets
+        its outcomes once every event is answered (at once when none is valid)."""
         keys = request.events.session_ids
         if request.tenant:
             prefix = request.tenant + "/"
@@ -167,7 +165,6 @@ class Batcher:
         if not keys:
             accepted.on_done(accepted.outcomes())
             return
-        self.admission.accepted(len(keys), request.tenant)
         self._queue.append(accepted)
         self._queued_events += len(keys)
         self.metrics.pending_events.set(self.admission.pending)
@@ -683,11 +680,6 @@ class Batcher:
     def _set_session_gauges(self) -> None:
         n = self.sessions_held = max(0, self._counted + self._since_count)
         self._model_sessions.set(n)
-        if self.on_sessions_counted is not None:
-            self.on_sessions_counted()
-        else:
-            self.metrics.active_sessions.set(n)
-            self.metrics.state_bytes.set(n * self.engine.description.state_bytes_per_session)
 
     def _count_tenant_session(self, key: str, change: int) -> None:
         """Keep a cached tenant count current with the sessions this server starts and ends."""

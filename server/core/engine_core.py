@@ -90,12 +90,14 @@ class EngineCore:
         self._tasks: list[asyncio.Task[None]] = []
         self.draining = False
         metrics.state_bytes_per_session.set(engine.description.state_bytes_per_session)
+        # Summed over the models when scraped: nothing per batch, no call up from a batcher.
+        metrics.active_sessions.set_function(lambda: sum(n for n, _ in self._held()))
+        metrics.state_bytes.set_function(lambda: sum(n * b for n, b in self._held()))
 
     def _served(self, engine: Task, store: SessionStore) -> ServedModel:
         s, metrics = self.settings, self.metrics
         d = engine.description
         batcher = Batcher(engine, store, s, metrics, self.admission, self.scope)
-        batcher.on_sessions_counted = self._set_session_totals
         checker = EventChecker(d.num_marks, d.value_names, s.max_session_id_bytes)
         sessions = SessionCalls(engine, store, s, metrics, batcher, checker, self.scope, self._executor)
         if s.model_thread:
@@ -109,11 +111,9 @@ class EngineCore:
         """The tenant's sessions over every model's store."""
         return sum([await m.store.count_group(tenant) for m in self.models.values()])
 
-    def _set_session_totals(self) -> None:
-        """The session gauges over every model (each batcher counts its own model's)."""
-        held = [(m.batcher.sessions_held, m.engine.description.state_bytes_per_session) for m in self.models.values()]
-        self.metrics.active_sessions.set(sum(n for n, _ in held))
-        self.metrics.state_bytes.set(sum(n * b for n, b in held))
+    def _held(self) -> list[tuple[int, int]]:
+        """Each model's sessions held (its batcher's count) and state bytes per session."""
+        return [(m.batcher.sessions_held, m.engine.description.state_bytes_per_session) for m in self.models.values()]
 
     @property
     def lost(self) -> bool:
@@ -182,8 +182,13 @@ class EngineCore:
             refusal = Reasons.served_model_unknown(request.model, list(self.models))
         elif n > self.settings.max_events_per_request:
             refusal = Reasons.too_many_events(n, self.settings.max_events_per_request)
+        elif self.draining and n:
+            error = Reasons.shutting_down()
+            served.batcher.count_rejection(error, n)
+            on_done(Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
+            return
         elif n:
-            refusal = self.admission.refusal(n, request.tenant)
+            refusal = self.admission.admit(n, len(request.events.session_ids), request.tenant)
             if refusal is not None:
                 self.metrics.limit_refusals.labels(refusal.reason).inc()
         if refusal is not None:
@@ -191,11 +196,6 @@ class EngineCore:
             on_done(Outcomes.refused(refusal))
             return
         assert served is not None
-        if self.draining and n:
-            error = Reasons.shutting_down()
-            served.batcher.count_rejection(error, n)
-            on_done(Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
-            return
         served.batcher.enqueue(request, on_done)
 
     def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:

@@ -28,7 +28,7 @@ from typing import Generic, NoReturn, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
-from prometheus_client import Gauge
+from prometheus_client import Gauge, Histogram
 
 from aaren.server.contract.columns import CoreRequest, Outcomes
 from aaren.server.contract.core_api import CoreAPI
@@ -101,10 +101,6 @@ class StreamCodec(Protocol[Q, R]):
         """The reply that refuses ``request`` whole."""
         ...
 
-    def answered(self, reply: R, started: float) -> None:
-        """Count one reply (``started``: ``time.perf_counter()`` when its request was read)."""
-        ...
-
 
 class OrderedReplies(Generic[R]):
     """Unanswered requests of one stream, oldest first, and its outgoing queue ``out``."""
@@ -145,12 +141,30 @@ class OrderedReplies(Generic[R]):
 class StreamLoop(Generic[Q, R]):
     """The streaming method of one front end: ``serve`` one call, ``close_all`` at a drain.
 
-    ``open_streams``: the gauge of open streams."""
+    ``serve`` is itself the grpc handler (the servicer registers the bound method), so a reply goes
+    from the loop to gRPC without passing through the servicer. ``ready(context)``: the core, or the
+    call aborted while there is none; ``draining()``: the front end drains; ``open_streams``: the
+    gauge of open streams; ``latency``: the histogram of request-to-reply seconds; ``on_reply(reply,
+    started)``: what else a protocol counts per reply (OIP's statistics), if anything."""
 
-    def __init__(self, codec: StreamCodec[Q, R], limit: int, open_streams: Gauge) -> None:
+    def __init__(
+        self,
+        codec: StreamCodec[Q, R],
+        limit: int,
+        *,
+        ready: Callable[[grpc.aio.ServicerContext], Awaitable[CoreAPI]],
+        draining: Callable[[], bool],
+        open_streams: Gauge,
+        latency: Histogram,
+        on_reply: Callable[[R, float], None] | None = None,
+    ) -> None:
         self.codec = codec
         self.limit = limit
+        self.ready = ready
+        self.draining = draining
         self.open_streams = open_streams
+        self.latency = latency
+        self.on_reply = on_reply
         self._open: set[asyncio.Queue[object]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -159,11 +173,10 @@ class StreamLoop(Generic[Q, R]):
         for out in self._open:
             out.put_nowait(_CLOSE)
 
-    async def serve(
-        self, core: CoreAPI, requests: AsyncIterator[Q], context: grpc.aio.ServicerContext, *, draining: bool
-    ) -> AsyncIterator[R]:
+    async def serve(self, requests: AsyncIterator[Q], context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
         """The replies of one call, in request order (an async generator for grpc.aio)."""
-        if draining or core.draining:
+        core = await self.ready(context)
+        if self.draining() or core.draining:
             await abort(context, Reasons.shutting_down())
         tenant = current_tenant.get()
         refusal = await core.open_stream(tenant)
@@ -283,5 +296,7 @@ class StreamLoop(Generic[Q, R]):
             self._finish(stream, slot, reply, started)
 
     def _finish(self, stream: OrderedReplies[R], slot: list[R | None], reply: R, started: float) -> None:
-        self.codec.answered(reply, started)
+        self.latency.observe(time.perf_counter() - started)
+        if self.on_reply is not None:
+            self.on_reply(reply, started)
         stream.finished(slot, reply)

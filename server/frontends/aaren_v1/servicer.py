@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -87,9 +86,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self.metrics = metrics
         self._core: CoreAPI | None = None
         self._loop = StreamLoop[pb.StreamRequest, pb.StreamResponse](
-            self, settings.max_inflight_requests_per_stream, metrics.open_streams
+            self,
+            settings.max_inflight_requests_per_stream,
+            ready=self._ready,
+            draining=lambda: self.draining,
+            open_streams=metrics.open_streams,
+            latency=metrics.request_latency.labels("Stream"),
         )
-        self._stream_latency = metrics.request_latency.labels("Stream")
+        #: The streaming rpc: each request is answered as soon as its events are applied and stored,
+        #: in request order, at most ``max_inflight_requests_per_stream`` unanswered (``StreamLoop``).
+        self.Stream = self._loop.serve
         self._views: dict[str, _ModelView] = {}
         self._default: _ModelView | None = None
         self.draining = False
@@ -246,18 +252,6 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
         return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))
-
-    def answered(self, reply: pb.StreamResponse, started: float) -> None:
-        self._stream_latency.observe(time.perf_counter() - started)
-
-    async def Stream(  # noqa: N802
-        self, request_iterator: AsyncIterator[pb.StreamRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.StreamResponse]:
-        """Each request is answered as soon as its events are applied and stored, in request order
-        (``StreamLoop``: at most ``max_inflight_requests_per_stream`` unanswered)."""
-        core = await self._ready(context)
-        async for reply in self._loop.serve(core, request_iterator, context, draining=self.draining):
-            yield reply
 
     def close_streams(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""

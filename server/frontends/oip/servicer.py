@@ -126,10 +126,20 @@ class OipServicer:
         self.metrics = metrics
         self._core: CoreAPI | None = None
         self._models: dict[str, _Model] = {}
-        self._loop = StreamLoop[pb.ModelInferRequest, pb.ModelStreamInferResponse](
-            self, settings.max_inflight_requests_per_stream, metrics.open_streams
-        )
         self._latency = {m: metrics.request_latency.labels(m) for m in ("ModelInfer", "ModelStreamInfer")}
+        self._loop = StreamLoop[pb.ModelInferRequest, pb.ModelStreamInferResponse](
+            self,
+            settings.max_inflight_requests_per_stream,
+            ready=self._ready,
+            draining=lambda: self.draining,
+            open_streams=metrics.open_streams,
+            latency=self._latency["ModelStreamInfer"],
+            on_reply=self._count_reply,
+        )
+        #: The streaming rpc: each request is answered as soon as its event is applied and stored, in
+        #: request order (``StreamLoop``); a refused request is answered with ``error_message`` and the
+        #: stream goes on.
+        self.ModelStreamInfer = self._loop.serve
         self.draining = False
         #: What the health service says (the store answers): ServerReady follows it.
         self.serving = False
@@ -451,15 +461,6 @@ class OipServicer:
             await _abort(context, answer)
         return answer
 
-    async def ModelStreamInfer(  # noqa: N802
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Each request is answered as soon as its event is applied and stored, in request order
-        (``StreamLoop``); a refused request is answered with ``error_message`` and the stream goes on."""
-        core = await self._ready(context)
-        async for reply in self._loop.serve(core, request_iterator, context, draining=self.draining):
-            yield reply
-
     # ------------------------------------------------------------------ the stream (StreamCodec)
 
     def decode(self, request: pb.ModelInferRequest, tenant: str) -> Accepted[pb.ModelStreamInferResponse]:
@@ -479,11 +480,11 @@ class OipServicer:
     def refusal(self, request: pb.ModelInferRequest, info: ErrorInfo) -> pb.ModelStreamInferResponse:
         return self._refused(request.model_name, request.model_version, request.id, info)
 
-    def answered(self, reply: pb.ModelStreamInferResponse, started: float) -> None:
+    def _count_reply(self, reply: pb.ModelStreamInferResponse, started: float) -> None:
+        """A stream's reply counts in its model's statistics (a model that is not served has none)."""
         model = self._find(reply.infer_response.model_name, reply.infer_response.model_version)
         if model is not None:
             model.stats.record(not reply.error_message, started)
-        self._latency["ModelStreamInfer"].observe(time.perf_counter() - started)
 
     def _stream_reply(self, event: _Event, outcomes: Outcomes) -> pb.ModelStreamInferResponse:
         response = pb.ModelStreamInferResponse()
