@@ -28,6 +28,7 @@ from aaren_core.config import ConfigRecord
 from aaren_core.nn.layers import AarenLayer, TransformerLayer
 
 __all__ = [
+    "SIZE_KEYS",
     "AarenModel",
     "Backbone",
     "BackboneConfig",
@@ -37,6 +38,9 @@ __all__ = [
 ]
 
 BackboneKind = Literal["aaren", "transformer", "gru"]
+#: The sizes a train config holds under the same names as ``BackboneConfig`` (its own keys name the
+#: kind and the time decay).
+SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_ff", "dropout")
 S = TypeVar("S", bound=State)
 
 
@@ -66,6 +70,11 @@ class BackboneConfig(ConfigRecord):
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.d_ff == 0:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
+
+    @classmethod
+    def sized_as(cls, config: object, kind: str, time_decay: bool) -> BackboneConfig:
+        """A ``kind`` backbone with the sizes ``SIZE_KEYS`` of ``config`` (a train config)."""
+        return cls(kind=kind, time_decay=time_decay, **{k: getattr(config, k) for k in SIZE_KEYS})  # type: ignore[arg-type]
 
 
 class Backbone(nn.Module, Generic[S]):

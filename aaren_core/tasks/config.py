@@ -160,15 +160,7 @@ class TaskTrainConfig(ConfigRecord):
         return cls(task=record["task"]).replace(**{k: v for k, v in record.items() if k != "task"})  # type: ignore[no-any-return]
 
     def backbone(self) -> BackboneConfig:
-        return BackboneConfig(
-            kind=self.model,  # type: ignore[arg-type]
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            dropout=self.dropout,
-            time_decay=self.decays,
-        )
+        return BackboneConfig.sized_as(self, self.model, self.decays)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, ``time_decay`` as it applies (so a stored config reads the same whatever

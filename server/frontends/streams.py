@@ -138,6 +138,7 @@ class OrderedReplies(Generic[R]):
             self.idle.set()
 
 
+@dataclasses.dataclass(eq=False)
 class StreamLoop(Generic[Q, R]):
     """The streaming method of one front end: ``serve`` one call, ``close_all`` at a drain.
 
@@ -147,26 +148,16 @@ class StreamLoop(Generic[Q, R]):
     gauge of open streams; ``latency``: the histogram of request-to-reply seconds; ``on_reply(reply,
     started)``: what else a protocol counts per reply (OIP's statistics), if anything."""
 
-    def __init__(
-        self,
-        codec: StreamCodec[Q, R],
-        limit: int,
-        *,
-        ready: Callable[[grpc.aio.ServicerContext], Awaitable[CoreAPI]],
-        draining: Callable[[], bool],
-        open_streams: Gauge,
-        latency: Histogram,
-        on_reply: Callable[[R, float], None] | None = None,
-    ) -> None:
-        self.codec = codec
-        self.limit = limit
-        self.ready = ready
-        self.draining = draining
-        self.open_streams = open_streams
-        self.latency = latency
-        self.on_reply = on_reply
-        self._open: set[asyncio.Queue[object]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+    codec: StreamCodec[Q, R]
+    limit: int
+    _: dataclasses.KW_ONLY
+    ready: Callable[[grpc.aio.ServicerContext], Awaitable[CoreAPI]]
+    draining: Callable[[], bool]
+    open_streams: Gauge
+    latency: Histogram
+    on_reply: Callable[[R, float], None] | None = None
+    _open: set[asyncio.Queue[object]] = dataclasses.field(default_factory=set, init=False, repr=False)
+    _tasks: set[asyncio.Task[None]] = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def close_all(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its accepted requests are answered."""

@@ -21,7 +21,7 @@ from typing import Protocol
 from aaren.server.contract.columns import Columns, ModelDescription
 from aaren.v1 import aaren_pb2 as pb
 
-__all__ = ["Encoder", "RowWriter"]
+__all__ = ["Encoder", "RowWriter", "TaskEncoder"]
 
 #: ``write(forecast, f, last_time)``: forecast ``f``'s task part into ``forecast`` (in place).
 RowWriter = Callable[[pb.Forecast, int, float], None]
@@ -35,3 +35,12 @@ class Encoder(Protocol):
     def rows(self, outputs: Columns, k: int) -> RowWriter: ...
 
     def columns(self, block: pb.ForecastColumns, outputs: Columns, k: int, last_times: list[float]) -> None: ...
+
+
+class TaskEncoder:
+    """The constructor the tasks' encoders share: each keeps its model's ``description`` (the
+    quantile levels, the class names it writes) and the server's ``default_top_k``."""
+
+    def __init__(self, description: ModelDescription, default_top_k: int) -> None:
+        self.description = description
+        self.default_top_k = default_top_k

@@ -3,7 +3,9 @@ back unchanged, and written commands that parse back to the same config."""
 
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -86,3 +88,34 @@ def test_set_items_need_an_equals_sign():
     assert parse_sets(["max-minutes=2", "name=a=b"]) == {"max_minutes": "2", "name": "a=b"}
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_sets(["epochs"])
+
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+MODEL_CONFIGS = {"event_model": EventModelConfig, "series_model": SeriesModelConfig, "class_model": ClassModelConfig}
+#: Keys added since the bundled models were trained, with the values that reproduce their runs.
+ADDED = {"head": "quantile", "window_offsets": False}
+
+
+@pytest.mark.parametrize(
+    ("folder", "model_added", "train_added"),
+    [
+        ("default", {}, {}),
+        ("series-power", {"head": "quantile"}, ADDED),
+        ("class-vowels", {}, {**ADDED, "window_offsets": True}),
+    ],
+)
+def test_the_bundled_models_stored_configs_read_back_to_the_same_records(folder, model_added, train_added):
+    """A bundled checkpoint's model config and train config read back to the very records stored,
+    plus only the keys added since; a task model's config in metrics.json (written in field order,
+    not sorted) keeps its order."""
+    stored = json.loads((MODELS / folder / "config.json").read_text())
+    model = stored["model"]
+    assert MODEL_CONFIGS[model["kind"]].from_dict(model["config"]).to_dict() == {**model["config"], **model_added}
+    train = stored["metadata"]["train_config"]
+    if model["kind"] == "event_model":
+        assert TrainConfig.from_record(train).to_dict() == {**train, **train_added}
+        return
+    record = TaskTrainConfig.from_dict(train).to_dict()
+    assert record == {**train, **train_added}
+    written = json.loads((MODELS / folder / "metrics.json").read_text())["config"]
+    assert [k for k in record if k in written] == list(written)

@@ -130,15 +130,7 @@ class TrainConfig(ConfigRecord):
         return self.name or f"{self.backbone}-{Path(self.data).name.split('.')[0]}"
 
     def backbone_config(self) -> BackboneConfig:
-        return BackboneConfig(
-            self.backbone,  # type: ignore[arg-type]
-            self.d_model,
-            self.n_layers,
-            self.n_heads,
-            self.d_ff,
-            self.dropout,
-            self.time_decay and self.backbone == "aaren",
-        )
+        return BackboneConfig.sized_as(self, self.backbone, self.time_decay and self.backbone == "aaren")
 
     @classmethod
     def from_record(cls, data: dict[str, Any]) -> TrainConfig:

@@ -48,6 +48,14 @@ log = logging.getLogger(__name__)
 
 _LAYOUTS = frozenset(pb.ResponseLayout.values())
 _FORECAST_MODES = frozenset(pb.ForecastMode.values())
+#: DescribeModelResponse fields that ModelDescription holds under the same name (copied as they are);
+#: ServiceLimits fields that ServerSettings holds under the same name.
+_DESCRIBED = tuple(
+    f.name
+    for f in pb.DescribeModelResponse.DESCRIPTOR.fields
+    if f.name in {d.name for d in dataclasses.fields(ModelDescription)}
+)
+_LIMITS = tuple(f.name for f in pb.ServiceLimits.DESCRIPTOR.fields if f.name in ServerSettings.model_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,34 +354,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         view = await self._unary("DescribeModel", context, call())
         d, s = view.description, self.settings
         return pb.DescribeModelResponse(
-            name=d.name,
-            version=d.version,
-            backbone=d.backbone,
-            d_model=d.d_model,
-            n_layers=d.n_layers,
-            n_heads=d.n_heads,
-            num_marks=d.num_marks,
-            value_width=d.value_width,
-            state_bytes_per_session=d.state_bytes_per_session,
-            parameters=d.parameters,
-            mark_names=list(d.mark_names),
-            value_names=list(d.value_names),
-            time_unit=d.time_unit,
-            quantile_levels=list(view.levels),
-            device=d.device,
-            task=d.task,
-            horizon=d.horizon,
-            step_seconds=d.step_seconds,
-            class_names=list(d.class_names),
+            **{name: getattr(d, name) for name in _DESCRIBED},
+            quantile_levels=view.levels,
             served_models=self._served_names(),
-            limits=pb.ServiceLimits(
-                max_events_per_request=s.max_events_per_request,
-                max_session_id_bytes=s.max_session_id_bytes,
-                max_message_bytes=s.max_message_bytes,
-                max_horizon=s.max_horizon,
-                max_num_samples=s.max_num_samples,
-                default_num_samples=s.default_num_samples,
-                default_top_k=s.default_top_k,
-                idle_ttl_seconds=s.idle_ttl_s,
-            ),
+            limits=pb.ServiceLimits(**{name: getattr(s, name) for name in _LIMITS}, idle_ttl_seconds=s.idle_ttl_s),
         )

@@ -3,23 +3,20 @@ forecast's ``classes`` holds the top ``k`` classes (index, name, probability), l
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
-from aaren.server.tasks.aaren_v1 import RowWriter
+from aaren.server.contract.columns import Columns
+from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
 from aaren.server.tasks.classify.outputs import ClassOutputs
 from aaren.v1 import aaren_pb2 as pb
 
 __all__ = ["ClassEncoder"]
 
 
-class ClassEncoder:
+class ClassEncoder(TaskEncoder):
     """Encodes ``ClassOutputs``: each class index with its name (``class_names``) and probability."""
-
-    def __init__(self, description: ModelDescription, default_top_k: int) -> None:
-        self.names = tuple(description.class_names)
 
     def rows(self, outputs: Columns, k: int) -> RowWriter:
         o = ClassOutputs.from_columns(outputs)
-        top, probs, names = o.class_top[:, :k].tolist(), o.class_probs[:, :k].tolist(), self.names
+        top, probs, names = o.class_top[:, :k].tolist(), o.class_probs[:, :k].tolist(), self.description.class_names
 
         def write(out: pb.Forecast, f: int, last_time: float) -> None:
             add = out.classes.classes.add
@@ -35,4 +32,4 @@ class ClassEncoder:
         block.class_top_k = top.shape[1]
         block.classes.extend(top.reshape(-1).tolist())
         block.class_probabilities.extend(o.class_probs[:, :k].reshape(-1).tolist())
-        block.class_names.extend(self.names)
+        block.class_names.extend(self.description.class_names)

@@ -6,26 +6,23 @@ each value's mean and std."""
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
-from aaren.server.tasks.aaren_v1 import RowWriter
+from aaren.server.contract.columns import Columns
+from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
 from aaren.server.tasks.event.outputs import EventOutputs
 from aaren.v1 import aaren_pb2 as pb
 
 __all__ = ["EventEncoder"]
 
 
-class EventEncoder:
+class EventEncoder(TaskEncoder):
     """Encodes ``EventOutputs`` at the server's quantile levels."""
-
-    def __init__(self, description: ModelDescription, default_top_k: int) -> None:
-        self.levels = tuple(description.quantiles)
 
     def rows(self, outputs: Columns, k: int) -> RowWriter:
         o = EventOutputs.from_columns(outputs)
         means, quantiles = o.time_mean.tolist(), o.time_quantiles.tolist()
         marks, probs = o.top_marks[:, :k].tolist(), o.top_probs[:, :k].tolist()
         value_means, value_stds = o.value_mean.tolist(), o.value_std.tolist()
-        levels = self.levels
+        levels = self.description.quantiles
 
         def write(out: pb.Forecast, f: int, last_time: float) -> None:
             # Written in place, add() then attribute writes: about 2.5x cheaper than building nested
@@ -57,7 +54,7 @@ class EventEncoder:
         means = o.time_mean.tolist()
         block.mean_gap.extend(means)
         block.expected_time.extend([t + m for t, m in zip(last_times, means, strict=True)])
-        block.quantile_levels.extend(self.levels)
+        block.quantile_levels.extend(self.description.quantiles)
         block.gap_quantiles.extend(o.time_quantiles.reshape(-1).tolist())
         top = o.top_marks[:, :k]
         block.top_k = top.shape[1]

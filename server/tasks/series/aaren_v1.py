@@ -3,23 +3,20 @@ forecast's ``series`` holds the H x C means and H x C x Q quantiles, flat, in th
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
-from aaren.server.tasks.aaren_v1 import RowWriter
+from aaren.server.contract.columns import Columns
+from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
 from aaren.server.tasks.series.outputs import SeriesOutputs
 from aaren.v1 import aaren_pb2 as pb
 
 __all__ = ["SeriesEncoder"]
 
 
-class SeriesEncoder:
+class SeriesEncoder(TaskEncoder):
     """Encodes ``SeriesOutputs`` at the model's quantile levels."""
-
-    def __init__(self, description: ModelDescription, default_top_k: int) -> None:
-        self.levels = tuple(description.quantiles)
 
     def rows(self, outputs: Columns, k: int) -> RowWriter:
         o = SeriesOutputs.from_columns(outputs)
-        levels = self.levels
+        levels = self.description.quantiles
 
         def write(out: pb.Forecast, f: int, last_time: float) -> None:
             mean, quantiles = o.series_mean[f], o.series_quantiles[f]  # [H, C], [H, C, Q]
@@ -35,6 +32,6 @@ class SeriesEncoder:
         o = SeriesOutputs.from_columns(outputs)
         mean = o.series_mean  # [F, H, C]
         block.horizon, block.channels = mean.shape[1], mean.shape[2]
-        block.quantile_levels.extend(self.levels)
+        block.quantile_levels.extend(self.description.quantiles)
         block.series_means.extend(mean.reshape(-1).tolist())
         block.series_quantiles.extend(o.series_quantiles.reshape(-1).tolist())
