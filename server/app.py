@@ -112,7 +112,7 @@ class AarenServer:
             quantiles=s.quantiles,
             compile_model=s.compile_model,
         )
-        engine = served.default
+        task = served.default
         stores = [
             open_store(
                 model_store_url(
@@ -127,7 +127,7 @@ class AarenServer:
         ]
         store = stores[0]
         self.core = EngineCore(
-            engine, store, s, self.metrics, more=list(zip(served.tasks[1:], stores[1:], strict=True)),
+            task, store, s, self.metrics, more=list(zip(served.tasks[1:], stores[1:], strict=True)),
             aliases=served.aliases,
         )  # fmt: skip
         await self.core.start()
@@ -149,7 +149,7 @@ class AarenServer:
             gc.set_threshold(s.gc_threshold, *gc.get_threshold()[1:])
         await self._set_serving(await self._stores_healthy())
         self._tasks.append(asyncio.create_task(self._watch_store(), name="aaren-store-health"))
-        d = engine.description
+        d = task.description
         log.info(
             "serving %s (%s, %s backbone, %d parameters) on port %d, device %s, store %s, metrics %s, %s%s",
             d.name,

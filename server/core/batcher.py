@@ -33,7 +33,7 @@ from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, Sto
 from aaren.server.tasks.base import Task
 from aaren.server.tasks.runs import RunColumns
 
-__all__ = ["Batcher", "Scope"]
+__all__ = ["Batcher", "ModelContext", "Scope"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,24 +105,28 @@ class _Accepted:
         return Outcomes(self.kind, self.last_seq, self.errors, index, outputs)
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelContext:
+    """What every part of the engine core holds for one served model: its task, its sessions' store,
+    the server's settings and metrics, and how session keys are scoped."""
+
+    task: Task
+    store: SessionStore
+    settings: ServerSettings
+    metrics: Metrics
+    scope: Scope
+
+
 class Batcher:
     """Owns the queue and runs the batches (see the module docstring)."""
 
-    def __init__(
-        self,
-        engine: Task,
-        store: SessionStore,
-        settings: ServerSettings,
-        metrics: Metrics,
-        admission: Admission,
-        scope: Scope,
-    ) -> None:
-        self.engine = engine
-        self.store = store
-        self.settings = settings
-        self.metrics = metrics
+    def __init__(self, context: ModelContext, admission: Admission) -> None:
+        self.task = task = context.task
+        self.store = store = context.store
+        self.settings = settings = context.settings
+        self.metrics = metrics = context.metrics
+        self.scope = context.scope
         self.admission = admission
-        self.scope = scope
         self._queue: deque[_Accepted] = deque()
         self._queued_events = 0
         self._wakeup = asyncio.Event()
@@ -130,7 +134,7 @@ class Batcher:
         self._tenant_counts: dict[str, tuple[float, int]] = {}
         self._counted = self._since_count = 0
         self._io_pause = settings.io_pause_ms / 1000
-        name = engine.description.name
+        name = task.description.name
         self._applied = _Both(metrics.events.labels("applied"), metrics.model_events.labels(name, "applied"))
         self._duplicates = _Both(metrics.events.labels("duplicate"), metrics.model_events.labels(name, "duplicate"))
         self._rejected = _Both(metrics.events.labels("rejected"), metrics.model_events.labels(name, "rejected"))
@@ -144,7 +148,7 @@ class Batcher:
         self._by_reason: dict[str, object] = {}
         self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
         #: Every forecast ranks every mark (or class); front ends keep a request's top_k.
-        self._top_k = engine.description.ranked
+        self._top_k = task.description.ranked
 
     def set_worker(self, run: Callable[..., Awaitable[object]]) -> None:
         """Run model calls with ``run(fn, *args)`` (a worker thread) instead of on the event loop."""
@@ -312,7 +316,7 @@ class Batcher:
             self._fail_pieces(pieces, Reasons.store_unavailable(exc))
             return
         self._reset_foreign_states(ids, loaded)
-        stored = _StoredColumns.of(loaded.metas, self.engine.version)
+        stored = _StoredColumns.of(loaded.metas, self.task.version)
 
         verdict, errors, dup_seq = await self._plan(ids, sess, seq, times, stored)
         applied = np.flatnonzero(verdict == _APPLY)
@@ -358,7 +362,7 @@ class Batcher:
         bad = foreign | missing | gap | early
         verdict[bad] = _ERR
         if bad.any():
-            shown, version = self.scope.shown, self.engine.version
+            shown, version = self.scope.shown, self.task.version
             for i in np.flatnonzero(bad).tolist():
                 u, key = int(sess[i]), ids[int(sess[i])]
                 if foreign[i]:
@@ -398,7 +402,7 @@ class Batcher:
         original; a rejected event changes nothing, so the ones after it see the same state."""
         shown = self.scope.shown(key)
         if stored.foreign[u]:
-            error = Reasons.model_mismatch(shown, stored.versions[u], self.engine.version)
+            error = Reasons.model_mismatch(shown, stored.versions[u], self.task.version)
             for i in positions.tolist():
                 verdict[i], errors[i] = _ERR, error
             return
@@ -516,7 +520,7 @@ class Batcher:
 
         self.metrics.batch_size.observe(len(run_sess))
         self.metrics.batch_events.observe(len(applied))
-        device = self.engine.device
+        device = self.task.device
         if len(run_sess) == len(ids):  # every session applies something: its rows as loaded
             rows = loaded.tensors
         else:
@@ -524,9 +528,9 @@ class Batcher:
             rows = {k: v.index_select(0, index) for k, v in loaded.tensors.items()}
         model_started = time.perf_counter()
         if self._in_worker is not None:
-            new_rows, typed = await self._in_worker(self.engine.apply, rows, runs, self._top_k)  # type: ignore[misc]
+            new_rows, typed = await self._in_worker(self.task.apply, rows, runs, self._top_k)  # type: ignore[misc]
         else:
-            new_rows, typed = self.engine.apply(rows, runs, self._top_k)
+            new_rows, typed = self.task.apply(rows, runs, self._top_k)
         outputs = typed.to_columns()  # plain columns from here on (contract.columns.Outcomes)
         store_started = time.perf_counter()
 
@@ -544,7 +548,7 @@ class Batcher:
             for r in kept.tolist():
                 u, end = int(run_sess[r]), int(applied[ends[r]])
                 created = stored.created_at[u] if stored.exists[u] else now
-                metas.append(SessionMeta(int(seq[end]), float(times[end]), float(created), now, self.engine.version))
+                metas.append(SessionMeta(int(seq[end]), float(times[end]), float(created), now, self.task.version))
             if not keep.all():
                 kept_index = torch.from_numpy(kept).to(device)
                 new_rows = {k: v.index_select(0, kept_index) for k, v in new_rows.items()}
@@ -698,17 +702,17 @@ class Batcher:
         if self.settings.on_model_mismatch != "reset":
             return
         for u, meta in enumerate(loaded.metas):
-            if meta is None or meta.model_version == self.engine.version:
+            if meta is None or meta.model_version == self.task.version:
                 continue
             log.warning(
                 "session %r was written by model %s; resetting it for %s",
                 ids[u],
                 meta.model_version,
-                self.engine.version,
+                self.task.version,
             )
             for name, row in self.store.layout.rows.items():
                 loaded.tensors[name][u] = row
-            loaded.metas[u] = dataclasses.replace(meta, model_version=self.engine.version)
+            loaded.metas[u] = dataclasses.replace(meta, model_version=self.task.version)
             self.metrics.state_resets.inc()
 
 

@@ -24,7 +24,7 @@ from aaren.server.contract.core_api import ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.contract.validation import EventChecker
 from aaren.server.core.admission import Admission
-from aaren.server.core.batcher import Batcher, Scope
+from aaren.server.core.batcher import Batcher, ModelContext, Scope
 from aaren.server.core.sessions import SessionCalls
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
@@ -42,10 +42,10 @@ wall_clock = time.time
 
 @dataclasses.dataclass(frozen=True)
 class ServedModel:
-    """One served model: its task engine, its sessions' store (a session belongs to one model), the
-    batcher that runs its batches, its stateless checks and its unary session calls."""
+    """One served model: its task, its sessions' store (a session belongs to one model), the batcher
+    that runs its batches, its stateless checks and its unary session calls."""
 
-    engine: Task
+    task: Task
     store: SessionStore
     batcher: Batcher
     checker: EventChecker
@@ -53,14 +53,14 @@ class ServedModel:
 
 
 class EngineCore:
-    """``engine`` and ``store`` are the default model's; ``more`` are the other served models, each
-    ``(engine, store)`` (``aaren.server.tasks.repository``), reached by ``CoreRequest.model`` or the unary
+    """``task`` and ``store`` are the default model's; ``more`` are the other served models, each
+    ``(task, store)`` (``aaren.server.tasks.repository``), reached by ``CoreRequest.model`` or the unary
     calls' ``model``. Admission is shared: a tenant's event rate, pending events, streams and
     sessions span every model."""
 
     def __init__(
         self,
-        engine: Task,
+        task: Task,
         store: SessionStore,
         settings: ServerSettings,
         metrics: Metrics,
@@ -74,38 +74,39 @@ class EngineCore:
         self.admission = Admission(settings)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aaren-model")
         self.models: dict[str, ServedModel] = {}
-        for task, task_store in [(engine, store), *more]:
-            d = task.description
+        for served_task, task_store in [(task, store), *more]:
+            d = served_task.description
             if d.name in self.models:
                 raise ValueError(f"two served models are named {d.name!r}")
-            self.models[d.name] = self._served(task, task_store)
+            self.models[d.name] = self._served(served_task, task_store)
         self.aliases = {k: v for k, v in (aliases or {}).items() if v in self.models}
         if len(self.models) > 1:  # a tenant's session limit counts its sessions of every model
             cheap = all(m.store.cheap_count for m in self.models.values())
             for m in self.models.values():
                 m.batcher.count_tenant_sessions, m.batcher.cheap_tenant_count = self._tenant_sessions, cheap
-        default = self.models[engine.description.name]
-        self.engine, self.store, self.batcher = engine, store, default.batcher
+        default = self.models[task.description.name]
+        self.task, self.store, self.batcher = task, store, default.batcher
         self.checker, self.sessions = default.checker, default.sessions
         self._tasks: list[asyncio.Task[None]] = []
         self.draining = False
-        metrics.state_bytes_per_session.set(engine.description.state_bytes_per_session)
+        metrics.state_bytes_per_session.set(task.description.state_bytes_per_session)
         # Summed over the models when scraped: nothing per batch, no call up from a batcher.
         metrics.active_sessions.set_function(lambda: sum(n for n, _ in self._held()))
         metrics.state_bytes.set_function(lambda: sum(n * b for n, b in self._held()))
 
-    def _served(self, engine: Task, store: SessionStore) -> ServedModel:
+    def _served(self, task: Task, store: SessionStore) -> ServedModel:
         s, metrics = self.settings, self.metrics
-        d = engine.description
-        batcher = Batcher(engine, store, s, metrics, self.admission, self.scope)
+        d = task.description
+        context = ModelContext(task, store, s, metrics, self.scope)
+        batcher = Batcher(context, self.admission)
         checker = EventChecker(d.num_marks, d.value_names, s.max_session_id_bytes)
-        sessions = SessionCalls(engine, store, s, metrics, batcher, checker, self.scope, self._executor)
+        sessions = SessionCalls(context, batcher, checker, self._executor)
         if s.model_thread:
             executor = self._executor
             batcher.set_worker(lambda fn, *args: asyncio.get_running_loop().run_in_executor(executor, fn, *args))
         store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
         metrics.model_state_bytes_per_session.labels(d.name).set(d.state_bytes_per_session)
-        return ServedModel(engine, store, batcher, checker, sessions)
+        return ServedModel(task, store, batcher, checker, sessions)
 
     async def _tenant_sessions(self, tenant: str) -> int:
         """The tenant's sessions over every model's store."""
@@ -113,7 +114,7 @@ class EngineCore:
 
     def _held(self) -> list[tuple[int, int]]:
         """Each model's sessions held (its batcher's count) and state bytes per session."""
-        return [(m.batcher.sessions_held, m.engine.description.state_bytes_per_session) for m in self.models.values()]
+        return [(m.batcher.sessions_held, m.task.description.state_bytes_per_session) for m in self.models.values()]
 
     @property
     def lost(self) -> bool:
@@ -128,17 +129,17 @@ class EngineCore:
     @property
     def description(self) -> ModelDescription:
         """The default model's description."""
-        return self.engine.description
+        return self.task.description
 
     @property
     def descriptions(self) -> tuple[ModelDescription, ...]:
         """Every served model's description, the default first."""
-        return tuple(m.engine.description for m in self.models.values())
+        return tuple(m.task.description for m in self.models.values())
 
     def served(self, model: str) -> ServedModel | None:
         """The model a request names (its name or its folder's; "" the default), None if not served."""
         if not model:
-            return self.models[self.engine.description.name]
+            return self.models[self.task.description.name]
         return self.models.get(model) or self.models.get(self.aliases.get(model, ""))
 
     def _served_or_raise(self, model: str) -> ServedModel:

@@ -12,11 +12,8 @@ import torch
 from aaren.server.contract.columns import SampledFuture, SessionView, StepSummary
 from aaren.server.contract.errors import Reasons
 from aaren.server.contract.validation import EventChecker
-from aaren.server.core.batcher import Batcher, Scope
-from aaren.server.observability.metrics import Metrics
-from aaren.server.settings import ServerSettings
-from aaren.server.stores.base import SessionMeta, SessionStore, StoreUnavailableError
-from aaren.server.tasks.base import Task
+from aaren.server.core.batcher import Batcher, ModelContext
+from aaren.server.stores.base import SessionMeta, StoreUnavailableError
 
 __all__ = ["SessionCalls"]
 
@@ -25,23 +22,15 @@ T = TypeVar("T")
 
 class SessionCalls:
     def __init__(
-        self,
-        engine: Task,
-        store: SessionStore,
-        settings: ServerSettings,
-        metrics: Metrics,
-        batcher: Batcher,
-        checker: EventChecker,
-        scope: Scope,
-        executor: concurrent.futures.Executor,
+        self, context: ModelContext, batcher: Batcher, checker: EventChecker, executor: concurrent.futures.Executor
     ) -> None:
-        self.engine = engine
-        self.store = store
-        self.settings = settings
-        self.metrics = metrics
+        self.task = context.task
+        self.store = context.store
+        self.settings = context.settings
+        self.metrics = context.metrics
+        self.scope = context.scope
         self.batcher = batcher
         self.checker = checker
-        self.scope = scope
         self._executor = executor
 
     async def _in_worker(self, fn: Callable[..., T], *args: object) -> T:
@@ -67,8 +56,8 @@ class SessionCalls:
         if found is None:
             raise Reasons.session_lookup_missing(session_id, self.store.was_evicted(key)).exception()
         meta, rows = found
-        if meta.model_version != self.engine.version:
-            raise Reasons.model_mismatch(session_id, meta.model_version, self.engine.version, event=False).exception()
+        if meta.model_version != self.task.version:
+            raise Reasons.model_mismatch(session_id, meta.model_version, self.task.version, event=False).exception()
         return meta, rows
 
     async def forecast(
@@ -89,24 +78,24 @@ class SessionCalls:
             raise Reasons.horizon_too_large(horizon, s.max_horizon).exception()
         if num_samples > s.max_num_samples:
             raise Reasons.num_samples_too_large(num_samples, s.max_num_samples).exception()
-        d = self.engine.description
-        if horizon > 1 and not hasattr(self.engine, "sample"):  # a task that samples futures has ``sample``
+        d = self.task.description
+        if horizon > 1 and not hasattr(self.task, "sample"):  # a task that samples futures has ``sample``
             raise Reasons.sampling_unsupported(d.name, d.task).exception()
         meta, rows = await self._get(session_id, tenant)
         k = top_k or s.default_top_k
-        outputs = (await self._in_worker(self.engine.forecast_outputs, rows["features"], d.ranked)).to_columns()
+        outputs = (await self._in_worker(self.task.forecast_outputs, rows["features"], d.ranked)).to_columns()
         nothing: list = []
         if horizon <= 1:
             return SampledFuture(session_id, meta.last_seq, meta.last_time, outputs, k, [], nothing, nothing, nothing)
         n = num_samples or s.default_num_samples
-        gaps, marks, values = await self._in_worker(self.engine.sample, rows, horizon, n, seed)
+        gaps, marks, values = await self._in_worker(self.task.sample, rows, horizon, n, seed)
         times = meta.last_time + torch.tensor(gaps, dtype=torch.float64).cumsum(dim=1)  # [S, H]
-        levels = torch.tensor(self.engine.quantiles, dtype=torch.float64)
+        levels = torch.tensor(self.task.quantiles, dtype=torch.float64)
         quantiles = torch.quantile(times, levels, dim=0).T.tolist()  # [H, Q]
         mark_tensor = torch.tensor(marks)
         steps = []
         for h in range(horizon):
-            freq = torch.bincount(mark_tensor[:, h], minlength=self.engine.description.num_marks).double() / n
+            freq = torch.bincount(mark_tensor[:, h], minlength=self.task.description.num_marks).double() / n
             top = freq.topk(min(k, freq.numel()))
             seen = [(m, p) for m, p in zip(top.indices.tolist(), top.values.tolist(), strict=True) if p > 0]
             steps.append(StepSummary(h + 1, float(times[:, h].mean()), quantiles[h], seen))
@@ -118,8 +107,8 @@ class SessionCalls:
 
     async def get_session(self, session_id: str, include_state: bool = False, tenant: str = "") -> SessionView:
         meta, rows = await self._get(session_id, tenant)
-        state = self.engine.state_of(rows)
-        data = state.to_bytes(model_version=self.engine.version) if include_state else None
+        state = self.task.state_of(rows)
+        data = state.to_bytes(model_version=self.task.version) if include_state else None
         return SessionView(
             session_id,
             meta.last_seq,
@@ -128,7 +117,7 @@ class SessionCalls:
             meta.updated_at,
             meta.model_version,
             data,
-            self.engine.description.state_bytes_per_session,
+            self.task.description.state_bytes_per_session,
             meta.updated_at + self.settings.idle_ttl_s,
         )
 

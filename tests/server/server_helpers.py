@@ -168,7 +168,7 @@ def assert_forecasts_close(a: pb.Forecast, b: pb.Forecast, atol: float = 1e-5) -
 
 def hold_model_steps(srv) -> tuple[threading.Event, threading.Event]:
     """Make the server's model step wait for ``release``; ``entered`` is set when a step is waiting."""
-    engine = srv.server.core.engine
+    engine = srv.server.core.task
     apply = engine.apply
     entered, release = threading.Event(), threading.Event()
 

@@ -30,7 +30,7 @@ class BatchGate:
         self.entered = [threading.Event() for _ in range(n)]
         self.release = [threading.Event() for _ in range(n)]
         self._calls = 0
-        engine = srv.server.core.engine
+        engine = srv.server.core.task
         apply = engine.apply
 
         def held_apply(*args, **kwargs):

@@ -76,7 +76,7 @@ def test_streamed_forecasts_equal_offline_model(
     srv = start_server(
         checkpoint=flights_checkpoint, compile_model=compile_model, frontends=frontends, start_timeout_s=start_timeout_s
     )
-    engine = srv.server.core.engine
+    engine = srv.server.core.task
     # These machines have a C++ compiler: a silent fallback to eager would test nothing new here.
     assert (engine._step != engine._step_tensors) == compile_model
     stub = aaren_pb2_grpc.ForecastServiceStub(grpc.insecure_channel(srv.address))
