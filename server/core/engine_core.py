@@ -224,7 +224,7 @@ class EngineCore:
         self, session_id: str, options: ForecastOptions, tenant: str = "", model: str = ""
     ) -> SampledFuture:
         sessions = self._served_or_raise(model).sessions
-        return await sessions.forecast(session_id, tenant=tenant, **dataclasses.asdict(options))
+        return await sessions.forecast(session_id, options, tenant)
 
     async def get_session(
         self, session_id: str, include_state: bool = False, tenant: str = "", model: str = ""

@@ -10,6 +10,7 @@ from typing import TypeVar
 import torch
 
 from aaren.server.contract.columns import SampledFuture, SessionView, StepSummary
+from aaren.server.contract.core_api import ForecastOptions
 from aaren.server.contract.errors import Reasons
 from aaren.server.contract.validation import EventChecker
 from aaren.server.core.batcher import Batcher, ModelContext
@@ -60,20 +61,13 @@ class SessionCalls:
             raise Reasons.model_mismatch(session_id, meta.model_version, self.task.version, event=False).exception()
         return meta, rows
 
-    async def forecast(
-        self,
-        session_id: str,
-        *,
-        horizon: int = 1,
-        num_samples: int = 0,
-        seed: int | None = None,
-        top_k: int = 0,
-        include_paths: bool = False,
-        tenant: str = "",
-    ) -> SampledFuture:
-        """The session's exact next-event forecast; for ``horizon > 1`` also ``num_samples`` sampled
-        futures of ``horizon`` events (0: the default count), summarized per step."""
+    async def forecast(self, session_id: str, options: ForecastOptions, tenant: str = "") -> SampledFuture:
+        """The session's exact next-event forecast; for ``options.horizon > 1`` also
+        ``options.num_samples`` sampled futures of that many events (0: the default count),
+        summarized per step."""
         s = self.settings
+        horizon, num_samples, seed, top_k = options.horizon, options.num_samples, options.seed, options.top_k
+        include_paths = options.include_paths
         if horizon > s.max_horizon:
             raise Reasons.horizon_too_large(horizon, s.max_horizon).exception()
         if num_samples > s.max_num_samples:
