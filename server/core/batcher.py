@@ -61,7 +61,7 @@ class Scope:
         return key.partition("/")[0]
 
 
-class _Accepted:
+class _PendingRequest:
     """An accepted request: its outcome columns fill in as the batches holding its events finish."""
 
     __slots__ = (
@@ -127,7 +127,7 @@ class Batcher:
         self.metrics = metrics = context.metrics
         self.scope = context.scope
         self.admission = admission
-        self._queue: deque[_Accepted] = deque()
+        self._queue: deque[_PendingRequest] = deque()
         self._queued_events = 0
         self._wakeup = asyncio.Event()
         self._in_worker: Callable[..., Awaitable[object]] | None = None
@@ -135,9 +135,10 @@ class Batcher:
         self._counted = self._since_count = 0
         self._io_pause = settings.io_pause_ms / 1000
         name = task.description.name
-        self._applied = _Both(metrics.events.labels("applied"), metrics.model_events.labels(name, "applied"))
-        self._duplicates = _Both(metrics.events.labels("duplicate"), metrics.model_events.labels(name, "duplicate"))
-        self._rejected = _Both(metrics.events.labels("rejected"), metrics.model_events.labels(name, "rejected"))
+        both = _TotalAndModelCounter
+        self._applied = both(metrics.events.labels("applied"), metrics.model_events.labels(name, "applied"))
+        self._duplicates = both(metrics.events.labels("duplicate"), metrics.model_events.labels(name, "duplicate"))
+        self._rejected = both(metrics.events.labels("rejected"), metrics.model_events.labels(name, "rejected"))
         self._model_sessions = metrics.model_sessions.labels(name)
         #: Sessions of this model held (the last count plus this server's starts and ends since).
         self.sessions_held = 0
@@ -163,7 +164,7 @@ class Batcher:
         if request.tenant:
             prefix = request.tenant + "/"
             keys = [prefix + s for s in keys]
-        accepted = _Accepted(request, keys, self._timed_done(on_done))
+        accepted = _PendingRequest(request, keys, self._timed_done(on_done))
         for error in request.errors.values():
             self.count_rejection(error)
         if not keys:
@@ -226,7 +227,7 @@ class Batcher:
         """The next batch from the head of the queue: pieces ``(request, start, count)`` of at most
         ``max_batch_events`` events of at most ``max_batch_size`` sessions."""
         s = self.settings
-        pieces: list[tuple[_Accepted, int, int]] = []
+        pieces: list[tuple[_PendingRequest, int, int]] = []
         budget = s.max_batch_events
         queue = self._queue
         while queue and budget > 0:
@@ -252,15 +253,17 @@ class Batcher:
         sess = np.array([sessions.setdefault(k, len(sessions)) for k in keys], dtype=np.int64)
         if len(sessions) > s.max_batch_size:
             cut = int(np.argmax(sess == s.max_batch_size))
-            pieces = self._give_back(pieces, cut)
+            pieces = self._requeue_beyond(pieces, cut)
             keys, sess = keys[:cut], sess[:cut]
             sessions = dict(list(sessions.items())[: s.max_batch_size])
         return _Batch(pieces, keys, sess, list(sessions))
 
-    def _give_back(self, pieces: list[tuple[_Accepted, int, int]], keep: int) -> list[tuple[_Accepted, int, int]]:
+    def _requeue_beyond(
+        self, pieces: list[tuple[_PendingRequest, int, int]], keep: int
+    ) -> list[tuple[_PendingRequest, int, int]]:
         """Keep the first ``keep`` events of ``pieces``; the rest go back to the head of the queue."""
-        kept: list[tuple[_Accepted, int, int]] = []
-        returned: list[_Accepted] = []
+        kept: list[tuple[_PendingRequest, int, int]] = []
+        returned: list[_PendingRequest] = []
         for accepted, start, count in pieces:
             use = max(0, min(count, keep))
             keep -= use
@@ -277,7 +280,7 @@ class Batcher:
         self._wakeup.set()
         return kept
 
-    def _fail_pieces(self, pieces: list[tuple[_Accepted, int, int]], error: ErrorInfo) -> None:
+    def _fail_pieces(self, pieces: list[tuple[_PendingRequest, int, int]], error: ErrorInfo) -> None:
         for accepted, start, count in pieces:
             if accepted.remaining <= 0:
                 continue  # answered before the failure
@@ -289,7 +292,7 @@ class Batcher:
                 self.count_rejection(error, len(still))
             self._finish_piece(accepted, count)
 
-    def _finish_piece(self, accepted: _Accepted, count: int) -> None:
+    def _finish_piece(self, accepted: _PendingRequest, count: int) -> None:
         accepted.remaining -= count
         if accepted.remaining == 0:
             accepted.on_done(accepted.outcomes())
@@ -318,7 +321,7 @@ class Batcher:
         self._reset_foreign_states(ids, loaded)
         stored = _StoredColumns.of(loaded.metas, self.task.version)
 
-        verdict, errors, dup_seq = await self._plan(ids, sess, seq, times, stored)
+        verdict, errors, dup_seq = await self._verdicts(ids, sess, seq, times, stored)
         applied = np.flatnonzero(verdict == _APPLY)
         n_events = len(sess)
         kind = np.full(n_events, ERROR, dtype=np.int8)
@@ -329,12 +332,14 @@ class Batcher:
         forecast_row = np.full(n_events, -1, dtype=np.int64)
         outputs: dict[str, np.ndarray] = {}
 
-        work = _Work(pieces, cols, ids, sess, seq, times, stored, loaded, verdict, errors, kind, last_seq, forecast_row)
+        work = _BatchInFlight(
+            pieces, cols, ids, sess, seq, times, stored, loaded, verdict, errors, kind, last_seq, forecast_row
+        )
         if len(applied):
             outputs = await self._apply(work, applied)
         self._settle(pieces, kind, last_seq, errors, forecast_row, outputs)
 
-    async def _plan(
+    async def _verdicts(
         self, ids: list[str], sess: np.ndarray, seq: np.ndarray, times: np.ndarray, stored: _StoredColumns
     ) -> tuple[np.ndarray, dict[int, ErrorInfo], np.ndarray]:
         """Each event's verdict against its session's stored state, in order (the applied events'
@@ -379,13 +384,13 @@ class Batcher:
             dup_seq = dup_seq.copy()
             multi = np.flatnonzero(~single)
             for u, positions in _groups(sess[multi], multi):
-                self._plan_session(ids[u], positions, seq, times, stored, u, verdict, errors, dup_seq)
+                self._session_verdicts(ids[u], positions, seq, times, stored, u, verdict, errors, dup_seq)
         allowance = await self._session_allowance(ids, stored, sess, verdict)
         if allowance is not None:
             self._limit_new_sessions(ids, sess, seq, stored, verdict, errors, allowance)
         return verdict, errors, dup_seq
 
-    def _plan_session(
+    def _session_verdicts(
         self,
         key: str,
         positions: np.ndarray,
@@ -486,7 +491,7 @@ class Batcher:
                 else:
                     errors[i] = Reasons.session_missing(self.scope.shown(key), int(seq[i]), self.store.was_evicted(key))
 
-    async def _apply(self, work: _Work, applied: np.ndarray) -> dict[str, np.ndarray]:
+    async def _apply(self, work: _BatchInFlight, applied: np.ndarray) -> dict[str, np.ndarray]:
         """Run the model on the applied events, store the new states, and fill in the applied
         events' outcomes (and the batch duplicates'). Returns the forecasts' output columns."""
         pieces, cols, ids, sess, seq, times = work.pieces, work.cols, work.ids, work.sess, work.seq, work.times
@@ -614,7 +619,7 @@ class Batcher:
 
     def _settle(
         self,
-        pieces: list[tuple[_Accepted, int, int]],
+        pieces: list[tuple[_PendingRequest, int, int]],
         kind: np.ndarray,
         last_seq: np.ndarray,
         errors: dict[int, ErrorInfo],
@@ -721,20 +726,20 @@ class _Batch:
     """Pieces ``(request, start, count)`` of queued requests, their events' session keys ``[E]``,
     each event's session code ``sess [E]`` and the distinct keys ``ids [U]`` in code order."""
 
-    pieces: list[tuple[_Accepted, int, int]]
+    pieces: list[tuple[_PendingRequest, int, int]]
     keys: list[str]
     sess: np.ndarray
     ids: list[str]
 
 
 @dataclasses.dataclass(slots=True)
-class _Work:
+class _BatchInFlight:
     """One batch in flight: its ``E`` events' columns and what becomes of each. ``cols`` are the
     pieces' ``(events, start, end)``; ``verdict``, ``kind``, ``last_seq`` and ``forecast_row`` (the
     row of a forecast in the batch's output columns, -1 for none) are ``[E]``; ``errors`` by batch
     position."""
 
-    pieces: list[tuple[_Accepted, int, int]]
+    pieces: list[tuple[_PendingRequest, int, int]]
     cols: list[tuple[EventColumns, int, int]]
     ids: list[str]
     sess: np.ndarray
@@ -776,7 +781,7 @@ class _StoredColumns:
         )
 
 
-class _Both:
+class _TotalAndModelCounter:
     """Two counter children moved together (the service's total and the model's)."""
 
     __slots__ = ("_a", "_b")
