@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from test_versions import resolve
 from throwaway_venvs import cached_venv, pip
 
 from aaren.v1 import aaren_pb2 as pb
@@ -22,6 +26,19 @@ pytestmark = pytest.mark.venvs
 
 KSERVE = "kserve==0.21.0"
 PROBE = Path(__file__).with_name("kserve_probe.py")
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def test_a_users_venv_resolves_aarens_requirements_beside_kserve():
+    """pip resolves aaren's runtime requirements together with kserve 0.21.0 (torch aside: a user
+    takes its CPU build from PyTorch's own index), each within aaren's own range."""
+    runtime = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    requirements = [Requirement(r) for r in runtime if Requirement(r).name != "torch"]
+    versions = {canonicalize_name(k): v for k, v in resolve([*map(str, requirements), KSERVE]).items()}
+    assert versions["kserve"] == "0.21.0"
+    for requirement in requirements:
+        version = versions[canonicalize_name(requirement.name)]
+        assert requirement.specifier.contains(version, prereleases=True), (str(requirement), version)
 
 
 def _install_kserve(python: Path) -> None:
