@@ -17,6 +17,7 @@ with the codec of the model's task (``ModelDescription.task``), ``from_columns``
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Self
 
 import numpy as np
@@ -61,15 +62,21 @@ class OutputColumns:
 
     def to_columns(self) -> Columns:
         """The fields as plain columns (the arrays themselves, not copies)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _field_names(type(self))}
 
     @classmethod
     def from_columns(cls, columns: Columns) -> Self:
         """The typed outputs of ``to_columns()``'s columns (say which one is missing or extra)."""
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        if sorted(columns) != sorted(names):
-            raise ValueError(f"{cls.__name__} has the columns {names}; got {sorted(columns)}")
+        names = _field_names(cls)
+        if columns.keys() != set(names):
+            raise ValueError(f"{cls.__name__} has the columns {list(names)}; got {sorted(columns)}")
         return cls(**columns)
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A typed outputs class's column names, in field order (read once per class: every reply reads them)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 @dataclasses.dataclass(slots=True)

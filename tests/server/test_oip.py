@@ -196,6 +196,8 @@ def test_bad_requests_are_answered_and_the_stream_goes_on(start_server):
             (inputs(2.0, 0, values_shape=[1, 2]), shape + "[1, 2]"),
             (inputs(2.0, 0)[:2], "input 'VALUES' is missing"),
             (inputs(2.0, 9), "mark 9 of session 's'"),
+            # OIP's marks are signed: a negative one is refused like any other out of range.
+            (inputs(2.0, -1), "mark -1 of session 's'"),
         ]  # fmt: skip
         for n, (tensors, _) in enumerate(cases):
             client.async_stream_infer(MODEL, tensors, sequence_id="s", request_id=f"bad-{n}")
