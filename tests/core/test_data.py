@@ -160,7 +160,21 @@ def test_schema_given_maps_by_name_and_keeps_stats(good_csv, tmp_path):
             [["a", "5", "x"], ["b", "1", "x"], ["a", "3", "x"]],
             r"line 4: session 'a' has time 3.0 after 5.0 at line 2; expected non-decreasing",
         ),
-        (["session_id", "time", "mark", "v"], [["a", "0", "x", "nan"]], r"line 2: value column 'v' is missing"),
+        (
+            ["session_id", "time", "mark", "v"],
+            [["a", "0", "x", "nan"]],
+            r"line 2: value column 'v' is missing; expected a finite number",
+        ),
+        (
+            ["session_id", "time", "mark", "v"],
+            [["a", "0", "x", ""]],
+            r"line 2: value column 'v' is missing; expected a finite number",
+        ),
+        (
+            ["session_id", "time", "mark", "v"],
+            [["a", "0", "x", "inf"]],
+            r"line 2: value column 'v' is 'inf'; expected a finite number",
+        ),
         (["session_id", "time", "mark", "v"], [["a", "0", "x", "1e"]], r"line 2: value column 'v' is '1e'; expected"),
         (["session_id", "time", "mark"], [["a", "0", ""]], r"line 2: empty mark"),
         (["session_id", "time", "mark"], [["", "0", "x"]], r"line 2: empty session_id"),
