@@ -143,8 +143,11 @@ class RunTask:
         else:
             inputs = self._event_inputs(runs)
             features = torch.empty(n_events, self.last_width, device=self.device)  # [A, W]
-            new = {k: t.clone() for k, t in rows.items()}
-            for length in np.unique(runs.lengths).tolist():
+            lengths = np.unique(runs.lengths).tolist()
+            # One length: every row is replaced whole below, so nothing needs the copy that several
+            # lengths write into (row by row, leaving ``rows`` as it was).
+            new = dict(rows) if len(lengths) == 1 else {k: t.clone() for k, t in rows.items()}
+            for length in lengths:
                 members_np = np.flatnonzero(runs.lengths == length)
                 members = None if len(members_np) == n_runs else torch.from_numpy(members_np).to(self.device)
                 state = self.state_of(
