@@ -67,7 +67,7 @@ class EventChecker:
             and all(len(v) == width for v in values)
             and min(seqs) >= (NEXT_SEQ if next_seq else 1)
             and max(seqs) <= MAX_SEQ
-            and 0 <= min(marks)
+            and min(marks) >= 0
             and max(marks) < self.num_marks
             and math.isfinite(math.fsum(times) if n > 1 else times[0])
             and (not flat or math.isfinite(sum(flat)))
