@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from aaren.server.contract.columns import FORECAST, CoreRequest, Outcomes
-from aaren.server.contract.validation import EventChecker
 from aaren.server.core.engine_core import EngineCore
+from aaren.server.frontends.streams import EventChecker
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings, bundled_checkpoint
 from aaren.server.stores import StateLayout, open_store
@@ -81,7 +81,8 @@ async def measure(kind: str, rounds: int, warmup: int) -> dict[str, object]:
     core = EngineCore(engine, store, settings, Metrics())
     await core.start()
     d = engine.description
-    requests = build_requests(core.checker, kind, warmup + rounds, d.num_marks, d.value_width)
+    checker = EventChecker(d.num_marks, d.value_names, settings.max_session_id_bytes)
+    requests = build_requests(checker, kind, warmup + rounds, d.num_marks, d.value_width)
     loop = asyncio.get_running_loop()
     gc.collect()
     gc.freeze()

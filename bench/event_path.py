@@ -12,10 +12,13 @@ and are left out). From those calls it prints:
 - the path: each call that enters another file than its caller's (``file:function``);
 - ``files``: how many project files the event crosses;
 - ``hops``: calls from one project file into another;
-- ``re-entries``: hops into a file the event had already left, i.e. a call back into a file whose
-  frames were not on the stack at that moment (a return to the caller is not a hop);
+- ``re-entries``: calls back into a file the event had already left, i.e. a call from project code
+  into a file whose frames were not on the stack at that moment (a return to the caller is not a
+  hop): a part calling back up or around, like a batcher calling into its core;
 - ``loop turns``: how many times the server's event loop resumed a project coroutine or callback
-  from the loop itself (a new stack starting in project code).
+  from the loop itself (a new stack starting in project code), and ``resumed``: how many of those
+  resumed a file the event had already left (an asynchronous pipeline resumes its loop at every
+  ``await`` that waits: these are the loop's turns, not calls back).
 
 It counts calls, not time: the figures do not move with the machine's load.
 """
@@ -71,6 +74,7 @@ class Recorder:
         self.path = Calls()
         self._stack: list[str | None] = []
         self.reentries = 0
+        self.resumed = 0
         self._entered: set[str] = set()
 
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
@@ -80,9 +84,11 @@ class Recorder:
             if file is not None and file != caller:
                 if caller is None:
                     self.path.turns += 1
-                on_stack = file in self._stack
-                if file in self._entered and not on_stack:
-                    self.reentries += 1
+                if file in self._entered and file not in self._stack:
+                    if caller is None:
+                        self.resumed += 1
+                    else:
+                        self.reentries += 1
                 self._entered.add(file)
                 self.path.hops.append((file, frame.f_code.co_qualname, caller))
             self._stack.append(file)
@@ -175,7 +181,10 @@ def report(recorder: Recorder, markdown: bool) -> str:
         for i, (file, func, caller) in enumerate(path.hops, 1):
             lines.append(f"{i:3d}  {file}:{func}   <- {caller or 'event loop'}")
     lines.append("")
-    lines.append(f"files {len(files)}, hops {len(path.hops)}, re-entries {recorder.reentries}, loop turns {path.turns}")
+    lines.append(
+        f"files {len(files)}, hops {len(path.hops)}, re-entries {recorder.reentries}, "
+        f"loop turns {path.turns} (resumed {recorder.resumed})"
+    )
     lines.append("files: " + ", ".join(files))
     return "\n".join(lines)
 

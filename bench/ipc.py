@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from aaren.server.contract.columns import FORECAST, Outcomes
-from aaren.server.contract.validation import EventChecker
+from aaren.server.frontends.streams import EventChecker
 from aaren.server.ipc.framing import dumps, loads, read_frame, write_frame
 from aaren.server.ipc.packing import pack_outcomes, pack_requests, unpack_outcomes, unpack_requests
 

@@ -7,11 +7,12 @@ answers it with ``Outcomes``: one kind and seq per event, and the task's output 
 events that got a forecast. Both are plain data (numpy arrays, str lists, ``ErrorInfo``), so they
 cross a process boundary as they are. Nothing here imports torch: front-end processes never do.
 
-A task's outputs are typed where they are made and read (``OutputColumns``: one dataclass of arrays
-per task, e.g. ``aaren.server.tasks.event.outputs.EventOutputs``) and plain columns (``Columns``,
-name -> ``[F, ...]``) where they travel: ``Outcomes.outputs`` and ``SampledFuture.outputs`` hold
-``to_columns()``, which the IPC packs without knowing any task, and the front end reads them back
-with the codec of the model's task (``ModelDescription.task``), ``from_columns`` (no copy either way).
+A task's outputs are typed (``OutputColumns``: one dataclass of arrays per task, e.g.
+``aaren.server.tasks.event.outputs.EventOutputs``) from the task that makes them to the encoder
+that reads them: ``Outcomes.outputs`` and ``SampledFuture.outputs`` hold them as they are. Only
+the IPC turns them into plain columns (``Columns``, name -> ``[F, ...]``: ``to_columns()``, packed
+without knowing any task) and back (``from_columns``, with the output class of the model's task);
+no copy either way.
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ class OutputColumns:
             raise ValueError(f"{cls.__name__} has the columns {list(names)}; got {sorted(columns)}")
         return cls(**columns)
 
+    def __len__(self) -> int:
+        """F, the number of forecasts."""
+        return len(getattr(self, _field_names(type(self))[0]))
+
+    def take(self, index: np.ndarray | slice) -> Self:
+        """The forecasts at ``index`` (rows of every field)."""
+        return type(self)(*(getattr(self, name)[index] for name in _field_names(type(self))))
+
+    @classmethod
+    def concat(cls, parts: list[Self]) -> Self:
+        """``parts``' forecasts one after another."""
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in _field_names(cls)))
+
 
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -127,24 +141,24 @@ class Outcomes:
     ``kind [n]`` (``FORECAST``, ``ACK``, ``DUPLICATE``, ``ERROR``); ``last_seq [n]`` the session's last
     applied seq for an ack or duplicate (else 0); ``errors`` by position for ``ERROR``;
     ``forecast_index [F]`` the positions with a forecast, increasing, and ``outputs`` the task's
-    columns for them (``Columns``: the task's ``OutputColumns.to_columns()``). ``request_error``:
-    the whole request was refused before any event was considered (then ``kind`` is empty).
+    typed outputs for them (None when F is 0). ``request_error``: the whole request was refused
+    before any event was considered (then ``kind`` is empty).
     """
 
     kind: np.ndarray
     last_seq: np.ndarray
     errors: dict[int, ErrorInfo]
     forecast_index: np.ndarray
-    outputs: Columns
+    outputs: OutputColumns | None
     request_error: ErrorInfo | None = None
 
     @classmethod
     def refused(cls, error: ErrorInfo) -> Outcomes:
-        return cls(np.zeros(0, np.int8), np.zeros(0, np.int64), {}, np.zeros(0, np.int64), {}, error)
+        return cls(np.zeros(0, np.int8), np.zeros(0, np.int64), {}, np.zeros(0, np.int64), None, error)
 
     @classmethod
     def all_errors(cls, n: int, errors: dict[int, ErrorInfo]) -> Outcomes:
-        return cls(np.full(n, ERROR, np.int8), np.zeros(n, np.int64), errors, np.zeros(0, np.int64), {})
+        return cls(np.full(n, ERROR, np.int8), np.zeros(n, np.int64), errors, np.zeros(0, np.int64), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,14 +223,14 @@ class StepSummary:
 
 @dataclasses.dataclass(frozen=True)
 class SampledFuture:
-    """The exact next-event forecast (``outputs``: the task's columns, one row), plus (horizon > 1)
+    """The exact next-event forecast (``outputs``: the task's typed outputs, one row), plus (horizon > 1)
     per-step summaries and sampled paths (absolute times ``[S][H]``, marks ``[S][H]``, values
     ``[S][H][V]``)."""
 
     session_id: str
     seq: int
     last_time: float
-    outputs: Columns
+    outputs: OutputColumns
     top_k: int
     steps: list[StepSummary]
     times: list[list[float]]

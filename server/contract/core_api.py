@@ -64,6 +64,11 @@ class CoreAPI(Protocol):
         stored (a request refused whole is answered at once, ``Outcomes.request_error``)."""
         ...
 
+    def submitter(self, model: str) -> Callable[[CoreRequest, OnDone], None]:
+        """``submit`` for the requests of ``model`` (a served model's name), found once: a front end
+        holds one per served model (raises ``ServiceError`` for a model not served)."""
+        ...
+
     def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:
         """Count ``n`` events a front end refused whole before submitting them."""
         ...

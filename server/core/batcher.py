@@ -17,23 +17,33 @@ import dataclasses
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from aaren.server.contract.columns import ACK, DUPLICATE, ERROR, FORECAST, NEXT_SEQ, CoreRequest, EventColumns, Outcomes
+from aaren.server.contract.columns import (
+    ACK,
+    DUPLICATE,
+    ERROR,
+    FORECAST,
+    NEXT_SEQ,
+    CoreRequest,
+    EventColumns,
+    Outcomes,
+    OutputColumns,
+)
 from aaren.server.contract.errors import ErrorInfo, Reasons
-from aaren.server.core.admission import Admission
+from aaren.server.core.limits import TokenBucket
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
 from aaren.server.tasks.base import Task
 from aaren.server.tasks.runs import RunColumns
 
-__all__ = ["Batcher", "ModelContext", "Scope"]
+__all__ = ["Admission", "Batcher", "ModelContext", "Scope"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,6 +51,85 @@ T = TypeVar("T")
 TENANT_COUNT_TTL_S = 5.0
 # Verdicts of the plan, per event of a batch.
 _APPLY, _DUP, _DUP_OF_BATCH, _ERR = 0, 1, 2, 3
+
+
+PENDING_RETRY_S = 0.1
+
+
+class Admission:
+    """What may be accepted now, shared by every model's batcher: the events accepted and not yet
+    answered (the whole server and per tenant), the tenants' event rates (a token bucket each) and
+    open streams, and whether the server drains. A refusal is an ``ErrorInfo`` from the catalogue
+    with a retry hint; nothing of a refused request is accepted."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.pending = 0
+        self.tenant_pending: Counter[str] = Counter()
+        self.tenant_pending_limit = max(1, settings.max_pending_events // 2)
+        self._buckets: dict[str, TokenBucket] = {}
+        self.tenant_streams: Counter[str] = Counter()
+        #: Set when the server drains: new events are refused (``shutting_down``).
+        self.draining = False
+
+    def refusal(self, n: int, tenant: str) -> ErrorInfo | None:
+        """Why a request of ``n`` events of ``tenant`` may not be accepted now (None: it may)."""
+        s = self.settings
+        if self.pending + n > s.max_pending_events:
+            message = f"the server has {self.pending} events pending (at most {s.max_pending_events})"
+            return Reasons.over_limit("server_busy", message, PENDING_RETRY_S)
+        if tenant and self.tenant_pending[tenant] + n > self.tenant_pending_limit:
+            message = (
+                f"tenant {tenant!r} has {self.tenant_pending[tenant]} events pending "
+                f"(at most {self.tenant_pending_limit})"
+            )
+            return Reasons.over_limit("tenant_pending_limit", message, PENDING_RETRY_S)
+        if s.tenant_events_per_s > 0:
+            bucket = self._buckets.get(tenant)
+            if bucket is None:
+                bucket = self._buckets[tenant] = TokenBucket(s.tenant_events_per_s, s.tenant_burst_events)
+            wait = bucket.take(n)
+            if wait > 0:
+                message = (
+                    f"tenant {tenant or '(default)'!r} is over its event rate ({s.tenant_events_per_s:g} events/s, "
+                    f"bursts of {s.tenant_burst_events})"
+                )
+                return Reasons.over_limit("tenant_rate_limited", message, wait)
+        return None
+
+    def admit(self, n: int, valid: int, tenant: str) -> ErrorInfo | None:
+        """Refuse a request of ``n`` events of ``tenant`` (``refusal``), or count its ``valid`` events
+        as pending until ``answered``: one call per request, its check and its count together."""
+        refusal = self.refusal(n, tenant)
+        if refusal is None and valid:
+            self.pending += valid
+            if tenant:
+                self.tenant_pending[tenant] += valid
+        return refusal
+
+    def answered(self, n: int, tenant: str) -> None:
+        self.pending -= n
+        if tenant:
+            left = self.tenant_pending[tenant] - n
+            if left:
+                self.tenant_pending[tenant] = left
+            else:
+                del self.tenant_pending[tenant]
+
+    def open_stream(self, tenant: str) -> ErrorInfo | None:
+        """Count a new stream of ``tenant``, or refuse it (``tenant_stream_limit``)."""
+        open_now = self.tenant_streams[tenant]
+        if open_now >= self.settings.max_streams_per_tenant:
+            return Reasons.tenant_stream_limit(open_now, self.settings.max_streams_per_tenant)
+        self.tenant_streams[tenant] = open_now + 1
+        return None
+
+    def close_stream(self, tenant: str) -> None:
+        left = self.tenant_streams[tenant] - 1
+        if left > 0:
+            self.tenant_streams[tenant] = left
+        else:
+            self.tenant_streams.pop(tenant, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,21 +176,22 @@ class _PendingRequest:
         self.kind = np.full(n, ERROR, dtype=np.int8)
         self.last_seq = np.zeros(n, dtype=np.int64)
         self.errors = dict(request.errors)
-        self.chunks: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+        self.chunks: list[tuple[np.ndarray, OutputColumns]] = []
         self.on_done = on_done
         self.received = time.perf_counter()
         self.queued = False
 
     def outcomes(self) -> Outcomes:
+        outputs: OutputColumns | None
         if len(self.chunks) == 1:
             index, outputs = self.chunks[0]
         elif not self.chunks:
-            index, outputs = np.zeros(0, np.int64), {}
+            index, outputs = np.zeros(0, np.int64), None
         else:  # forecasts from several batches: put them in event order
             index = np.concatenate([c[0] for c in self.chunks])
             order = np.argsort(index, kind="stable")
             index = index[order]
-            outputs = {k: np.concatenate([c[1][k] for c in self.chunks])[order] for k in self.chunks[0][1]}
+            outputs = type(self.chunks[0][1]).concat([c[1] for c in self.chunks]).take(order)
         return Outcomes(self.kind, self.last_seq, self.errors, index, outputs)
 
 
@@ -157,7 +247,34 @@ class Batcher:
 
     # ------------------------------------------------------------------ accepting
 
-    def enqueue(self, request: CoreRequest, on_done: Callable[[Outcomes], None]) -> None:
+    def submit(self, request: CoreRequest, on_done: Callable[[Outcomes], None]) -> None:
+        """Accept ``request`` for this model (``CoreAPI.submit``): ``on_done(outcomes)`` is called once,
+        after the state of its applied events is stored. A request over a limit (its size, the
+        server's or the tenant's pending events, the tenant's event rate) is refused whole, at once:
+        ``outcomes.request_error`` says why and when a retry may pass; during a drain every event is
+        refused (``shutting_down``)."""
+        n = request.n
+        admission = self.admission
+        if n > self.settings.max_events_per_request:
+            refusal: ErrorInfo | None = Reasons.too_many_events(n, self.settings.max_events_per_request)
+        elif admission.draining and n:
+            error = Reasons.shutting_down()
+            self.count_rejection(error, n)
+            on_done(Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
+            return
+        elif n:
+            refusal = admission.admit(n, len(request.events.session_ids), request.tenant)
+            if refusal is not None:
+                self.metrics.limit_refusals.labels(refusal.reason).inc()
+        else:
+            refusal = None
+        if refusal is not None:
+            self.count_rejection(refusal, n)
+            on_done(Outcomes.refused(refusal))
+            return
+        self._enqueue(request, on_done)
+
+    def _enqueue(self, request: CoreRequest, on_done: Callable[[Outcomes], None]) -> None:
         """Queue an admitted request's valid events (``Admission.admit`` counted them); ``on_done`` gets
         its outcomes once every event is answered (at once when none is valid)."""
         keys = request.events.session_ids
@@ -183,6 +300,8 @@ class Batcher:
             total.observe(time.perf_counter() - received)
             try:
                 on_done(outcomes)
+            except asyncio.InvalidStateError:
+                pass  # a future whose call was cancelled meanwhile: nobody waits for the answer
             except Exception:  # the caller's failure to deliver must not fail the batch that stored it
                 log.exception("delivering the answer of a request failed")
 
@@ -314,7 +433,7 @@ class Batcher:
             seq = seq.copy()  # the plan resolves them in place; the request's own columns stay as sent
 
         try:
-            loaded = await self._timed("load", self.store.load(ids))
+            loaded = await self.timed("load", self.store.load(ids))
         except StoreUnavailableError as exc:
             self._fail_pieces(pieces, Reasons.store_unavailable(exc))
             return
@@ -330,14 +449,15 @@ class Batcher:
         kind[dup] = DUPLICATE
         last_seq[dup] = dup_seq[dup]
         forecast_row = np.full(n_events, -1, dtype=np.int64)
-        outputs: dict[str, np.ndarray] = {}
+        outputs: OutputColumns | None = None
 
         work = _BatchInFlight(
             pieces, cols, ids, sess, seq, times, stored, loaded, verdict, errors, kind, last_seq, forecast_row
         )
+        n_outputs = 0
         if len(applied):
-            outputs = await self._apply(work, applied)
-        self._settle(pieces, kind, last_seq, errors, forecast_row, outputs)
+            outputs, n_outputs = await self._apply(work, applied)
+        self._settle(pieces, kind, last_seq, errors, forecast_row, outputs, n_outputs)
 
     async def _verdicts(
         self, ids: list[str], sess: np.ndarray, seq: np.ndarray, times: np.ndarray, stored: _StoredColumns
@@ -491,9 +611,10 @@ class Batcher:
                 else:
                     errors[i] = Reasons.session_missing(self.scope.shown(key), int(seq[i]), self.store.was_evicted(key))
 
-    async def _apply(self, work: _BatchInFlight, applied: np.ndarray) -> dict[str, np.ndarray]:
+    async def _apply(self, work: _BatchInFlight, applied: np.ndarray) -> tuple[OutputColumns, int]:
         """Run the model on the applied events, store the new states, and fill in the applied
-        events' outcomes (and the batch duplicates'). Returns the forecasts' output columns."""
+        events' outcomes (and the batch duplicates'). Returns the forecasts' outputs and how many
+        rows they have."""
         pieces, cols, ids, sess, seq, times = work.pieces, work.cols, work.ids, work.sess, work.seq, work.times
         verdict, stored, loaded, errors = work.verdict, work.stored, work.loaded, work.errors
         kind, last_seq, forecast_row = work.kind, work.last_seq, work.forecast_row
@@ -533,10 +654,9 @@ class Batcher:
             rows = {k: v.index_select(0, index) for k, v in loaded.tensors.items()}
         model_started = time.perf_counter()
         if self._in_worker is not None:
-            new_rows, typed = await self._in_worker(self.task.apply, rows, runs, self._top_k)  # type: ignore[misc]
+            new_rows, outputs = await self._in_worker(self.task.apply, rows, runs, self._top_k)  # type: ignore[misc]
         else:
-            new_rows, typed = self.task.apply(rows, runs, self._top_k)
-        outputs = typed.to_columns()  # plain columns from here on (contract.columns.Outcomes)
+            new_rows, outputs = self.task.apply(rows, runs, self._top_k)
         store_started = time.perf_counter()
 
         # Per session r: its last applied event, and what became of it.
@@ -560,7 +680,7 @@ class Batcher:
             kept_ids = [ids[int(run_sess[r])] for r in kept.tolist()]
             expected = [int(stored.last_seq[int(run_sess[r])]) for r in kept.tolist()]
             try:
-                written = await self._timed("save", self.store.save(kept_ids, new_rows, metas, expected))
+                written = await self.timed("save", self.store.save(kept_ids, new_rows, metas, expected))
             except StoreUnavailableError as exc:
                 error = Reasons.store_unavailable(exc, saving=True)
                 written = [False] * len(kept)
@@ -582,6 +702,8 @@ class Batcher:
                 if started_sessions:
                     self.metrics.sessions_started.inc(len(started_sessions))
                     self.sessions_changed(len(started_sessions))
+                    if self.store.cheap_count:  # new sessions may have evicted others: count again
+                        await self.update_session_gauges()
                     if self.scope.tenancy:
                         for r in started_sessions:
                             self._count_tenant_session(ids[int(run_sess[r])], +1)
@@ -613,9 +735,7 @@ class Batcher:
                     last_seq[i] = seq[applied[ends[r]]]
                 elif r is not None:
                     errors[i] = session_error[r]
-        if self.store.cheap_count:
-            await self.update_session_gauges()
-        return outputs
+        return outputs, len(wanted_rows)
 
     def _settle(
         self,
@@ -624,9 +744,11 @@ class Batcher:
         last_seq: np.ndarray,
         errors: dict[int, ErrorInfo],
         forecast_row: np.ndarray,
-        outputs: dict[str, np.ndarray],
+        outputs: OutputColumns | None,
+        n_outputs: int,
     ) -> None:
-        """Write each event's outcome into its request, in the request's own positions."""
+        """Write each event's outcome into its request, in the request's own positions; forecast
+        ``forecast_row[i]`` is row of ``outputs`` (``n_outputs`` rows)."""
         n_applied = int(np.count_nonzero((kind == FORECAST) | (kind == ACK)))
         n_dups = int(np.count_nonzero(kind == DUPLICATE))
         if n_applied:
@@ -648,21 +770,25 @@ class Batcher:
             accepted.kind[positions] = kind[at:end]
             accepted.last_seq[positions] = last_seq[at:end]
             rows = forecast_row[at:end]
-            if count == 1:
+            if outputs is None:
+                pass
+            elif count == 1:
                 row = int(rows[0])
-                if row >= 0:
-                    accepted.chunks.append((positions, {k: v[row : row + 1] for k, v in outputs.items()}))
+                if row >= 0:  # the batch's only forecast as it is, else its row
+                    whole = row == 0 and n_outputs == 1
+                    accepted.chunks.append((positions, outputs if whole else outputs.take(slice(row, row + 1))))
             else:
                 has = rows >= 0
                 if has.any():
                     picked = rows[has]
-                    accepted.chunks.append((positions[has], {k: v[picked] for k, v in outputs.items()}))
+                    whole = len(picked) == n_outputs and bool((picked == np.arange(len(picked))).all())
+                    accepted.chunks.append((positions[has], outputs if whole else outputs.take(picked)))
             at = end
             self._finish_piece(accepted, count)
 
     # ------------------------------------------------------------------ helpers
 
-    async def _timed(self, operation: str, call: Awaitable[T]) -> T:
+    async def timed(self, operation: str, call: Awaitable[T]) -> T:
         """Await a store call, observing its latency and counting its failure."""
         started = time.perf_counter()
         try:

@@ -3,8 +3,8 @@
 ``EngineCore`` implements ``CoreAPI`` (``aaren.server.contract.core_api``), what every front end
 talks to, in the same process (``--frontends 0``) or over IPC (``aaren.server.ipc``): ``submit`` a
 ``CoreRequest`` and get ``Outcomes`` back; the unary calls; stream admission per tenant; drain. It
-composes the admission and limits (``admission``), the batcher (``batcher``: validation against
-state, batching, model, store, settling), the unary session calls (``sessions``) and the idle
+composes the batchers (``batcher``: admission and limits, validation against state, batching,
+model, store, settling), the unary session calls (``sessions``) and the idle
 sweeper. Nothing here knows a protocol: the front ends own proto <-> columns.
 """
 
@@ -22,9 +22,7 @@ from typing import Any
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
 from aaren.server.contract.core_api import ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons
-from aaren.server.contract.validation import EventChecker
-from aaren.server.core.admission import Admission
-from aaren.server.core.batcher import Batcher, ModelContext, Scope
+from aaren.server.core.batcher import Admission, Batcher, ModelContext, Scope
 from aaren.server.core.sessions import SessionCalls
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
@@ -43,12 +41,11 @@ wall_clock = time.time
 @dataclasses.dataclass(frozen=True)
 class ServedModel:
     """One served model: its task, its sessions' store (a session belongs to one model), the batcher
-    that runs its batches, its stateless checks and its unary session calls."""
+    that runs its batches and its unary session calls."""
 
     task: Task
     store: SessionStore
     batcher: Batcher
-    checker: EventChecker
     sessions: SessionCalls
 
 
@@ -86,9 +83,8 @@ class EngineCore:
                 m.batcher.count_tenant_sessions, m.batcher.cheap_tenant_count = self._tenant_sessions, cheap
         default = self.models[task.description.name]
         self.task, self.store, self.batcher = task, store, default.batcher
-        self.checker, self.sessions = default.checker, default.sessions
+        self.sessions = default.sessions
         self._tasks: list[asyncio.Task[None]] = []
-        self.draining = False
         metrics.state_bytes_per_session.set(task.description.state_bytes_per_session)
         # Summed over the models when scraped: nothing per batch, no call up from a batcher.
         metrics.active_sessions.set_function(lambda: sum(n for n, _ in self._held()))
@@ -99,14 +95,13 @@ class EngineCore:
         d = task.description
         context = ModelContext(task, store, s, metrics, self.scope)
         batcher = Batcher(context, self.admission)
-        checker = EventChecker(d.num_marks, d.value_names, s.max_session_id_bytes)
-        sessions = SessionCalls(context, batcher, checker, self._executor)
+        sessions = SessionCalls(context, batcher, self._executor)
         if s.model_thread:
             executor = self._executor
             batcher.set_worker(lambda fn, *args: asyncio.get_running_loop().run_in_executor(executor, fn, *args))
         store.on_evict = lambda cause: metrics.sessions_evicted.labels(cause).inc()
         metrics.model_state_bytes_per_session.labels(d.name).set(d.state_bytes_per_session)
-        return ServedModel(task, store, batcher, checker, sessions)
+        return ServedModel(task, store, batcher, sessions)
 
     async def _tenant_sessions(self, tenant: str) -> int:
         """The tenant's sessions over every model's store."""
@@ -154,9 +149,18 @@ class EngineCore:
             asyncio.create_task(self._sweep_loop(), name="aaren-sweeper"),
         ]
 
+    @property
+    def draining(self) -> bool:
+        """New events are refused (``shutting_down``): the server drains."""
+        return self.admission.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.admission.draining = value
+
     async def drain(self) -> None:
         """Refuse new events and wait until every accepted one is answered."""
-        self.draining = True
+        self.admission.draining = True
         while self.admission.pending:
             await asyncio.sleep(0.005)
 
@@ -172,32 +176,20 @@ class EngineCore:
     # ------------------------------------------------------------------ streams
 
     def submit(self, request: CoreRequest, on_done: Callable[[Outcomes], None]) -> None:
-        """Accept ``request`` (many sessions, any order between sessions); ``on_done(outcomes)`` is
-        called once, after the state of its applied events is stored. A request over a limit (its
-        size, the server's or the tenant's pending events, the tenant's event rate) is refused whole,
-        at once: ``outcomes.request_error`` says why and when a retry may pass."""
-        n = request.n
-        refusal: ErrorInfo | None = None
+        """Accept ``request`` (many sessions, any order between sessions) for the model it names:
+        that model's ``Batcher.submit`` (a model not served is refused whole, at once)."""
         served = self.served(request.model)
         if served is None:
             refusal = Reasons.served_model_unknown(request.model, list(self.models))
-        elif n > self.settings.max_events_per_request:
-            refusal = Reasons.too_many_events(n, self.settings.max_events_per_request)
-        elif self.draining and n:
-            error = Reasons.shutting_down()
-            served.batcher.count_rejection(error, n)
-            on_done(Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
-            return
-        elif n:
-            refusal = self.admission.admit(n, len(request.events.session_ids), request.tenant)
-            if refusal is not None:
-                self.metrics.limit_refusals.labels(refusal.reason).inc()
-        if refusal is not None:
-            self.count_rejection(refusal, n, request.model)
+            self.count_rejection(refusal, request.n, request.model)
             on_done(Outcomes.refused(refusal))
             return
-        assert served is not None
-        served.batcher.enqueue(request, on_done)
+        served.batcher.submit(request, on_done)
+
+    def submitter(self, model: str) -> Callable[[CoreRequest, Callable[[Outcomes], None]], None]:
+        """``submit`` for the requests of ``model`` (a served model's name): its batcher's own, so
+        that a front end's requests go straight to the model's queue."""
+        return self._served_or_raise(model).batcher.submit
 
     def count_rejection(self, error: ErrorInfo, n: int = 1, model: str = "") -> None:
         """Count events refused whole (e.g. an unknown layout), by their model when it is served;

@@ -12,7 +12,7 @@ import torch
 from aaren.server.contract.columns import SampledFuture, SessionView, StepSummary
 from aaren.server.contract.core_api import ForecastOptions
 from aaren.server.contract.errors import Reasons
-from aaren.server.contract.validation import EventChecker
+from aaren.server.contract.validation import session_id_error
 from aaren.server.core.batcher import Batcher, ModelContext
 from aaren.server.stores.base import SessionMeta, StoreUnavailableError
 
@@ -22,30 +22,27 @@ T = TypeVar("T")
 
 
 class SessionCalls:
-    def __init__(
-        self, context: ModelContext, batcher: Batcher, checker: EventChecker, executor: concurrent.futures.Executor
-    ) -> None:
+    def __init__(self, context: ModelContext, batcher: Batcher, executor: concurrent.futures.Executor) -> None:
         self.task = context.task
         self.store = context.store
         self.settings = context.settings
         self.metrics = context.metrics
         self.scope = context.scope
         self.batcher = batcher
-        self.checker = checker
         self._executor = executor
 
     async def _in_worker(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _checked_key(self, session_id: str, tenant: str) -> str:
-        error = self.checker.session_id_error(session_id)
+        error = session_id_error(session_id, self.settings.max_session_id_bytes)
         if error is not None:
             raise error.exception()
         return self.scope.key(session_id, tenant)
 
     async def _store_call(self, operation: str, call: Awaitable[T]) -> T:
         try:
-            return await self.batcher._timed(operation, call)
+            return await self.batcher.timed(operation, call)
         except StoreUnavailableError as exc:
             raise Reasons.store_unavailable(exc).exception() from exc
 
@@ -77,7 +74,7 @@ class SessionCalls:
             raise Reasons.sampling_unsupported(d.name, d.task).exception()
         meta, rows = await self._get(session_id, tenant)
         k = top_k or s.default_top_k
-        outputs = (await self._in_worker(self.task.forecast_outputs, rows["features"], d.ranked)).to_columns()
+        outputs = await self._in_worker(self.task.forecast_outputs, rows["features"], d.ranked)
         nothing: list = []
         if horizon <= 1:
             return SampledFuture(session_id, meta.last_seq, meta.last_time, outputs, k, [], nothing, nothing, nothing)

@@ -1,16 +1,23 @@
-"""The one loop of an open bidirectional call, shared by every front end's streaming method.
+"""What every front end does with a request's events: the stateless checks, and the one loop of
+an open bidirectional call that every front end's streaming method is.
+
+``EventChecker`` runs the checks that need no state on a whole request at once, before anything
+reaches the engine core (docs/architecture.md section 3, "Validation"): a non-empty session id of
+bounded UTF-8 length, seq >= 1, a finite time, a mark in the model's range, exactly the model's
+number of finite values.
 
 ``StreamLoop.serve`` runs one call: it admits the stream (``CoreAPI.open_stream``), reads requests,
-has the protocol's ``StreamCodec`` decode each into a ``CoreRequest`` (or a refusal), submits it,
-and sends the replies. The core's callback only records the outcomes: the codec encodes them on a
-later turn of the event loop, so the core's batcher never builds a proto.
+has the protocol's ``StreamCodec`` decode each into a ``CoreRequest`` (or a refusal), submits it to
+the model's queue with a future as its answer, and sends the replies. The core only sets that
+future's result: the writer encodes it on a later turn of the event loop, so the core's batcher
+never builds a proto and never calls into a front end.
 
-Replies leave in the order their requests arrived (``OrderedReplies``): a reply waits for the
-earlier ones, so a session's results reach the client in the order its events were sent, also when
-a later request is answered first. A stream may have ``limit`` requests unanswered; past that its
-reader waits, so a fast sender is slowed by gRPC flow control. A request refused with a retry hint
-(a rate or pending limit) pauses the reading until a retry may pass. A message that does not parse
-ends the call with INVALID_ARGUMENT once what was accepted before it is answered; a drain
+Replies leave in the order their requests arrived (``OrderedReplies``): the writer waits for the
+oldest answer first, so a session's results reach the client in the order its events were sent,
+also when a later request is answered first. A stream may have ``limit`` requests unanswered; past
+that its reader waits, so a fast sender is slowed by gRPC flow control. A request refused with a
+retry hint (a rate or pending limit) pauses the reading until a retry may pass. A message that does
+not parse ends the call with INVALID_ARGUMENT once what was accepted before it is answered; a drain
 (``close_all``) ends it with UNAVAILABLE the same way.
 """
 
@@ -23,22 +30,25 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Generic, NoReturn, Protocol, TypeVar
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 from prometheus_client import Gauge, Histogram
 
-from aaren.server.contract.columns import CoreRequest, Outcomes
-from aaren.server.contract.core_api import CoreAPI
+from aaren.server.contract.columns import MAX_SEQ, NEXT_SEQ, CoreRequest, EventColumns, Outcomes
+from aaren.server.contract.core_api import CoreAPI, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons
+from aaren.server.contract.validation import session_id_error
 from aaren.server.security.auth import current_tenant
 
 __all__ = [
     "REASON_METADATA_KEY",
     "RETRY_METADATA_KEY",
     "Accepted",
+    "EventChecker",
     "OrderedReplies",
     "RefusedError",
     "StreamCodec",
@@ -53,7 +63,6 @@ RETRY_METADATA_KEY = "aaren-retry-after-ms"
 #: The longest a refusal's retry hint pauses a stream's reading (a client's hint may say more).
 MAX_PAUSE_S = 1.0
 _STATUS = {status.value[0]: status for status in grpc.StatusCode}
-_CLOSE = object()
 
 Q = TypeVar("Q")  # a request message
 R = TypeVar("R")  # a reply message
@@ -76,6 +85,105 @@ class RefusedError(Exception):
         self.info = info
 
 
+class EventChecker:
+    """Builds a ``CoreRequest`` from a request's fields, refusing the events that fail a check."""
+
+    def __init__(self, num_marks: int, value_names: Sequence[str], max_session_id_bytes: int) -> None:
+        self.num_marks = num_marks
+        self.value_names = tuple(value_names)
+        self.width = len(self.value_names)
+        self.max_id_bytes = max_session_id_bytes
+        # Ids of at most this many characters fit the byte limit whatever they hold (UTF-8: <= 4 bytes each).
+        self._fast_id_chars = max_session_id_bytes // 4
+
+    def session_id_error(self, sid: str) -> ErrorInfo | None:
+        return session_id_error(sid, self.max_id_bytes)
+
+    def request(
+        self,
+        session_ids: list[str],
+        seqs: Sequence[int],
+        times: Sequence[float],
+        marks: Sequence[int],
+        values: Sequence[Sequence[float]],
+        *,
+        next_seq: bool = False,
+        **fields: object,
+    ) -> CoreRequest:
+        """``n`` events as parallel sequences (``values[i]`` the values of event ``i``) -> a
+        ``CoreRequest`` holding the valid ones as columns; ``fields`` go to the request as they are.
+        ``next_seq``: ``seqs`` may hold ``NEXT_SEQ`` (0), "the session's next seq".
+
+        The checks run on plain lists first (a sum of floats is finite only if every term is), so
+        a request of valid events costs a few builtins and one array per column; only a request
+        with a bad event is looked at event by event."""
+        n = len(session_ids)
+        if not n:
+            return CoreRequest(0, np.zeros(0, np.int64), self.empty(), {}, **fields)  # type: ignore[arg-type]
+        width = self.width
+        fast = self._fast_id_chars
+        flat = [x for v in values for x in v]
+        valid = (
+            len(flat) == n * width
+            and all(len(v) == width for v in values)
+            and min(seqs) >= (NEXT_SEQ if next_seq else 1)
+            and max(seqs) <= MAX_SEQ
+            and min(marks) >= 0
+            and max(marks) < self.num_marks
+            and math.isfinite(math.fsum(times) if n > 1 else times[0])
+            and (not flat or math.isfinite(sum(flat)))
+            and all(0 < len(sid) <= fast for sid in session_ids)
+        )
+        if valid:
+            columns = EventColumns(
+                session_ids,
+                np.array(seqs, dtype=np.int64),
+                np.array(times, dtype=np.float64),
+                np.array(marks, dtype=np.int64),
+                np.array(flat, dtype=np.float32).reshape(n, width),
+            )
+            return CoreRequest(n, np.arange(n), columns, {}, **fields)  # type: ignore[arg-type]
+        errors: dict[int, ErrorInfo] = {}
+        keep: list[int] = []
+        for i in range(n):
+            error = self.explain(session_ids[i], int(seqs[i]), float(times[i]), int(marks[i]), values[i], next_seq)
+            if error is None:
+                keep.append(i)
+            else:
+                errors[i] = error
+        columns = EventColumns(
+            [session_ids[i] for i in keep],
+            np.array([min(int(seqs[i]), MAX_SEQ) for i in keep], dtype=np.int64),
+            np.array([times[i] for i in keep], dtype=np.float64),
+            np.array([marks[i] for i in keep], dtype=np.int64),
+            np.array([x for i in keep for x in values[i]], dtype=np.float32).reshape(len(keep), width),
+        )
+        return CoreRequest(n, np.array(keep, dtype=np.int64), columns, errors, **fields)  # type: ignore[arg-type]
+
+    def explain(
+        self, sid: str, seq: int, time: float, mark: int, values: Sequence[float], next_seq: bool = False
+    ) -> ErrorInfo | None:
+        """What is wrong with one event (None when nothing is), checks in a fixed order."""
+        error = self.session_id_error(sid)
+        if error is not None:
+            return error
+        if seq < 1 and not (next_seq and seq == NEXT_SEQ):
+            return Reasons.seq_zero(sid, seq)
+        if not math.isfinite(time):
+            return Reasons.time_not_finite(sid, seq, time)
+        if not 0 <= mark < self.num_marks:
+            return Reasons.mark_out_of_range(sid, seq, mark, self.num_marks)
+        if len(values) != self.width:
+            return Reasons.values_wrong_width(sid, seq, len(values), self.value_names)
+        for j, v in enumerate(values):
+            if not math.isfinite(v):
+                return Reasons.values_not_finite(sid, seq, j, self.value_names[j], v)
+        return None
+
+    def empty(self) -> EventColumns:
+        return EventColumns.empty(self.width)
+
+
 @dataclasses.dataclass(slots=True)
 class Accepted(Generic[R]):
     """A decoded request: what the core is sent, and how its answer becomes a reply."""
@@ -83,6 +191,8 @@ class Accepted(Generic[R]):
     request: CoreRequest
     #: The reply to the core's outcomes, called on a later loop turn than the core's answer.
     encode: Callable[[Outcomes], R]
+    #: Where the request goes: the ``CoreAPI.submitter`` of its model.
+    submit: Callable[[CoreRequest, OnDone], None]
     #: Awaited before the request is submitted, once every earlier request of the stream is
     #: answered (OIP's sequence_start ends the session of that id first).
     before: Callable[[], Awaitable[None]] | None = None
@@ -102,40 +212,57 @@ class StreamCodec(Protocol[Q, R]):
         ...
 
 
-class OrderedReplies(Generic[R]):
-    """Unanswered requests of one stream, oldest first, and its outgoing queue ``out``."""
+@dataclasses.dataclass(slots=True, eq=False)
+class _Place(Generic[Q, R]):
+    """One request's place in its stream's order: its answer to come (``answer``, set by the core)
+    or its reply already made (a refusal)."""
 
-    __slots__ = ("idle", "limit", "out", "pause_s", "pending", "room")
+    request: Q
+    started: float
+    answer: asyncio.Future[Outcomes] | None = None
+    accepted: Accepted[R] | None = None
+    reply: R | None = None
+
+
+class OrderedReplies(Generic[Q, R]):
+    """The unanswered requests of one stream, oldest first, and what its writer waits for."""
+
+    __slots__ = ("closing", "idle", "limit", "pause_s", "pending", "reader_done", "room", "wake")
 
     def __init__(self, limit: int) -> None:
-        self.out: asyncio.Queue[object] = asyncio.Queue()
-        self.pending: deque[list[R | None]] = deque()
+        self.pending: deque[_Place[Q, R]] = deque()
         self.limit = limit
         self.room = asyncio.Event()  # set while fewer than `limit` requests are unanswered
         self.room.set()
         self.idle = asyncio.Event()  # set while none is
         self.idle.set()
+        self.wake = asyncio.Event()  # set when the writer has something new to look at
         #: Seconds the reader waits before the next read (a refusal's retry hint).
         self.pause_s = 0.0
+        self.reader_done = False
+        self.closing = False
 
-    def started(self) -> list[R | None]:
-        """A slot for the next request's reply."""
-        slot: list[R | None] = [None]
-        self.pending.append(slot)
+    def add(self, place: _Place[Q, R]) -> None:
+        """The next request's place (the writer is woken)."""
+        self.pending.append(place)
         self.idle.clear()
         if len(self.pending) >= self.limit:
             self.room.clear()
-        return slot
+        self.wake.set()
 
-    def finished(self, slot: list[R | None], reply: R) -> None:
-        """``reply`` answers ``slot``: it and every reply ready behind it leave, in order."""
-        slot[0] = reply
-        while self.pending and self.pending[0][0] is not None:
-            self.out.put_nowait(self.pending.popleft()[0])
+    def sent(self) -> None:
+        """The oldest request's reply leaves."""
+        self.pending.popleft()
         if len(self.pending) < self.limit:
             self.room.set()
         if not self.pending:
             self.idle.set()
+
+    def note(self, outcomes: Outcomes) -> None:
+        """A refusal's retry hint pauses the reading."""
+        error = outcomes.request_error
+        if error is not None and error.retry_after_s:
+            self.pause_s = max(self.pause_s, error.retry_after_s)
 
 
 @dataclasses.dataclass(eq=False)
@@ -156,13 +283,13 @@ class StreamLoop(Generic[Q, R]):
     open_streams: Gauge
     latency: Histogram
     on_reply: Callable[[R, float], None] | None = None
-    _open: set[asyncio.Queue[object]] = dataclasses.field(default_factory=set, init=False, repr=False)
-    _tasks: set[asyncio.Task[None]] = dataclasses.field(default_factory=set, init=False, repr=False)
+    _open: set[OrderedReplies[Q, R]] = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def close_all(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its accepted requests are answered."""
-        for out in self._open:
-            out.put_nowait(_CLOSE)
+        for stream in self._open:
+            stream.closing = True
+            stream.wake.set()
 
     async def serve(self, requests: AsyncIterator[Q], context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
         """The replies of one call, in request order (an async generator for grpc.aio)."""
@@ -173,26 +300,28 @@ class StreamLoop(Generic[Q, R]):
         refusal = await core.open_stream(tenant)
         if refusal is not None:
             await abort(context, refusal)
-        stream = OrderedReplies[R](self.limit)
-        self._open.add(stream.out)
+        stream = OrderedReplies[Q, R](self.limit)
+        self._open.add(stream)
         self.open_streams.inc()
-        reader = asyncio.create_task(self._read(core, stream, requests, tenant))
+        reader = asyncio.create_task(self._read(stream, requests, tenant))
         try:
             while True:
-                item = await stream.out.get()
-                if item is None:
-                    break
-                if item is _CLOSE:
-                    # Send what was accepted before the drain, then end the call.
-                    reader.cancel()
-                    await stream.idle.wait()
-                    while not stream.out.empty():
-                        pending = stream.out.get_nowait()
-                        if pending is not None and pending is not _CLOSE:
-                            yield pending  # type: ignore[misc]
-                    await abort(context, Reasons.shutting_down())
-                yield item  # type: ignore[misc]
-            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                if stream.closing and not reader.done():
+                    reader.cancel()  # send what was accepted before the drain, then end the call
+                if not stream.pending:
+                    if stream.closing:
+                        await abort(context, Reasons.shutting_down())
+                    if stream.reader_done:
+                        break
+                    stream.wake.clear()
+                    await stream.wake.wait()
+                    continue
+                place = stream.pending[0]
+                reply = place.reply if place.answer is None else await self._encode(stream, place)
+                stream.sent()
+                self._finish(reply, place.started)
+                yield reply  # type: ignore[misc]
+            if not reader.cancelled() and reader.exception() is not None:
                 exc = reader.exception()
                 if isinstance(exc, DecodeError):
                     await abort(context, Reasons.malformed_request(exc))
@@ -202,12 +331,12 @@ class StreamLoop(Generic[Q, R]):
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
-            self._open.discard(stream.out)
+            self._open.discard(stream)
             self.open_streams.dec()
             with contextlib.suppress(Exception):  # a core that is gone counts no streams
                 await core.close_stream(tenant)
 
-    async def _read(self, core: CoreAPI, stream: OrderedReplies[R], requests: AsyncIterator[Q], tenant: str) -> None:
+    async def _read(self, stream: OrderedReplies[Q, R], requests: AsyncIterator[Q], tenant: str) -> None:
         codec = self.codec
         try:
             async for request in requests:
@@ -215,17 +344,17 @@ class StreamLoop(Generic[Q, R]):
                 try:
                     accepted = codec.decode(request, tenant)
                 except RefusedError as exc:
-                    self._finish(stream, stream.started(), codec.refusal(request, exc.info), started)
+                    stream.add(_Place(request, started, reply=codec.refusal(request, exc.info)))
                     continue
                 except Exception:  # a bug must cost this request, not the stream
                     log.exception("decoding a request failed")
-                    self._finish(stream, stream.started(), codec.refusal(request, Reasons.internal()), started)
+                    stream.add(_Place(request, started, reply=codec.refusal(request, Reasons.internal())))
                     continue
                 if accepted.before is not None:
                     # Whatever this stream sent before is answered before the request's own step.
                     await stream.idle.wait()
                     await accepted.before()
-                self._submit(core, stream, request, accepted, started)
+                self._submit(stream, request, accepted, started)
                 pause, stream.pause_s = stream.pause_s, 0.0
                 if pause:
                     # A refused request (a rate or pending limit): stop reading this stream until
@@ -234,60 +363,38 @@ class StreamLoop(Generic[Q, R]):
                     await asyncio.sleep(min(pause, MAX_PAUSE_S))
                 if not stream.room.is_set():
                     await stream.room.wait()
-            await stream.idle.wait()
-        except DecodeError:
-            await stream.idle.wait()  # answer what was accepted before the malformed message
-            raise
         finally:
-            stream.out.put_nowait(None)  # the writer ends the call, with the reader's error if any
+            stream.reader_done = True  # the writer ends the call, with the reader's error if any
+            stream.wake.set()
 
-    def _submit(
-        self, core: CoreAPI, stream: OrderedReplies[R], request: Q, accepted: Accepted[R], started: float
-    ) -> None:
-        slot = stream.started()
-        loop = asyncio.get_running_loop()
-
-        def encode(outcomes: Outcomes) -> None:
-            try:
-                reply = accepted.encode(outcomes)
-            except Exception:  # a bug must cost this request, not the stream
-                log.exception("encoding the answer of a request failed")
-                reply = self.codec.refusal(request, Reasons.internal())
-            if accepted.after is None:
-                self._finish(stream, slot, reply, started)
-            else:
-                task = asyncio.ensure_future(self._after(accepted.after, stream, slot, reply, started))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-
-        def done(outcomes: Outcomes) -> None:
-            """The core's answer: kept as columns until a later turn of the loop encodes it."""
-            error = outcomes.request_error
-            if error is not None and error.retry_after_s:
-                stream.pause_s = max(stream.pause_s, error.retry_after_s)
-            loop.call_soon(encode, outcomes)
-
+    def _submit(self, stream: OrderedReplies[Q, R], request: Q, accepted: Accepted[R], started: float) -> None:
+        answer: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
+        place = _Place(request, started, answer, accepted)
+        stream.add(place)
         try:
-            core.submit(accepted.request, done)
+            accepted.submit(accepted.request, answer.set_result)
         except Exception:  # a bug must cost this request, not the stream
             log.exception("submitting a request failed")
-            self._finish(stream, slot, self.codec.refusal(request, Reasons.internal()), started)
+            place.answer, place.reply = None, self.codec.refusal(request, Reasons.internal())
+            return
+        if answer.done():  # refused at once (a limit): pause before the next read
+            stream.note(answer.result())
 
-    async def _after(
-        self,
-        after: Callable[[R], Awaitable[None]],
-        stream: OrderedReplies[R],
-        slot: list[R | None],
-        reply: R,
-        started: float,
-    ) -> None:
+    async def _encode(self, stream: OrderedReplies[Q, R], place: _Place[Q, R]) -> R:
+        """The reply to ``place``'s answer, once it is there (awaiting an answered future does not wait)."""
+        assert place.answer is not None and place.accepted is not None
+        outcomes = await place.answer
+        stream.note(outcomes)
         try:
-            await after(reply)
-        finally:
-            self._finish(stream, slot, reply, started)
+            reply = place.accepted.encode(outcomes)
+        except Exception:  # a bug must cost this request, not the stream
+            log.exception("encoding the answer of a request failed")
+            reply = self.codec.refusal(place.request, Reasons.internal())
+        if place.accepted.after is not None:
+            await place.accepted.after(reply)
+        return reply
 
-    def _finish(self, stream: OrderedReplies[R], slot: list[R | None], reply: R, started: float) -> None:
+    def _finish(self, reply: R, started: float) -> None:
         self.latency.observe(time.perf_counter() - started)
         if self.on_reply is not None:
             self.on_reply(reply, started)
-        stream.finished(slot, reply)

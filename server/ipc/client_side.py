@@ -14,7 +14,14 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
+from aaren.server.contract.columns import (
+    CoreRequest,
+    ModelDescription,
+    Outcomes,
+    OutputColumns,
+    SampledFuture,
+    SessionView,
+)
 from aaren.server.contract.core_api import ForecastOptions, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.ipc.framing import Outbox, read_frame, send_key, write_frame
@@ -22,10 +29,12 @@ from aaren.server.ipc.packing import (
     RESULTS,
     descriptions_of,
     error_of,
+    future_of,
     pack_dataclass,
     pack_requests,
     unpack_outcomes,
 )
+from aaren.server.tasks.registry import spec_of
 
 __all__ = ["CoreClient"]
 
@@ -66,7 +75,9 @@ class CoreClient:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._outbox = Outbox[tuple[int, CoreRequest]](self._send)
-        self._waiting: dict[int, OnDone] = {}
+        self._waiting: dict[int, tuple[OnDone, type[OutputColumns] | None]] = {}
+        #: Each served model's output class (its task's), by name and "" for the default.
+        self._outputs: dict[str, type[OutputColumns]] = {}
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._ids = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -81,6 +92,8 @@ class CoreClient:
         descriptions, aliases = payload
         self.descriptions, self.aliases, self.serving = descriptions_of(descriptions), dict(aliases), bool(serving)
         self.description = self.descriptions[0]
+        self._outputs = {d.name: spec_of(d.task).load("outputs") for d in self.descriptions}
+        self._outputs[""] = self._outputs[self.description.name]
         self._reader_task = asyncio.create_task(self._read(reader), name="aaren-core-client")
 
     async def close(self) -> None:
@@ -102,8 +115,14 @@ class CoreClient:
             on_done(Outcomes.all_errors(request.n, dict.fromkeys(range(request.n), Reasons.core_unavailable())))
             return
         self._ids += 1
-        self._waiting[self._ids] = on_done
+        self._waiting[self._ids] = (on_done, self._outputs.get(request.model))
         self._outbox.put((self._ids, request))
+
+    def submitter(self, model: str) -> Callable[[CoreRequest, OnDone], None]:
+        """``submit`` itself: the core looks each request's model up on its side."""
+        if model not in {d.name for d in self.descriptions}:
+            raise Reasons.served_model_unknown(model, [d.name for d in self.descriptions]).exception()
+        return self.submit
 
     def _send(self, items: list[tuple[int, CoreRequest]]) -> None:
         if not self.lost and self._writer is not None:
@@ -132,9 +151,10 @@ class CoreClient:
     async def forecast(
         self, session_id: str, options: ForecastOptions, tenant: str = "", model: str = ""
     ) -> SampledFuture:
-        return await self._call(
+        packed = await self._call(
             "forecast", session_id=session_id, options=pack_dataclass(options), tenant=tenant, model=model
         )
+        return future_of(packed, self._outputs.get(model) or self._outputs[self.aliases.get(model, "")])
 
     async def get_session(
         self, session_id: str, include_state: bool = False, tenant: str = "", model: str = ""
@@ -164,10 +184,10 @@ class CoreClient:
                 frame = await read_frame(reader)
                 kind = frame[0]
                 if kind == "results":
-                    for request_id, outcomes in unpack_outcomes(frame[1]):
-                        on_done = self._waiting.pop(request_id, None)
-                        if on_done is not None:
-                            on_done(outcomes)
+                    for request_id, outcomes in unpack_outcomes(frame[1], self._outputs_of):
+                        entry = self._waiting.pop(request_id, None)
+                        if entry is not None:
+                            _deliver(entry[0], outcomes)
                 elif kind == "reply":
                     _, call_id, value, error = frame
                     future = self._calls.pop(call_id, None)
@@ -196,6 +216,10 @@ class CoreClient:
         self._lose()
         await self._on_lost()
 
+    def _outputs_of(self, request_id: int) -> type[OutputColumns] | None:
+        entry = self._waiting.get(request_id)
+        return None if entry is None else entry[1]
+
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -209,13 +233,19 @@ class CoreClient:
         waiting, self._waiting = self._waiting, {}
         outbox = self._outbox.take()
         sizes = {rid: r.n for rid, r in outbox}
-        for rid, on_done in waiting.items():
+        for rid, (on_done, _) in waiting.items():
             n = sizes.get(rid)
             if n is None:
-                on_done(Outcomes.refused(error))
+                _deliver(on_done, Outcomes.refused(error))
             else:
-                on_done(Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
+                _deliver(on_done, Outcomes.all_errors(n, dict.fromkeys(range(n), error)))
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(error.exception())
         self._calls.clear()
+
+
+def _deliver(on_done: OnDone, outcomes: Outcomes) -> None:
+    """``on_done(outcomes)``; a front end's future whose call was cancelled meanwhile takes nothing."""
+    with contextlib.suppress(asyncio.InvalidStateError):
+        on_done(outcomes)

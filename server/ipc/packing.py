@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,6 +27,7 @@ from aaren.server.contract.columns import (
     EventColumns,
     ModelDescription,
     Outcomes,
+    OutputColumns,
     SampledFuture,
     SessionView,
     StepSummary,
@@ -111,7 +113,7 @@ def pack_future(future: SampledFuture) -> dict[str, Any]:
         "session_id": future.session_id,
         "seq": future.seq,
         "last_time": future.last_time,
-        "outputs": {name: pack_array(column) for name, column in future.outputs.items()},
+        "outputs": {name: pack_array(column) for name, column in future.outputs.to_columns().items()},
         "top_k": future.top_k,
         "steps": [[s.step, s.mean_time, s.time_quantiles, s.marks] for s in future.steps],
         "times": future.times,
@@ -120,13 +122,14 @@ def pack_future(future: SampledFuture) -> dict[str, Any]:
     }
 
 
-def future_of(packed: dict[str, Any]) -> SampledFuture:
+def future_of(packed: dict[str, Any], outputs: type[OutputColumns]) -> SampledFuture:
+    """``pack_future``'s map back, its outputs as ``outputs`` (the output class of the model's task)."""
     steps = packed["steps"]
     return SampledFuture(
         packed["session_id"],
         packed["seq"],
         packed["last_time"],
-        {name: array_of(column) for name, column in packed["outputs"].items()},
+        outputs.from_columns({name: array_of(column) for name, column in packed["outputs"].items()}),
         packed["top_k"],
         [StepSummary(step, mean, quantiles, [(m, p) for m, p in marks]) for step, mean, quantiles, marks in steps],
         packed["times"],
@@ -137,7 +140,7 @@ def future_of(packed: dict[str, Any]) -> SampledFuture:
 
 #: How the result of each unary call crosses: (pack, unpack); absent: as it is (int, None).
 RESULTS: dict[str, tuple[Any, Any]] = {
-    "forecast": (pack_future, future_of),
+    "forecast": (pack_future, None),  # unpacked with the model's output class: future_of
     "get_session": (pack_dataclass, lambda packed: unpack_dataclass(SessionView, packed)),
     "open_stream": (pack_error, error_of),
 }
@@ -194,7 +197,9 @@ def unpack_requests(packed: dict[str, Any]) -> list[tuple[int, CoreRequest]]:
 def output_signature(outcomes: Outcomes) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """The names and trailing shapes of ``outcomes``' output columns: outcomes of one signature (one
     model's, or none) concatenate into one set of columns."""
-    return tuple((name, column.shape[1:]) for name, column in outcomes.outputs.items())
+    if outcomes.outputs is None:
+        return ()
+    return tuple((name, column.shape[1:]) for name, column in outcomes.outputs.to_columns().items())
 
 
 def group_by_signature(items: list[tuple[int, Outcomes]]) -> list[list[tuple[int, Outcomes]]]:
@@ -203,7 +208,7 @@ def group_by_signature(items: list[tuple[int, Outcomes]]) -> list[list[tuple[int
     groups: dict[tuple[Any, ...], list[tuple[int, Outcomes]]] = {}
     bare: list[tuple[int, Outcomes]] = []
     for item in items:
-        if item[1].outputs:
+        if item[1].outputs is not None:
             groups.setdefault(output_signature(item[1]), []).append(item)
         else:
             bare.append(item)
@@ -218,8 +223,8 @@ def pack_outcomes(items: list[tuple[int, Outcomes]]) -> dict[str, Any]:
     """Outcomes (with their request ids) as one set of concatenated columns; every outcome with
     outputs must have the same ``output_signature`` (``group_by_signature``)."""
     outcomes = [o for _, o in items]
-    names = next((list(o.outputs) for o in outcomes if o.outputs), [])
-    with_outputs = [o for o in outcomes if o.outputs]
+    with_outputs = [o.outputs.to_columns() for o in outcomes if o.outputs is not None]
+    names = list(with_outputs[0]) if with_outputs else []
     return {
         "ids": [i for i, _ in items],
         "n": [len(o.kind) for o in outcomes],
@@ -229,11 +234,15 @@ def pack_outcomes(items: list[tuple[int, Outcomes]]) -> dict[str, Any]:
         "kind": pack_array(np.concatenate([o.kind for o in outcomes])),
         "last_seq": pack_array(np.concatenate([o.last_seq for o in outcomes])),
         "forecast_index": pack_array(np.concatenate([o.forecast_index for o in outcomes])),
-        "outputs": {k: pack_array(np.concatenate([o.outputs[k] for o in with_outputs])) for k in names},
+        "outputs": {k: pack_array(np.concatenate([o[k] for o in with_outputs])) for k in names},
     }
 
 
-def unpack_outcomes(packed: dict[str, Any]) -> list[tuple[int, Outcomes]]:
+def unpack_outcomes(
+    packed: dict[str, Any], outputs_of: Callable[[int], type[OutputColumns] | None]
+) -> list[tuple[int, Outcomes]]:
+    """``pack_outcomes``' map back; the outputs of request id ``i`` as ``outputs_of(i)`` (the output
+    class of its model's task)."""
     out = []
     at = fat = 0
     outputs = {name: array_of(raw) for name, raw in packed["outputs"].items()}
@@ -242,9 +251,14 @@ def unpack_outcomes(packed: dict[str, Any]) -> list[tuple[int, Outcomes]]:
         zip(packed["n"], packed["f"], packed["errors"], packed["request_errors"], strict=True)
     ):
         end, fend = at + n, fat + f
-        columns = {name: v[fat:fend] for name, v in outputs.items()} if f else {}
+        typed = None
+        if f:
+            cls = outputs_of(packed["ids"][k])
+            if cls is None:
+                raise ValueError(f"forecasts came back for request {packed['ids'][k]}, whose model has no outputs")
+            typed = cls.from_columns({name: v[fat:fend] for name, v in outputs.items()})
         outcome = Outcomes(
-            kind[at:end], last_seq[at:end], _errors(errors), forecast_index[fat:fend], columns, error_of(request_error)
+            kind[at:end], last_seq[at:end], _errors(errors), forecast_index[fat:fend], typed, error_of(request_error)
         )
         out.append((packed["ids"][k], outcome))
         at, fat = end, fend

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["LoadedBatch", "SaveBatch", "SessionMeta", "SessionStore", "StateLayout", "StoreUnavailableError"]
+__all__ = ["LoadedBatch", "SessionMeta", "SessionStore", "StateLayout", "StoreUnavailableError"]
 
 
 class StoreUnavailableError(RuntimeError):
@@ -60,17 +60,6 @@ class LoadedBatch:
     tensors: dict[str, Tensor]
 
 
-@dataclasses.dataclass(frozen=True)
-class SaveBatch:
-    """What one ``save`` writes: rows ``tensors[name][i]`` ``[B, ...]`` and ``metas[i]`` of
-    ``session_ids[i]``, if its stored last seq still equals ``expected_seqs[i]`` (0: it must not exist)."""
-
-    session_ids: Sequence[str]
-    tensors: dict[str, Tensor]
-    metas: Sequence[SessionMeta]
-    expected_seqs: Sequence[int]
-
-
 class SessionStore(abc.ABC):
     """The interface every backend implements (the contract suite in tests/server runs on each)."""
 
@@ -90,6 +79,7 @@ class SessionStore(abc.ABC):
     async def load(self, session_ids: Sequence[str]) -> LoadedBatch:
         """Read many sessions at once (distinct ids)."""
 
+    @abc.abstractmethod
     async def save(
         self,
         session_ids: Sequence[str],
@@ -97,14 +87,9 @@ class SessionStore(abc.ABC):
         metas: Sequence[SessionMeta],
         expected_seqs: Sequence[int],
     ) -> list[bool]:
-        """Write rows ``tensors[name][i]`` and ``metas[i]`` for each session whose stored last seq
-        still equals ``expected_seqs[i]`` (0: the session must not exist). Returns, per session,
-        whether it was written; nothing is written for a False."""
-        return await self._write(SaveBatch(session_ids, tensors, metas, expected_seqs))
-
-    @abc.abstractmethod
-    async def _write(self, batch: SaveBatch) -> list[bool]:
-        """The backend's ``save``: one ``SaveBatch``, compare-and-set per session."""
+        """Write rows ``tensors[name][i]`` ``[B, ...]`` and ``metas[i]`` for each session whose stored
+        last seq still equals ``expected_seqs[i]`` (0: the session must not exist): compare-and-set
+        per session. Returns, per session, whether it was written; nothing is written for a False."""
 
     @abc.abstractmethod
     async def get(self, session_id: str) -> tuple[SessionMeta, dict[str, Tensor]] | None:

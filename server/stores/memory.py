@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionMeta, SessionStore, StateLayout
+from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout
 
 __all__ = ["MemoryStore"]
 
@@ -52,15 +52,20 @@ class MemoryStore(SessionStore):
             tensors={k: pool.index_select(0, index) for k, pool in self._pool.items()},
         )
 
-    async def _write(self, batch: SaveBatch) -> list[bool]:
-        session_ids, tensors, metas = batch.session_ids, batch.tensors, batch.metas
+    async def save(
+        self,
+        session_ids: Sequence[str],
+        tensors: dict[str, Tensor],
+        metas: Sequence[SessionMeta],
+        expected_seqs: Sequence[int],
+    ) -> list[bool]:
         written = [False] * len(session_ids)
         self._writing = set(session_ids)
         rows: list[int] = []
         slots: list[int] = []
         new: list[int] = []
         # Existing sessions first, so that allocating for new ones never evicts a row being written.
-        for i, (sid, expected) in enumerate(zip(session_ids, batch.expected_seqs, strict=True)):
+        for i, (sid, expected) in enumerate(zip(session_ids, expected_seqs, strict=True)):
             current = self._metas.get(sid)
             if (current.last_seq if current else 0) != expected:
                 continue

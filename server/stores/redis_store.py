@@ -50,7 +50,6 @@ from torch import Tensor
 
 from aaren.server.stores.base import (
     LoadedBatch,
-    SaveBatch,
     SessionMeta,
     SessionStore,
     StateLayout,
@@ -311,15 +310,20 @@ class RedisStore(SessionStore):
             blobs.append(self._fresh)
         return LoadedBatch(metas=metas, tensors=self._decode(blobs))
 
-    async def _write(self, batch: SaveBatch) -> list[bool]:
-        session_ids = batch.session_ids
-        blobs = self._encode(batch.tensors)
+    async def save(
+        self,
+        session_ids: Sequence[str],
+        tensors: dict[str, Tensor],
+        metas: Sequence[SessionMeta],
+        expected_seqs: Sequence[int],
+    ) -> list[bool]:
+        blobs = self._encode(tensors)
         # One id per call is enough: its sessions have different keys, and only a resend of this
         # very pipeline may carry it again.
         write_id = os.urandom(WRITE_ID_BYTES)
         keys, args = [], []
         tomb_extra_ms = math.ceil(self.tombstone_ttl_s * 1000)
-        for sid, blob, meta, expected in zip(session_ids, blobs, batch.metas, batch.expected_seqs, strict=True):
+        for sid, blob, meta, expected in zip(session_ids, blobs, metas, expected_seqs, strict=True):
             expires_ms = math.ceil((meta.updated_at + self.idle_ttl_s) * 1000)
             keys.append(self._keys(sid))
             args.append(

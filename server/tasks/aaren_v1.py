@@ -10,7 +10,7 @@ per served model, built once with ``(description, default_top_k)``:
   (RESPONSE_LAYOUT_COLUMNS: one packed ``extend`` per column).
 
 ``k`` is the request's top_k already cut to ``ModelDescription.ranked``; ``outputs`` are the
-``Outcomes`` columns (``OutputColumns.to_columns()``), read back with the task's output class.
+task's typed outputs (``Outcomes.outputs``: an instance of the task's ``OutputColumns`` class).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.contract.columns import ModelDescription, OutputColumns
 from aaren.v1 import aaren_pb2 as pb
 
 __all__ = ["Encoder", "RowWriter", "TaskEncoder"]
@@ -32,9 +32,9 @@ class Encoder(Protocol):
 
     def __init__(self, description: ModelDescription, default_top_k: int) -> None: ...
 
-    def rows(self, outputs: Columns, k: int) -> RowWriter: ...
+    def rows(self, outputs: OutputColumns, k: int) -> RowWriter: ...
 
-    def columns(self, block: pb.ForecastColumns, outputs: Columns, k: int, last_times: list[float]) -> None: ...
+    def columns(self, block: pb.ForecastColumns, outputs: OutputColumns, k: int, last_times: list[float]) -> None: ...
 
 
 class TaskEncoder:

@@ -11,7 +11,7 @@ task's codec (``aaren.server.tasks.registry`` names it; built per served model w
   columns for the engine core;
 - ``outputs``: ``(name, datatype, shape)``, ``-1`` for the ``k`` ranked entries a request asks for
   (the ``top_k`` parameter, at most ``ranked``);
-- ``encode(k, seq, time, outputs)``: every output of forecast row 0 of the ``Outcomes`` columns, as
+- ``encode(k, seq, time, outputs)``: every output of forecast row 0 of the task's typed outputs, as
   bytes in declared order (``SEQ`` first: the seq the event was applied as);
 - ``parameters()``: its ModelConfig parameters beyond the ones every model has.
 
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from aaren.oip.v2 import grpc_service_pb2 as pb
-from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.contract.columns import ModelDescription, OutputColumns
 
 __all__ = ["FP64", "INT64", "TensorCodec", "TensorSpec"]
 
@@ -78,7 +78,7 @@ class TensorCodec:
                 self._templates[key] = cached
         return cached
 
-    def requested(self, names: tuple[str, ...], k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
+    def requested(self, names: tuple[str, ...], k: int, seq: int, time: float, outputs: OutputColumns) -> list[bytes]:
         """The raw bytes of the requested outputs (``names``, in declared order) of one forecast."""
         columns = self.encode(k, seq, time, outputs)
         if len(names) == len(columns):
@@ -89,7 +89,7 @@ class TensorCodec:
         """``TIME`` and ``VALUES`` -> the event's columns (mark 0: a task of one mark)."""
         return float(seen["TIME"][0]), 0, list(seen["VALUES"])
 
-    def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
+    def encode(self, k: int, seq: int, time: float, outputs: OutputColumns) -> list[bytes]:
         raise NotImplementedError
 
     def parameters(self) -> dict[str, str]:

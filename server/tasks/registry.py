@@ -42,13 +42,15 @@ class TaskSpec:
     """One task's registry line. ``task``: what ``ModelDescription.task`` says; ``checkpoint_kind``:
     the ``aaren_core.checkpoint`` model kind it serves; ``executor``: ``(checkpoint, device,
     quantiles, *, compile_model) -> Task`` (imports torch); ``aaren_v1`` and ``oip``: the codec
-    classes, built with ``(description, default_top_k)`` (torch-free)."""
+    classes, built with ``(description, default_top_k)``; ``outputs``: the task's
+    ``OutputColumns`` class (the IPC rebuilds its outputs with it); the last three torch-free."""
 
     task: str
     checkpoint_kind: str
     executor: str
     aaren_v1: str
     oip: str
+    outputs: str
 
     def load(self, what: str) -> Any:
         """The object one of the dotted paths above names (imported now)."""
@@ -60,15 +62,22 @@ class TaskSpec:
             raise ConfigError(f"task {self.task!r}: its {what} {path!r} cannot be imported: {exc}") from exc
 
 
-def _built_in(task: str, kind: str, folder: str, executor: str, aaren_v1: str, oip: str) -> TaskSpec:
+def _built_in(task: str, kind: str, folder: str, aaren_v1: str, oip: str, outputs: str) -> TaskSpec:
     package = f"aaren.server.tasks.{folder}"
-    return TaskSpec(task, kind, f"{package}.task:{executor}", f"{package}.aaren_v1:{aaren_v1}", f"{package}.oip:{oip}")
+    return TaskSpec(
+        task,
+        kind,
+        f"{package}.task:from_checkpoint",
+        f"{package}.aaren_v1:{aaren_v1}",
+        f"{package}.oip:{oip}",
+        f"{package}.outputs:{outputs}",
+    )
 
 
 BUILT_IN: tuple[TaskSpec, ...] = (
-    _built_in("event", "event_model", "event", "from_checkpoint", "EventEncoder", "EventCodec"),
-    _built_in("series", "series_model", "series", "from_checkpoint", "SeriesEncoder", "SeriesCodec"),
-    _built_in("class", "class_model", "classify", "from_checkpoint", "ClassEncoder", "ClassCodec"),
+    _built_in("event", "event_model", "event", "EventEncoder", "EventCodec", "EventOutputs"),
+    _built_in("series", "series_model", "series", "SeriesEncoder", "SeriesCodec", "SeriesOutputs"),
+    _built_in("class", "class_model", "classify", "ClassEncoder", "ClassCodec", "ClassOutputs"),
 )
 
 

@@ -14,11 +14,11 @@ import pytest
 from aaren.server.contract.columns import FORECAST, Outcomes
 from aaren.server.contract.core_api import CoreAPI, ForecastOptions
 from aaren.server.contract.errors import ServiceError
-from aaren.server.contract.validation import EventChecker
 from aaren.server.core.engine_core import EngineCore
 from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
 from aaren.server.frontends.grpc_server import GrpcFrontEnd
 from aaren.server.frontends.oip.servicer import OipServicer
+from aaren.server.frontends.streams import EventChecker
 from aaren.server.ipc.client_side import CoreClient
 
 SAMPLED = ForecastOptions(horizon=3, num_samples=8, seed=5, top_k=2, include_paths=True)
@@ -95,9 +95,11 @@ def test_the_ipc_client_answers_as_the_engine_core_does(start_server):
         here.marks,
         here.values,
     )
-    assert future.outputs.keys() == here.outputs.keys()
-    for name, column in here.outputs.items():
-        np.testing.assert_array_equal(future.outputs[name], column)
+    assert type(future.outputs) is type(here.outputs)
+    got, want = future.outputs.to_columns(), here.outputs.to_columns()
+    assert got.keys() == want.keys()
+    for name, column in want.items():
+        np.testing.assert_array_equal(got[name], column)
 
     async def end_through_the_client() -> int | None:
         async with connected(srv, 8) as client:

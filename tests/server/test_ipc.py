@@ -8,6 +8,7 @@ import asyncio
 import os
 import pickle
 import stat
+from typing import Any
 
 import grpc
 import numpy as np
@@ -20,17 +21,19 @@ from aaren.server.contract.columns import (
     FORECAST,
     ModelDescription,
     Outcomes,
+    OutputColumns,
     SampledFuture,
     SessionView,
     StepSummary,
 )
 from aaren.server.contract.errors import Reasons
-from aaren.server.contract.validation import EventChecker
+from aaren.server.frontends.streams import EventChecker
 from aaren.server.ipc import framing
 from aaren.server.ipc.packing import (
     RESULTS,
     descriptions_of,
     error_of,
+    future_of,
     group_by_signature,
     pack_array,
     pack_descriptions,
@@ -40,6 +43,9 @@ from aaren.server.ipc.packing import (
     unpack_outcomes,
     unpack_requests,
 )
+from aaren.server.tasks.classify.outputs import ClassOutputs
+from aaren.server.tasks.event.outputs import EventOutputs
+from aaren.server.tasks.series.outputs import SeriesOutputs
 
 CHECKER = EventChecker(5, ("a", "b"), 64)
 
@@ -67,8 +73,28 @@ def test_requests_survive_packing_and_framing():
     assert sorted(back[1][1].errors) == [1, 2]  # the empty id, and the bad time and mark
 
 
+def _event_outputs(time_mean: list[float], top_marks: list[list[int]]) -> EventOutputs:
+    f = len(time_mean)
+    return EventOutputs(
+        np.array(time_mean), np.full((f, 3), 0.5), np.array(top_marks, np.int64), np.full((f, 2), 0.25),
+        np.zeros((f, 2)), np.ones((f, 2)),
+    )  # fmt: skip
+
+
+def assert_same_outputs(got: Any, want: Any) -> None:
+    """Both None, or typed outputs of one class with equal columns (dtypes included)."""
+    assert type(got) is type(want)
+    if want is None:
+        return
+    got_columns, want_columns = got.to_columns(), want.to_columns()
+    assert got_columns.keys() == want_columns.keys()
+    for name, column in want_columns.items():
+        assert got_columns[name].dtype == column.dtype, name
+        np.testing.assert_array_equal(got_columns[name], column, err_msg=name)
+
+
 def test_outcomes_survive_packing_and_framing():
-    outputs = {"time_mean": np.array([1.5, 2.5]), "top_marks": np.array([[1, 0], [0, 1]])}
+    outputs = _event_outputs([1.5, 2.5], [[1, 0], [0, 1]])
     items = [
         (
             1,
@@ -77,7 +103,7 @@ def test_outcomes_survive_packing_and_framing():
                 np.array([0, 3]),
                 {},
                 np.array([0]),
-                {k: v[:1] for k, v in outputs.items()},
+                outputs.take(slice(0, 1)),
             ),
         ),
         (2, Outcomes.refused(Reasons.too_many_events(20_000, 10_000))),
@@ -88,46 +114,46 @@ def test_outcomes_survive_packing_and_framing():
                 np.zeros(2, np.int64),
                 {0: Reasons.seq_gap("s", 9, 2)},
                 np.array([1]),
-                {k: v[1:] for k, v in outputs.items()},
+                outputs.take(slice(1, 2)),
             ),
         ),
     ]
-    back = unpack_outcomes(through_a_frame(pack_outcomes(items)))
+    back = unpack_outcomes(through_a_frame(pack_outcomes(items)), lambda i: EventOutputs)
     assert [i for i, _ in back] == [1, 2, 3]
     for (_, want), (_, got) in zip(items, back, strict=True):
         np.testing.assert_array_equal(got.kind, want.kind)
         np.testing.assert_array_equal(got.last_seq, want.last_seq)
         np.testing.assert_array_equal(got.forecast_index, want.forecast_index)
         assert got.errors == want.errors and got.request_error == want.request_error
-        assert got.outputs.keys() == want.outputs.keys()
-        for name in want.outputs:
-            np.testing.assert_array_equal(got.outputs[name], want.outputs[name])
+        assert_same_outputs(got.outputs, want.outputs)
 
 
 def test_outcomes_of_several_models_travel_in_one_frame_per_set_of_columns():
     """Each model's batcher answers on its own: one flush may hold event, series (of two horizons)
     and class outcomes, which cannot share columns; each reaches its request whole."""
 
-    def forecast(outputs: dict[str, np.ndarray]) -> Outcomes:
+    def forecast(outputs: OutputColumns) -> Outcomes:
         return Outcomes(np.array([FORECAST], np.int8), np.zeros(1, np.int64), {}, np.array([0]), outputs)
 
     items = [
-        (1, forecast({"time_mean": np.array([1.5]), "top_marks": np.array([[1, 0]])})),
-        (2, forecast({"series_mean": np.ones((1, 3, 2)), "series_quantiles": np.ones((1, 3, 2, 3))})),
+        (1, forecast(_event_outputs([1.5], [[1, 0]]))),
+        (2, forecast(SeriesOutputs(np.ones((1, 3, 2)), np.ones((1, 3, 2, 3))))),
         (3, Outcomes.refused(Reasons.too_many_events(20_000, 10_000))),
-        (4, forecast({"series_mean": np.zeros((1, 4, 2)), "series_quantiles": np.zeros((1, 4, 2, 3))})),
-        (5, forecast({"class_top": np.array([[2, 0, 1]]), "class_probs": np.array([[0.5, 0.3, 0.2]])})),
-        (6, forecast({"time_mean": np.array([0.5]), "top_marks": np.array([[0, 1]])})),
+        (4, forecast(SeriesOutputs(np.zeros((1, 4, 2)), np.zeros((1, 4, 2, 3))))),
+        (5, forecast(ClassOutputs(np.array([[2, 0, 1]]), np.array([[0.5, 0.3, 0.2]])))),
+        (6, forecast(_event_outputs([0.5], [[0, 1]]))),
     ]
+    classes = {i: type(o.outputs) for i, o in items if o.outputs is not None}
     with pytest.raises((KeyError, ValueError)):
         pack_outcomes(items)  # what one frame for all of them did
     groups = group_by_signature(items)
     assert sorted(i for group in groups for i, _ in group) == [1, 2, 3, 4, 5, 6] and len(groups) == 4
-    back = dict(item for group in groups for item in unpack_outcomes(through_a_frame(pack_outcomes(group))))
+    back = dict(
+        item for group in groups for item in unpack_outcomes(through_a_frame(pack_outcomes(group)), classes.get)
+    )
     for i, want in items:
-        assert back[i].outputs.keys() == want.outputs.keys() and back[i].request_error == want.request_error
-        for name, column in want.outputs.items():
-            np.testing.assert_array_equal(back[i].outputs[name], column)
+        assert back[i].request_error == want.request_error
+        assert_same_outputs(back[i].outputs, want.outputs)
 
 
 def test_descriptions_errors_and_unary_results_survive_framing():
@@ -143,18 +169,16 @@ def test_descriptions_errors_and_unary_results_survive_framing():
     pack, unpack = RESULTS["get_session"]
     assert unpack(through_a_frame(pack(session))) == session
     future = SampledFuture(
-        "s", 7, 12.5, {"time_mean": np.array([1.5]), "top_marks": np.array([[3, 1]], np.int64)}, 2,
+        "s", 7, 12.5, _event_outputs([1.5], [[3, 1]]), 2,
         [StepSummary(1, 14.0, [13.0, 14.0, 15.0], [(3, 0.75), (1, 0.25)])],
         [[14.0, 15.5]], [[3, 1]], [[[0.5, 1.0], [0.25, 2.0]]],
     )  # fmt: skip
-    pack, unpack = RESULTS["forecast"]
-    back = unpack(through_a_frame(pack(future)))
+    pack, _ = RESULTS["forecast"]
+    back = future_of(through_a_frame(pack(future)), EventOutputs)
     assert isinstance(back, SampledFuture) and back.steps == future.steps
     assert (back.session_id, back.seq, back.last_time, back.top_k) == ("s", 7, 12.5, 2)
     assert (back.times, back.marks, back.values) == (future.times, future.marks, future.values)
-    for name, column in future.outputs.items():
-        assert back.outputs[name].dtype == column.dtype
-        np.testing.assert_array_equal(back.outputs[name], column)
+    assert_same_outputs(back.outputs, future.outputs)
 
 
 def test_frames_hold_plain_values_only():

@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 
 from aaren.server.contract.columns import DUPLICATE, ERROR, FORECAST, NEXT_SEQ, Outcomes
+from aaren.server.frontends.streams import EventChecker
 
 
 def submit(srv, events, next_seq=True):
@@ -16,7 +17,9 @@ def submit(srv, events, next_seq=True):
 
     async def run() -> Outcomes:
         done: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
-        request = core.checker.request(
+        d = core.description
+        checker = EventChecker(d.num_marks, d.value_names, core.settings.max_session_id_bytes)
+        request = checker.request(
             [e[0] for e in events], [e[1] for e in events], [e[2] for e in events], [0] * len(events),
             [(0.0, 0.0)] * len(events), next_seq=next_seq,
         )  # fmt: skip

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -30,10 +31,9 @@ from aaren.server.contract.columns import (
     SampledFuture,
     SessionView,
 )
-from aaren.server.contract.core_api import CoreAPI, ForecastOptions
+from aaren.server.contract.core_api import CoreAPI, ForecastOptions, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
-from aaren.server.contract.validation import EventChecker
-from aaren.server.frontends.streams import Accepted, RefusedError, StreamLoop, abort
+from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError, StreamLoop, abort
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
@@ -70,6 +70,8 @@ class _ModelView:
     encoder: Encoder
     #: How many entries a forecast ranks (``ModelDescription.ranked``): a request's top_k is cut to it.
     ranked: int
+    #: The model's ``CoreAPI.submitter``.
+    submit: Callable[[CoreRequest, OnDone], None]
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -107,7 +109,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
             encoder = spec_of(d.task).load("aaren_v1")(d, self.settings.default_top_k)
             ref = pb.ModelRef(name=d.name, version=d.version)
-            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked)
+            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked, core.submitter(d.name))
         for alias, name in core.aliases.items():
             views.setdefault(alias, views[name])
         default = views[core.descriptions[0].name]
@@ -248,7 +250,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             info = Reasons.unknown_enum(name, value, sorted(known))
             self._core.count_rejection(info, len(request.events), view.description.name)
             raise RefusedError(info)
-        return Accepted(self.core_request(request, tenant, view), lambda o: self._response(request, o, view))
+        return Accepted(
+            self.core_request(request, tenant, view), lambda o: self._response(request, o, view), view.submit
+        )
 
     def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
         return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))

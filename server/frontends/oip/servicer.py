@@ -31,10 +31,9 @@ from aaren import __version__
 from aaren.oip.v2 import grpc_service_pb2 as pb
 from aaren.oip.v2 import model_config_pb2 as mc
 from aaren.server.contract.columns import FORECAST, NEXT_SEQ, CoreRequest, ModelDescription, Outcomes
-from aaren.server.contract.core_api import CoreAPI
+from aaren.server.contract.core_api import CoreAPI, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
-from aaren.server.contract.validation import EventChecker
-from aaren.server.frontends.streams import Accepted, RefusedError, StreamLoop, abort
+from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError, StreamLoop, abort
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
@@ -109,8 +108,16 @@ class _Model:
     """One served model as this front end sees it: its description, the codec of its task, its
     stateless checks and its statistics."""
 
-    def __init__(self, d: ModelDescription, codec: TensorCodec, checker: EventChecker) -> None:
+    def __init__(
+        self,
+        d: ModelDescription,
+        codec: TensorCodec,
+        checker: EventChecker,
+        submit: Callable[[CoreRequest, OnDone], None],
+    ) -> None:
         self.description, self.codec, self.checker = d, codec, checker
+        #: The model's ``CoreAPI.submitter``.
+        self.submit = submit
         self.stats = _Statistics()
 
     def matches(self, name: str, version: str) -> bool:
@@ -150,9 +157,8 @@ class OipServicer:
         models = {}
         for d in core.descriptions:
             codec = spec_of(d.task).load("oip")(d, self.settings.default_top_k)
-            models[d.name] = _Model(
-                d, codec, EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
-            )
+            checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+            models[d.name] = _Model(d, codec, checker, core.submitter(d.name))
         self._models = models
         self._core = core
 
@@ -446,7 +452,7 @@ class OipServicer:
         if event.start:
             await self._end_session(core, event, tenant)
         answered: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
-        core.submit(self._core_request(event, tenant), lambda o: answered.done() or answered.set_result(o))
+        event.model.submit(self._core_request(event, tenant), answered.set_result)
         outcomes = await answered  # encoded on this call's task, not on the core's callback
         try:
             answer = self._answer(event, outcomes, pb.ModelInferResponse())
@@ -473,6 +479,7 @@ class OipServicer:
         return Accepted(
             self._core_request(event, tenant),
             lambda outcomes: self._stream_reply(event, outcomes),
+            event.model.submit,
             before=(lambda: self._end_session(core, event, tenant)) if event.start else None,
             after=(lambda reply: self._ended(core, event, tenant, reply)) if event.end else None,
         )

@@ -3,7 +3,6 @@ forecast's ``classes`` holds the top ``k`` classes (index, name, probability), l
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns
 from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
 from aaren.server.tasks.classify.outputs import ClassOutputs
 from aaren.v1 import aaren_pb2 as pb
@@ -14,8 +13,8 @@ __all__ = ["ClassEncoder"]
 class ClassEncoder(TaskEncoder):
     """Encodes ``ClassOutputs``: each class index with its name (``class_names``) and probability."""
 
-    def rows(self, outputs: Columns, k: int) -> RowWriter:
-        o = ClassOutputs.from_columns(outputs)
+    def rows(self, outputs: ClassOutputs, k: int) -> RowWriter:
+        o = outputs
         top, probs, names = o.class_top[:, :k].tolist(), o.class_probs[:, :k].tolist(), self.description.class_names
 
         def write(out: pb.Forecast, f: int, last_time: float) -> None:
@@ -26,8 +25,8 @@ class ClassEncoder(TaskEncoder):
 
         return write
 
-    def columns(self, block: pb.ForecastColumns, outputs: Columns, k: int, last_times: list[float]) -> None:
-        o = ClassOutputs.from_columns(outputs)
+    def columns(self, block: pb.ForecastColumns, outputs: ClassOutputs, k: int, last_times: list[float]) -> None:
+        o = outputs
         top = o.class_top[:, :k]
         block.class_top_k = top.shape[1]
         block.classes.extend(top.reshape(-1).tolist())

@@ -7,7 +7,7 @@ parameter, else the server's default)."""
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.classify.outputs import ClassOutputs
 from aaren.server.tasks.oip import INT64, TensorCodec
 
@@ -21,8 +21,8 @@ class ClassCodec(TensorCodec):
         self.outputs = [("SEQ", "INT64", [1]), ("CLASS_TOP", "INT64", [-1]), ("CLASS_PROBS", "FP64", [-1])]
         self._ready()
 
-    def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
-        o = ClassOutputs.from_columns(outputs)
+    def encode(self, k: int, seq: int, time: float, outputs: ClassOutputs) -> list[bytes]:
+        o = outputs
         return [
             INT64.pack(seq),
             o.class_top[0, :k].astype("<i8").tobytes(),

@@ -6,7 +6,6 @@ each value's mean and std."""
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns
 from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
 from aaren.server.tasks.event.outputs import EventOutputs
 from aaren.v1 import aaren_pb2 as pb
@@ -17,8 +16,8 @@ __all__ = ["EventEncoder"]
 class EventEncoder(TaskEncoder):
     """Encodes ``EventOutputs`` at the server's quantile levels."""
 
-    def rows(self, outputs: Columns, k: int) -> RowWriter:
-        o = EventOutputs.from_columns(outputs)
+    def rows(self, outputs: EventOutputs, k: int) -> RowWriter:
+        o = outputs
         means, quantiles = o.time_mean.tolist(), o.time_quantiles.tolist()
         marks, probs = o.top_marks[:, :k].tolist(), o.top_probs[:, :k].tolist()
         value_means, value_stds = o.value_mean.tolist(), o.value_std.tolist()
@@ -49,8 +48,8 @@ class EventEncoder(TaskEncoder):
 
         return write
 
-    def columns(self, block: pb.ForecastColumns, outputs: Columns, k: int, last_times: list[float]) -> None:
-        o = EventOutputs.from_columns(outputs)
+    def columns(self, block: pb.ForecastColumns, outputs: EventOutputs, k: int, last_times: list[float]) -> None:
+        o = outputs
         means = o.time_mean.tolist()
         block.mean_gap.extend(means)
         block.expected_time.extend([t + m for t, m in zip(last_times, means, strict=True)])

@@ -8,7 +8,7 @@ default), ``VALUE_MEAN`` / ``VALUE_STD`` FP64 [V] (when V > 0)."""
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.event.outputs import EventOutputs
 from aaren.server.tasks.oip import FP64, INT64, TensorCodec
 
@@ -37,8 +37,8 @@ class EventCodec(TensorCodec):
     def event(self, seen: dict[str, tuple[float, ...] | tuple[int, ...]]) -> tuple[float, int, list[float]]:
         return float(seen["TIME"][0]), int(seen["MARK"][0]), list(seen["VALUES"]) if self.width else []
 
-    def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
-        o = EventOutputs.from_columns(outputs)
+    def encode(self, k: int, seq: int, time: float, outputs: EventOutputs) -> list[bytes]:
+        o = outputs
         mean = float(o.time_mean[0])
         columns = [
             INT64.pack(seq),

@@ -3,7 +3,6 @@ forecast's ``series`` holds the H x C means and H x C x Q quantiles, flat, in th
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns
 from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
 from aaren.server.tasks.series.outputs import SeriesOutputs
 from aaren.v1 import aaren_pb2 as pb
@@ -14,8 +13,8 @@ __all__ = ["SeriesEncoder"]
 class SeriesEncoder(TaskEncoder):
     """Encodes ``SeriesOutputs`` at the model's quantile levels."""
 
-    def rows(self, outputs: Columns, k: int) -> RowWriter:
-        o = SeriesOutputs.from_columns(outputs)
+    def rows(self, outputs: SeriesOutputs, k: int) -> RowWriter:
+        o = outputs
         levels = self.description.quantiles
 
         def write(out: pb.Forecast, f: int, last_time: float) -> None:
@@ -28,8 +27,8 @@ class SeriesEncoder(TaskEncoder):
 
         return write
 
-    def columns(self, block: pb.ForecastColumns, outputs: Columns, k: int, last_times: list[float]) -> None:
-        o = SeriesOutputs.from_columns(outputs)
+    def columns(self, block: pb.ForecastColumns, outputs: SeriesOutputs, k: int, last_times: list[float]) -> None:
+        o = outputs
         mean = o.series_mean  # [F, H, C]
         block.horizon, block.channels = mean.shape[1], mean.shape[2]
         block.quantile_levels.extend(self.description.quantiles)

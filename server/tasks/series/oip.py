@@ -7,7 +7,7 @@ units, at ``quantile_levels``)."""
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.oip import INT64, TensorCodec
 from aaren.server.tasks.series.outputs import SeriesOutputs
 
@@ -22,8 +22,8 @@ class SeriesCodec(TensorCodec):
         self.outputs = [("SEQ", "INT64", [1]), ("SERIES_MEAN", "FP64", [h, c]), ("SERIES_QUANTILES", "FP64", [h, c, q])]
         self._ready()
 
-    def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
-        o = SeriesOutputs.from_columns(outputs)
+    def encode(self, k: int, seq: int, time: float, outputs: SeriesOutputs) -> list[bytes]:
+        o = outputs
         return [
             INT64.pack(seq),
             o.series_mean[0].astype("<f8").tobytes(),

@@ -3,7 +3,7 @@ forecast's ``values`` (the count is the seq)."""
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.aaren_v1 import RowWriter
 from aaren.v1 import aaren_pb2 as pb
 from aaren_count_task.outputs import CountOutputs
@@ -15,8 +15,8 @@ class CountEncoder:
     def __init__(self, description: ModelDescription, default_top_k: int) -> None:
         pass
 
-    def rows(self, outputs: Columns, k: int) -> RowWriter:
-        o = CountOutputs.from_columns(outputs)
+    def rows(self, outputs: CountOutputs, k: int) -> RowWriter:
+        o = outputs
         means, stds = o.mean.tolist(), o.std.tolist()
 
         def write(out: pb.Forecast, f: int, last_time: float) -> None:
@@ -26,7 +26,7 @@ class CountEncoder:
 
         return write
 
-    def columns(self, block: pb.ForecastColumns, outputs: Columns, k: int, last_times: list[float]) -> None:
-        o = CountOutputs.from_columns(outputs)
+    def columns(self, block: pb.ForecastColumns, outputs: CountOutputs, k: int, last_times: list[float]) -> None:
+        o = outputs
         block.value_means.extend(o.mean.reshape(-1).tolist())
         block.value_stds.extend(o.std.reshape(-1).tolist())

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from aaren.server.contract.columns import Columns, ModelDescription
+from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.oip import INT64, TensorCodec
 from aaren_count_task.outputs import CountOutputs
 
@@ -16,8 +16,8 @@ class CountCodec(TensorCodec):
         self.outputs = [("SEQ", "INT64", [1]), ("COUNT", "INT64", [1]), ("MEAN", "FP32", [v]), ("STD", "FP32", [v])]
         self._ready()
 
-    def encode(self, k: int, seq: int, time: float, outputs: Columns) -> list[bytes]:
-        o = CountOutputs.from_columns(outputs)
+    def encode(self, k: int, seq: int, time: float, outputs: CountOutputs) -> list[bytes]:
+        o = outputs
         return [
             INT64.pack(seq),
             INT64.pack(int(o.count[0])),

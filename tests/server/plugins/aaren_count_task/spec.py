@@ -12,6 +12,7 @@ SPEC = TaskSpec(
     executor="aaren_count_task.task:from_checkpoint",
     aaren_v1="aaren_count_task.aaren_v1:CountEncoder",
     oip="aaren_count_task.oip:CountCodec",
+    outputs="aaren_count_task.outputs:CountOutputs",
 )
 
 #: A line that claims the event task's checkpoint kind (tests/server/test_task_plugin.py: refused).
