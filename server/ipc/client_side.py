@@ -146,7 +146,7 @@ class CoreClient:
         write_frame(self._writer, ("call", self._ids, method, kwargs))
         value = await future
         unpack = RESULTS.get(method)
-        return value if unpack is None else unpack[1](value)
+        return value if unpack is None or unpack[1] is None else unpack[1](value)
 
     async def forecast(
         self, session_id: str, options: ForecastOptions, tenant: str = "", model: str = ""
