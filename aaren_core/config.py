@@ -25,6 +25,7 @@ __all__ = [
     "coerce",
     "coerce_fields",
     "command_line",
+    "fields_of",
     "format_value",
     "parse_sets",
     "read_config_file",
@@ -84,6 +85,12 @@ def coerce_fields(cls: type, data: Mapping[str, Any], owner: str) -> dict[str, A
         raise ValueError(f"{owner}: unknown keys {unknown}; expected some of {sorted(names)}")
     hints = typing.get_type_hints(cls)
     return {k: coerce(owner, k, v, hints[k]) for k, v in data.items()}
+
+
+def fields_of(base: type, config: object) -> dict[str, Any]:
+    """The values ``config`` holds for the fields of the dataclass ``base`` (a base both configs
+    share, e.g. ``BackboneSizes`` of a train config for its ``BackboneConfig``)."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(base)}
 
 
 def _plain(x: Any) -> Any:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from aaren_core.attention import ScanState
 from aaren_core.attention.state import AarenState, GRUState, KVCacheState, State
-from aaren_core.config import ConfigRecord
+from aaren_core.config import ConfigRecord, fields_of
 from aaren_core.nn.layers import AarenLayer, TransformerLayer
 
 __all__ = [
@@ -81,8 +81,7 @@ class BackboneConfig(BackboneSizes, ConfigRecord):
     @classmethod
     def sized_as(cls, sizes: BackboneSizes, kind: str, time_decay: bool) -> BackboneConfig:
         """A ``kind`` backbone with the ``BackboneSizes`` of ``sizes`` (a train config)."""
-        shared = {f.name: getattr(sizes, f.name) for f in dataclasses.fields(BackboneSizes)}
-        return cls(kind=kind, time_decay=time_decay, **shared)  # type: ignore[arg-type]
+        return cls(kind=kind, time_decay=time_decay, **fields_of(BackboneSizes, sizes))  # type: ignore[arg-type]
 
 
 class Backbone(nn.Module, Generic[S]):

@@ -55,7 +55,10 @@ def test_lists_tuples_and_none_from_strings():
     [
         BackboneConfig(kind="gru", d_model=16, n_layers=1, n_heads=2, d_ff=0, dropout=0.1, time_decay=False),
         EventModelConfig(
-            BackboneConfig(kind="aaren", d_model=8, n_layers=1, n_heads=2, time_decay=True), 3, 2, gap_max=4.5
+            backbone=BackboneConfig(kind="aaren", d_model=8, n_layers=1, n_heads=2, time_decay=True),
+            num_marks=3,
+            value_width=2,
+            gap_max=4.5,
         ),
         SeriesModelConfig(
             BackboneConfig(kind="transformer", d_model=8, n_layers=1, n_heads=2), 3, 12, (0.2, 0.8), 4, "gaussian"
@@ -71,13 +74,16 @@ def test_model_configs_read_back_equal_from_their_records(config):
 
 
 def test_records_keep_the_key_order_they_were_always_written_in():
-    """The sizes come from a shared base (``BackboneSizes``, first in field order), yet each record
-    still leads with its own keys (``RECORD_LEADS``), a nested one too: metrics.json and reports
-    show the keys in record order."""
+    """The sizes come from shared bases (``BackboneSizes``, ``EventSizes``: first in field order),
+    yet each record still leads with its own keys (``RECORD_LEADS``), a nested one too: metrics.json,
+    reports and written commands show the keys in record order."""
     sizes = ["d_model", "n_layers", "n_heads", "d_ff", "dropout"]
     assert list(BackboneConfig().to_dict()) == ["kind", *sizes, "time_decay"]
-    assert list(EventModelConfig().to_dict()["backbone"]) == ["kind", *sizes, "time_decay"]
-    event = ["backbone", *sizes, "n_components", "time_features", "time_decay", "data"]
+    event_model = EventModelConfig().to_dict()
+    assert list(event_model["backbone"]) == ["kind", *sizes, "time_decay"]
+    heads = ["n_components", "time_features"]
+    assert list(event_model) == ["backbone", "num_marks", "value_width", *heads, "gap_max", "time_resolution"]
+    event = ["backbone", *sizes, *heads, "time_decay", "data"]
     assert list(TrainConfig().to_dict())[:10] == event
     assert list(TaskTrainConfig().to_dict())[:10] == ["task", "model", "data", *sizes, "time_decay", "horizon"]
 

