@@ -127,6 +127,13 @@ class ConfigRecord:
         """A config from a record or from ``--set`` strings; missing keys take their defaults."""
         return cls(**coerce_fields(cls, data, cls.CONFIG_NAME))
 
+    def require(self, checks: Mapping[str, bool]) -> None:
+        """``ValueError`` naming every expectation of ``checks`` (what is expected -> whether it
+        holds) that fails: ``"train config: expected epochs >= 1, lr > 0"``."""
+        failed = [expected for expected, holds in checks.items() if not holds]
+        if failed:
+            raise ValueError(f"{self.CONFIG_NAME}: expected {', '.join(failed)}")
+
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (converted like ``from_dict``)."""
         return dataclasses.replace(self, **coerce_fields(type(self), changes, self.CONFIG_NAME))  # type: ignore[type-var]

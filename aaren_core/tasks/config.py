@@ -130,9 +130,7 @@ class TaskTrainConfig(BackboneSizes, ConfigRecord):
             "lr > 0": self.lr > 0,
             "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name or bool(NAME_PATTERN.fullmatch(self.name)),
         }
-        failed = [k for k, ok in checks.items() if not ok]
-        if failed:
-            raise ValueError(f"task config: expected {', '.join(failed)}")
+        self.require(checks)
 
     @property
     def decays(self) -> bool:

@@ -117,9 +117,7 @@ class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
             f"time_unit in {sorted(TIME_UNITS)}": self.time_unit in TIME_UNITS,
             "max_minutes >= 0": self.max_minutes >= 0 and math.isfinite(self.max_minutes),
         }
-        failed = [k for k, ok in checks.items() if not ok]
-        if failed:
-            raise ValueError(f"train config: expected {', '.join(failed)}")
+        self.require(checks)
 
     @property
     def run_name(self) -> str:
