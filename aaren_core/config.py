@@ -25,6 +25,7 @@ __all__ = [
     "coerce",
     "coerce_fields",
     "command_line",
+    "fields_of",
     "format_value",
     "parse_sets",
     "read_config_file",
@@ -86,7 +87,17 @@ def coerce_fields(cls: type, data: Mapping[str, Any], owner: str) -> dict[str, A
     return {k: coerce(owner, k, v, hints[k]) for k, v in data.items()}
 
 
+def fields_of(base: type, config: object) -> dict[str, Any]:
+    """The values ``config`` holds for the fields of the dataclass ``base`` (a base both configs
+    share, e.g. ``BackboneSizes`` of a train config for its ``BackboneConfig``)."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(base)}
+
+
 def _plain(x: Any) -> Any:
+    if isinstance(x, ConfigRecord):
+        return x.to_dict()
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _plain(dataclasses.asdict(x))
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
@@ -101,15 +112,27 @@ class ConfigRecord:
     """
 
     CONFIG_NAME: ClassVar[str] = "config"
+    #: Keys the record writes ahead of the others (which follow in field order). A dataclass base's
+    #: fields come first in field order, so a config that takes shared fields from a base
+    #: (``aaren_core.nn.backbones.BackboneSizes``) names here the keys it has always led with.
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain JSON values: nested configs as dicts, tuples as lists."""
-        return _plain(dataclasses.asdict(self))  # type: ignore[call-overload, no-any-return]
+        record = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return {**{key: record[key] for key in self.RECORD_LEADS}, **record}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Self:
         """A config from a record or from ``--set`` strings; missing keys take their defaults."""
         return cls(**coerce_fields(cls, data, cls.CONFIG_NAME))
+
+    def require(self, checks: Mapping[str, bool]) -> None:
+        """``ValueError`` naming every expectation of ``checks`` (what is expected -> whether it
+        holds) that fails: ``"train config: expected epochs >= 1, lr > 0"``."""
+        failed = [expected for expected, holds in checks.items() if not holds]
+        if failed:
+            raise ValueError(f"{self.CONFIG_NAME}: expected {', '.join(failed)}")
 
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` (converted like ``from_dict``)."""

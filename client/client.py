@@ -25,6 +25,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
+from aaren.formats.models import ModelFacts
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 
@@ -459,31 +460,12 @@ class LimitsOut:
     idle_ttl_seconds: float
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ModelInfoOut:
-    name: str
-    version: str
-    backbone: str
-    d_model: int
-    n_layers: int
-    n_heads: int
-    num_marks: int
-    value_width: int
-    state_bytes_per_session: int
-    parameters: int
-    mark_names: tuple[str, ...]
-    value_names: tuple[str, ...]
-    time_unit: str
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ModelInfoOut(ModelFacts):
+    """The ``ModelFacts`` the server describes, its forecasts' quantile levels and limits."""
+
     quantile_levels: tuple[float, ...]
-    device: str
     limits: LimitsOut
-    #: "event", "series" or "class" (``aaren.v1.DescribeModelResponse.task``).
-    task: str = "event"
-    #: Series models: forecast steps and the series' step in seconds.
-    horizon: int = 0
-    step_seconds: float = 0.0
-    #: Class models: class names by index.
-    class_names: tuple[str, ...] = ()
     #: Every model the server serves, the default first.
     served_models: tuple[str, ...] = ()
 

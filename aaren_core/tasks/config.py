@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from aaren_core.config import ConfigRecord
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS, load_class, load_series
-from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
 from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.event.data import DataError
 from aaren_core.tasks.series.data import SeriesData
@@ -69,17 +69,14 @@ SET_KEYS: dict[str, str] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskTrainConfig(ConfigRecord):
-    """Everything a task run depends on; ``--set key=value`` sets any field."""
+class TaskTrainConfig(BackboneSizes, ConfigRecord):
+    """Everything a task run depends on; ``--set key=value`` sets any field. The backbone's sizes
+    are ``BackboneSizes`` (narrower by default), its kind is ``model``."""
 
     task: str = "series"
     model: str = "aaren"
     data: str = "power-hourly"
     d_model: int = 32
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 0
-    dropout: float = 0.0
     #: None: on for series Aaren (measured: it closes the streaming-vs-restricted gap), else off.
     time_decay: bool | None = None
 
@@ -116,6 +113,7 @@ class TaskTrainConfig(ConfigRecord):
     name: str = ""
 
     CONFIG_NAME: ClassVar[str] = "task config"
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("task", "model", "data")
 
     def __post_init__(self) -> None:
         checks = {
@@ -132,9 +130,7 @@ class TaskTrainConfig(ConfigRecord):
             "lr > 0": self.lr > 0,
             "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name or bool(NAME_PATTERN.fullmatch(self.name)),
         }
-        failed = [k for k, ok in checks.items() if not ok]
-        if failed:
-            raise ValueError(f"task config: expected {', '.join(failed)}")
+        self.require(checks)
 
     @property
     def decays(self) -> bool:

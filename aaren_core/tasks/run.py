@@ -103,15 +103,7 @@ def train_task(config: TaskTrainConfig, data: SeriesData | ClassData | None = No
         model = class_model(config, loaded)
         task, unit = ClassLoop(config, loaded, model), "batches"
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    settings = LoopSettings(
-        epochs=config.epochs,
-        schedule=Schedule.constant(config.lr),
-        grad_clip=config.grad_clip,
-        patience=config.patience,
-        max_minutes=config.max_minutes,
-        progress=verbose,
-        unit=unit,
-    )
+    settings = LoopSettings.of(config, Schedule.constant(config.lr), progress=verbose, unit=unit)
     state = fit(model, optimizer, task, settings, say=say)
     model.load_state_dict(task.best)
     model.eval()

@@ -256,6 +256,15 @@ class LoopSettings:
     progress: bool = False
     unit: str = "items"
 
+    @classmethod
+    def of(cls, config: object, schedule: Schedule, **given: Any) -> LoopSettings:
+        """The settings a train config holds under these names (``epochs``, ``grad_clip``,
+        ``patience``...; those it lacks keep their defaults), with ``schedule`` and the caller's
+        ``given`` ones (``unit``, ``stop_after``...)."""
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "schedule" and f.name not in given]
+        held = {name: getattr(config, name) for name in names if hasattr(config, name)}
+        return cls(schedule=schedule, **held, **given)
+
 
 class TaskLoop(Protocol):
     """What a task tells the loop (module docstring)."""

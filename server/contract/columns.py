@@ -23,6 +23,7 @@ from typing import Self
 
 import numpy as np
 
+from aaren.formats.models import ModelFacts
 from aaren.server.contract.errors import ErrorInfo
 
 __all__ = [
@@ -162,32 +163,11 @@ class Outcomes:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDescription:
-    """What a front end needs to know of a served model (it crosses the IPC as plain data)."""
+class ModelDescription(ModelFacts):
+    """What a front end needs to know of a served model (it crosses the IPC as plain data): the
+    ``ModelFacts`` and the quantile levels its forecasts carry."""
 
-    name: str
-    version: str
-    backbone: str
-    d_model: int
-    n_layers: int
-    n_heads: int
-    num_marks: int
-    value_width: int
-    parameters: int
-    state_bytes_per_session: int
-    mark_names: tuple[str, ...]
-    value_names: tuple[str, ...]
-    time_unit: str
-    device: str
     quantiles: tuple[float, ...] = ()
-    #: The task the model serves (docs/architecture.md "Tasks"); it names the output columns' meaning.
-    task: str = "event"
-    #: Series models: forecast steps H (0 for other tasks).
-    horizon: int = 0
-    #: Series models: the regular step in seconds (event times are Unix seconds).
-    step_seconds: float = 0.0
-    #: Class models: the class names by index (empty for other tasks).
-    class_names: tuple[str, ...] = ()
 
     @property
     def ranked(self) -> int:

@@ -53,9 +53,16 @@ def test_lists_tuples_and_none_from_strings():
 @pytest.mark.parametrize(
     "config",
     [
-        BackboneConfig("gru", 16, 1, 2, 0, 0.1, False),
-        EventModelConfig(BackboneConfig("aaren", 8, 1, 2, time_decay=True), 3, 2, gap_max=4.5),
-        SeriesModelConfig(BackboneConfig("transformer", 8, 1, 2), 3, 12, (0.2, 0.8), 4, "gaussian"),
+        BackboneConfig(kind="gru", d_model=16, n_layers=1, n_heads=2, d_ff=0, dropout=0.1, time_decay=False),
+        EventModelConfig(
+            backbone=BackboneConfig(kind="aaren", d_model=8, n_layers=1, n_heads=2, time_decay=True),
+            num_marks=3,
+            value_width=2,
+            gap_max=4.5,
+        ),
+        SeriesModelConfig(
+            BackboneConfig(kind="transformer", d_model=8, n_layers=1, n_heads=2), 3, 12, (0.2, 0.8), 4, "gaussian"
+        ),
         ClassModelConfig(BackboneConfig(), 2, 5),
         DLinearConfig(24, 6, 5),
     ],
@@ -64,6 +71,21 @@ def test_model_configs_read_back_equal_from_their_records(config):
     record = config.to_dict()
     assert type(config).from_dict(record) == config
     assert all(not isinstance(v, tuple) for v in record.values())  # JSON values: tuples are lists
+
+
+def test_records_keep_the_key_order_they_were_always_written_in():
+    """The sizes come from shared bases (``BackboneSizes``, ``EventSizes``: first in field order),
+    yet each record still leads with its own keys (``RECORD_LEADS``), a nested one too: metrics.json,
+    reports and written commands show the keys in record order."""
+    sizes = ["d_model", "n_layers", "n_heads", "d_ff", "dropout"]
+    assert list(BackboneConfig().to_dict()) == ["kind", *sizes, "time_decay"]
+    event_model = EventModelConfig().to_dict()
+    assert list(event_model["backbone"]) == ["kind", *sizes, "time_decay"]
+    heads = ["n_components", "time_features"]
+    assert list(event_model) == ["backbone", "num_marks", "value_width", *heads, "gap_max", "time_resolution"]
+    event = ["backbone", *sizes, *heads, "time_decay", "data"]
+    assert list(TrainConfig().to_dict())[:10] == event
+    assert list(TaskTrainConfig().to_dict())[:10] == ["task", "model", "data", *sizes, "time_decay", "horizon"]
 
 
 def test_written_commands_parse_back_to_the_same_config():

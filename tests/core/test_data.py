@@ -316,7 +316,9 @@ def test_context_events_are_read_but_not_scored():
     from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
     torch.manual_seed(0)
-    model = EventModel(EventModelConfig(BackboneConfig(d_model=8, n_layers=1, n_heads=2), num_marks=2, value_width=1))
+    model = EventModel(
+        EventModelConfig(backbone=BackboneConfig(d_model=8, n_layers=1, n_heads=2), num_marks=2, value_width=1)
+    )
     rng = np.random.default_rng(0)
     full = seq("s", np.cumsum(rng.uniform(0.1, 2.0, 12)), rng.integers(0, 2, 12))
     held = EventSequence("s", full.times, full.marks, full.values, context=7)

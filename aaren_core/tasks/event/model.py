@@ -21,26 +21,36 @@ from aaren_core.config import ConfigRecord
 from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 from aaren_core.tasks.event.heads import ForecastHeads, HeadOutput, mark_nll, value_nll
 
-__all__ = ["EventModel", "EventModelConfig", "ForecastTensors", "NLLTerms"]
+__all__ = ["EventModel", "EventModelConfig", "EventSizes", "ForecastTensors", "NLLTerms"]
 
 DEFAULT_QUANTILES = (0.1, 0.5, 0.9)
 
 
 @dataclasses.dataclass(frozen=True)
-class EventModelConfig(ConfigRecord):
-    """Sizes of the forecaster: its backbone, the data schema's widths, the heads; and two facts of
-    the training data the forecast summaries need (``aaren_core.tasks.event.heads``): ``gap_max``, the largest
-    training gap (bounds the point forecast; 0: not recorded, see ``ForecastHeads.gap_bound``), and
-    ``time_resolution``, the resolution the times are recorded at (the served quantiles are those
-    of the gap recorded at it; 0: continuous times), both in the data's time unit."""
+class EventSizes:
+    """The forecaster's sizes beside its backbone's, as its config and the train config both hold
+    them: ``n_components`` of the log-normal mixture of the next gap, ``time_features`` of the
+    previous gap (an even number: ``EventEmbedding``'s sines and cosines)."""
+
+    n_components: int = 8
+    time_features: int = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class EventModelConfig(EventSizes, ConfigRecord):
+    """Sizes of the forecaster: its backbone, the data schema's widths, the heads (``EventSizes``);
+    and two facts of the training data the forecast summaries need (``aaren_core.tasks.event.heads``):
+    ``gap_max``, the largest training gap (bounds the point forecast; 0: not recorded, see
+    ``ForecastHeads.gap_bound``), and ``time_resolution``, the resolution the times are recorded at
+    (the served quantiles are those of the gap recorded at it; 0: continuous times), both in the
+    data's time unit."""
 
     CONFIG_NAME: ClassVar[str] = "event model config"
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone", "num_marks", "value_width")
 
     backbone: BackboneConfig = dataclasses.field(default_factory=BackboneConfig)
     num_marks: int = 16
     value_width: int = 0
-    n_components: int = 8
-    time_features: int = 8
     gap_max: float = 0.0
     time_resolution: float = 0.0
 

@@ -50,11 +50,12 @@ from torch import Tensor, nn
 
 from aaren.formats.times import parse_time
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
+from aaren_core.config import fields_of
 from aaren_core.tasks.event.config import TrainConfig
 from aaren_core.tasks.event.data import DataError, EventSequence, pad_batch
 from aaren_core.tasks.event.files import load_events
 from aaren_core.tasks.event.flights import BUILTIN_DATASETS
-from aaren_core.tasks.event.model import EventModel, EventModelConfig
+from aaren_core.tasks.event.model import EventModel, EventModelConfig, EventSizes
 from aaren_core.tasks.event.resolution import TimeResolution, dequantize, time_resolution
 from aaren_core.tasks.event.schema import fit_standardization
 from aaren_core.tasks.event.splits import DataSplit, EventData, choose_split, split_at_times, split_cutoffs
@@ -258,8 +259,7 @@ def build_model(config: TrainConfig, data: EventData, log_dt: tuple[float, float
             backbone=config.backbone_config(),
             num_marks=data.schema.num_marks,
             value_width=data.schema.value_width,
-            n_components=config.n_components,
-            time_features=config.time_features,
+            **fields_of(EventSizes, config),
             gap_max=max((float(g.max()) for g in gaps), default=0.0) + config.jitter,
             time_resolution=config.jitter,
         )
@@ -600,17 +600,8 @@ def _train(
         say(f"split {data.split.describe(unit)}")
     jitter = f"uniform jitter U(0, {config.jitter:g}) {unit}" if config.jitter else "none"
     say(f"dequantization: {jitter}; resolution {dequantization['how']}")
-    settings = LoopSettings(
-        epochs=config.epochs,
-        schedule=schedule(config, steps_per_epoch * config.epochs),
-        grad_clip=config.grad_clip,
-        patience=config.patience,
-        min_delta=config.min_delta,
-        smoothing=config.smoothing,
-        max_minutes=config.max_minutes,
-        stop_after=stop_after_epochs,
-        progress=config.progress,
-        unit="ev",
+    settings = LoopSettings.of(
+        config, schedule(config, steps_per_epoch * config.epochs), stop_after=stop_after_epochs, unit="ev"
     )
     state = fit(model, optimizer, task, settings, state=state, stopper=stopper, ctx=ctx, say=say)
     return TrainResult(**vars(state), out_dir=task.out_dir, parameters=parameters)
