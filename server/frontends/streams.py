@@ -36,13 +36,14 @@ from typing import Generic, NoReturn, Protocol, TypeVar
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
-from prometheus_client import Gauge, Histogram
 
 from aaren.server.contract.columns import MAX_SEQ, NEXT_SEQ, CoreRequest, EventColumns, Outcomes
 from aaren.server.contract.core_api import CoreAPI, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.contract.validation import session_id_error
+from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
+from aaren.server.settings import ServerSettings
 
 __all__ = [
     "REASON_METADATA_KEY",
@@ -201,7 +202,14 @@ class Accepted(Generic[R]):
 
 
 class StreamCodec(Protocol[Q, R]):
-    """What one protocol adds to the stream loop: its messages <-> the core's columns."""
+    """What one protocol adds to the stream loop: its messages <-> the core's columns; ``draining``:
+    its front end drains (new streams are refused)."""
+
+    draining: bool
+
+    async def ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
+        """The core, or the call aborted (UNAVAILABLE) while there is none."""
+        ...
 
     def decode(self, request: Q, tenant: str) -> Accepted[R]:
         """The request as the core's columns and its encoder; raises ``RefusedError`` for a refusal."""
@@ -265,25 +273,30 @@ class OrderedReplies(Generic[Q, R]):
             self.pause_s = max(self.pause_s, error.retry_after_s)
 
 
-@dataclasses.dataclass(eq=False)
 class StreamLoop(Generic[Q, R]):
     """The streaming method of one front end: ``serve`` one call, ``close_all`` at a drain.
 
     ``serve`` is itself the grpc handler (the servicer registers the bound method), so a reply goes
-    from the loop to gRPC without passing through the servicer. ``ready(context)``: the core, or the
-    call aborted while there is none; ``draining()``: the front end drains; ``open_streams``: the
-    gauge of open streams; ``latency``: the histogram of request-to-reply seconds; ``on_reply(reply,
-    started)``: what else a protocol counts per reply (OIP's statistics), if anything."""
+    from the loop to gRPC without passing through the servicer. ``codec``: the protocol's part (it
+    also says whether its front end drains and gives the core, ``StreamCodec``); at most
+    ``settings.max_inflight_requests_per_stream`` requests of a stream unanswered; ``method``: the
+    rpc's name in the request-latency histogram; ``on_reply(reply, started)``: what else a protocol
+    counts per reply (OIP's statistics), if anything."""
 
-    codec: StreamCodec[Q, R]
-    limit: int
-    _: dataclasses.KW_ONLY
-    ready: Callable[[grpc.aio.ServicerContext], Awaitable[CoreAPI]]
-    draining: Callable[[], bool]
-    open_streams: Gauge
-    latency: Histogram
-    on_reply: Callable[[R, float], None] | None = None
-    _open: set[OrderedReplies[Q, R]] = dataclasses.field(default_factory=set, init=False, repr=False)
+    def __init__(
+        self,
+        codec: StreamCodec[Q, R],
+        settings: ServerSettings,
+        metrics: Metrics,
+        method: str,
+        on_reply: Callable[[R, float], None] | None = None,
+    ) -> None:
+        self.codec = codec
+        self.limit = settings.max_inflight_requests_per_stream
+        self.open_streams = metrics.open_streams
+        self.latency = metrics.request_latency.labels(method)
+        self.on_reply = on_reply
+        self._open: set[OrderedReplies[Q, R]] = set()
 
     def close_all(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its accepted requests are answered."""
@@ -293,8 +306,8 @@ class StreamLoop(Generic[Q, R]):
 
     async def serve(self, requests: AsyncIterator[Q], context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
         """The replies of one call, in request order (an async generator for grpc.aio)."""
-        core = await self.ready(context)
-        if self.draining() or core.draining:
+        core = await self.codec.ready(context)
+        if self.codec.draining or core.draining:
             await abort(context, Reasons.shutting_down())
         tenant = current_tenant.get()
         refusal = await core.open_stream(tenant)

@@ -87,14 +87,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self.settings = settings
         self.metrics = metrics
         self._core: CoreAPI | None = None
-        self._loop = StreamLoop[pb.StreamRequest, pb.StreamResponse](
-            self,
-            settings.max_inflight_requests_per_stream,
-            ready=self._ready,
-            draining=lambda: self.draining,
-            open_streams=metrics.open_streams,
-            latency=metrics.request_latency.labels("Stream"),
-        )
+        self._loop = StreamLoop[pb.StreamRequest, pb.StreamResponse](self, settings, metrics, "Stream")
         #: The streaming rpc: each request is answered as soon as its events are applied and stored,
         #: in request order, at most ``max_inflight_requests_per_stream`` unanswered (``StreamLoop``).
         self.Stream = self._loop.serve
@@ -129,7 +122,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _served_names(self) -> list[str]:
         return [d.name for d in self._core.descriptions] if self._core is not None else []
 
-    async def _ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
+    async def ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
         """The core, or UNAVAILABLE while the model loads and once the core is gone."""
         if self._core is None:
             await abort(context, Reasons.loading())
@@ -271,7 +264,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             self.metrics.request_latency.labels(method).observe(time.perf_counter() - started)
 
     async def Forecast(self, request: pb.ForecastRequest, context: grpc.aio.ServicerContext) -> pb.ForecastResponse:  # noqa: N802
-        core = await self._ready(context)
+        core = await self.ready(context)
 
         async def call() -> tuple[_ModelView, SampledFuture]:
             view = self._view_or_abort(request.model)
@@ -311,7 +304,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     async def GetSession(  # noqa: N802
         self, request: pb.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetSessionResponse:
-        core = await self._ready(context)
+        core = await self.ready(context)
 
         async def call() -> tuple[_ModelView, SessionView]:
             model = self._view_or_abort(request.model)
@@ -338,7 +331,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.EndSessionResponse:
-        core = await self._ready(context)
+        core = await self.ready(context)
 
         async def call() -> int | None:
             view = self._view_or_abort(request.model)
@@ -350,7 +343,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     async def DescribeModel(  # noqa: N802
         self, request: pb.DescribeModelRequest, context: grpc.aio.ServicerContext
     ) -> pb.DescribeModelResponse:
-        await self._ready(context)
+        await self.ready(context)
 
         async def call() -> _ModelView:
             return self._view_or_abort(request.model)

@@ -135,13 +135,7 @@ class OipServicer:
         self._models: dict[str, _Model] = {}
         self._latency = {m: metrics.request_latency.labels(m) for m in ("ModelInfer", "ModelStreamInfer")}
         self._loop = StreamLoop[pb.ModelInferRequest, pb.ModelStreamInferResponse](
-            self,
-            settings.max_inflight_requests_per_stream,
-            ready=self._ready,
-            draining=lambda: self.draining,
-            open_streams=metrics.open_streams,
-            latency=self._latency["ModelStreamInfer"],
-            on_reply=self._count_reply,
+            self, settings, metrics, "ModelStreamInfer", on_reply=self._count_reply
         )
         #: The streaming rpc: each request is answered as soon as its event is applied and stored, in
         #: request order (``StreamLoop``); a refused request is answered with ``error_message`` and the
@@ -179,7 +173,7 @@ class OipServicer:
             return Reasons.core_unavailable()
         return None
 
-    async def _ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
+    async def ready(self, context: grpc.aio.ServicerContext) -> CoreAPI:
         info = self._core_error()
         if info is not None:
             await _abort(context, info)
@@ -188,7 +182,7 @@ class OipServicer:
 
     async def _model(self, context: grpc.aio.ServicerContext, name: str, version: str) -> _Model:
         """The served model of that name (and version), or NOT_FOUND."""
-        await self._ready(context)
+        await self.ready(context)
         model = self._find(name, version)
         if model is None:
             await _abort(context, Reasons.model_unknown(name, version))
@@ -392,7 +386,7 @@ class OipServicer:
         self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryIndexResponse:
         """The served models (read-only: loading and unloading are not served)."""
-        await self._ready(context)
+        await self.ready(context)
         state = "READY" if self.serving and not self.draining else "UNAVAILABLE"
         models = [
             pb.RepositoryIndexResponse.ModelIndex(name=m.description.name, version=m.description.version, state=state)
@@ -408,7 +402,7 @@ class OipServicer:
         self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelStatisticsResponse:
         """Every front-end process's counts per model (all models when the request names none)."""
-        core = await self._ready(context)
+        core = await self.ready(context)
         if request.name:
             models = [await self._model(context, request.name, request.version)]
         else:
@@ -439,7 +433,7 @@ class OipServicer:
     async def ModelInfer(  # noqa: N802
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        core = await self._ready(context)
+        core = await self.ready(context)
         started = time.perf_counter()
         tenant = current_tenant.get()
         try:
