@@ -59,7 +59,11 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2 * math.pi)
 #: below this ``log_ndtr`` uses its asymptotic series (13 terms: the first omitted is under 1e-17 there)
 _LOG_NDTR_ASYMPTOTIC = -20.0
 _NEWTON_MAX = 200
-_NEWTON_TOL = 1e-9
+#: the search stops after a Newton step below ``_NEWTON_TOL (1 + |z|)`` (its error then is of the order of the
+#: step's square, over the curvature's scale ``sigma``: under 1e-9 for ``sigma >= e^-7``), or where the bracket
+#: has shrunk below ``_BRACKET_TOL (1 + |z|)``
+_NEWTON_TOL = 1e-6
+_BRACKET_TOL = 1e-13
 #: ``_discrete_quantile`` skips the lowest candidate where ``F`` there is this far below the level
 _DISCRETE_MARGIN = 1e-6
 
@@ -133,15 +137,16 @@ def _logsumexp(a: np.ndarray, n: int) -> float:
 
 
 #: rows of the per-row mixture table ``mix [MIX_ROWS, K]`` (float64), filled once per row by ``_mixture``
-_LOG_WEIGHTS, _LOC, _LOG_SCALE, _WEIGHTS, _SCALE, _INV_SCALE, _LPE_CONST, _TERMS = range(8)
-MIX_ROWS = 8
+_LOG_WEIGHTS, _LOC, _LOG_SCALE, _WEIGHTS, _SCALE, _INV_SCALE, _LPE_CONST, _PARTIAL, _TERMS = range(9)
+MIX_ROWS = 9
 
 
 @_jit
 def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np.ndarray) -> None:
     """Fill ``mix`` from float32 ``logits, mu, log sigma [K]`` cast to float64: ``log pi = log_softmax(logits)``
     (``(x - max) - log sum exp(x - max)``, as torch), ``pi``, ``sigma``, ``1 / sigma = exp(-log sigma)`` and
-    ``log pi_k + mu_k + sigma_k^2 / 2``, the part of ``log_partial_expectation``'s terms that ``x`` leaves alone."""
+    ``log pi_k + mu_k + sigma_k^2 / 2``, the part of ``log_partial_expectation``'s terms that ``x`` leaves alone,
+    and its ``exp`` (``_integrated_cdf``'s terms; inf where it overflows)."""
     k_all = loc.shape[0]
     top = -math.inf
     for k in range(k_all):
@@ -162,6 +167,7 @@ def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np
         mix[_SCALE, k] = scale
         mix[_INV_SCALE, k] = math.exp(-ls)
         mix[_LPE_CONST, k] = (lw + mu) + 0.5 * (scale * scale)
+        mix[_PARTIAL, k] = math.exp(mix[_LPE_CONST, k])
 
 
 @_jit
@@ -190,14 +196,24 @@ def _truncated_mean(mix: np.ndarray, bound: float) -> float:
 
 @_jit
 def _integrated_cdf(mix: np.ndarray, x: float) -> tuple[float, float]:
-    """``heads.integrated_cdf``: ``(I(x), F(x))`` with ``I(x) = x F(x) - E[tau; tau <= x]``, both 0 for ``x <= 0``."""
+    """``heads.integrated_cdf``: ``(I(x), F(x))`` with ``I(x) = x F(x) - E[tau; tau <= x]``, both 0 for ``x <= 0``.
+
+    ``E[tau; tau <= x] = sum_k pi_k e^(mu_k + sigma_k^2 / 2) Phi(z_k - sigma_k)`` summed directly (one ``ndtr`` a
+    term where the heads' log-space sum takes a ``log_ndtr`` and an ``exp``), unless a term's factor overflows:
+    a sum of positive terms either way, the same to rounding."""
     if not x > 0.0:
         return 0.0, 0.0
     log_x = math.log(x)
     cdf = 0.0
+    partial = 0.0
     for k in range(mix.shape[1]):
-        cdf += mix[_WEIGHTS, k] * ndtr((log_x - mix[_LOC, k]) * mix[_INV_SCALE, k])
-    out = x * cdf - math.exp(_log_partial_expectation(mix, log_x))
+        z = (log_x - mix[_LOC, k]) * mix[_INV_SCALE, k]
+        cdf += mix[_WEIGHTS, k] * ndtr(z)
+        scale = mix[_SCALE, k]
+        partial += mix[_PARTIAL, k] * ndtr((log_x - mix[_LOC, k]) / scale - scale)
+    if not partial < math.inf:
+        partial = math.exp(_log_partial_expectation(mix, log_x))
+    out = x * cdf - partial
     return (0.0 if out < 0.0 else out), cdf
 
 
@@ -227,8 +243,7 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
     """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` (``mix`` from ``_mixture``,
     ``ppf = Phi^-1(p)``): safeguarded Newton in the bracket ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``,
     where every component is below, resp. above, its own level, so ``F(lo) <= p <= F(hi)``. A step that
-    would leave the bracket bisects it instead; the search stops after a step below ``tol (1 + |z|)``
-    (Newton's error after it is of the order of its square)."""
+    would leave the bracket bisects it instead (see ``_NEWTON_TOL`` for when it stops)."""
     k_all = mix.shape[1]
     lo = math.inf
     hi = -math.inf
@@ -238,7 +253,9 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
         hi = max(hi, z)
     if not hi > lo:
         return lo
-    z = 0.5 * (lo + hi)
+    z = 0.0  # the components' quantiles averaged with their weights: inside the bracket, often near the root
+    for k in range(k_all):
+        z += mix[_WEIGHTS, k] * (mix[_LOC, k] + mix[_SCALE, k] * ppf)
     for _ in range(_NEWTON_MAX):
         cdf = 0.0
         pdf = 0.0
@@ -253,11 +270,14 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
             lo = z
         else:
             hi = z
-        nxt = z - gap / (pdf * _INV_SQRT_2PI) if pdf > 0.0 else 0.5 * (lo + hi)
-        if not (lo < nxt < hi):
+        nxt = z - gap / (pdf * _INV_SQRT_2PI)
+        if lo < nxt < hi:
+            if abs(nxt - z) <= _NEWTON_TOL * (1.0 + abs(z)):
+                return nxt
+        else:
             nxt = 0.5 * (lo + hi)
-        if abs(nxt - z) <= _NEWTON_TOL * (1.0 + abs(z)):
-            return nxt
+            if hi - lo <= _BRACKET_TOL * (1.0 + abs(z)):
+                return nxt
         z = nxt
     return z
 
