@@ -15,8 +15,9 @@ mark ranked, as the engine core asks; in one run, so that ratios compare like wi
 
 The candidates of one cell take turns, round by round (``bench.core.time_round_robin``), and the
 median over rounds is reported. ``torch.set_num_threads`` as the server does (``torch_threads``, 1 by
-default); the kernel runs on one thread. ``AAREN_KERNEL_FASTMATH=1`` (with a ``NUMBA_CACHE_DIR`` of
-its own: numba's cache does not key on the flag) times the kernel compiled with ``fastmath``.
+default); the kernel runs on one thread. ``AAREN_KERNEL_FASTMATH=1`` or ``=reassoc`` (with a
+``NUMBA_CACHE_DIR`` of its own: numba's cache does not key on the flag) times the kernel compiled with
+``fastmath`` (``aaren_core.tasks.event.kernel.FASTMATH``).
 
 Run from the repository root::
 
@@ -136,7 +137,7 @@ def run(batches: Sequence[int], quick: bool, console: Console) -> list[Table]:
     fused = FusedEventModel.from_model(model)
     kernel = EventKernel.from_fused(fused, QUANTILES)
     threads = torch.get_num_threads()
-    flags = f"fastmath={'on' if FASTMATH else 'off'}"
+    flags = f"fastmath={FASTMATH if isinstance(FASTMATH, bool) else '+'.join(sorted(FASTMATH))}"
     step_table = Table(
         f"Step + forecast, one event per session: µs per call (CPU, torch {threads} thread(s), kernel {flags})",
         [

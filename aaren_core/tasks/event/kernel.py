@@ -43,9 +43,13 @@ from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
 
 __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr", "ndtr"]
 
-#: numba's ``fastmath`` for every compiled function (``AAREN_KERNEL_FASTMATH=1``: on; read at import,
-#: so a benchmark can compare; the default, off, keeps every sum in the order written).
-FASTMATH = os.environ.get("AAREN_KERNEL_FASTMATH", "") == "1"
+#: numba's ``fastmath`` for every compiled function, read at import so that a benchmark can compare (with a
+#: ``NUMBA_CACHE_DIR`` of its own: the cache does not key on it): ``AAREN_KERNEL_FASTMATH=1``: all of LLVM's
+#: fast-math flags, ``=reassoc``: reassociation and contraction only. Off by default: every sum in the order
+#: written, and ``inf`` kept meaningful (a fresh state's ``m`` is ``-inf``; fast-math's ``ninf`` assumes none).
+FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
+    os.environ.get("AAREN_KERNEL_FASTMATH", ""), False
+)
 
 _jit = numba.njit(cache=True, fastmath=FASTMATH, nogil=True, error_model="numpy")
 
