@@ -5,7 +5,8 @@ per layer, and at batch 1 almost all of their time is per-op overhead. ``EventKe
 same numbers row by row in one ``numba.njit`` loop over the batch, from the fused weights packed
 once into contiguous float32 arrays (matrices stored transposed, ``[in, out]``, so that each
 matrix-vector product is a sum of rows, ``y += x_i W^T[i]``, which vectorizes without
-reassociating any sum; ``fastmath`` stays off):
+reassociating any sum; ``fastmath`` stays off; the layers take four rows per pass over a matrix,
+the same sums in the same order):
 
 - the step, per row, as ``FusedEventModel.step`` (float32): ``x = (E + b)[mark] + W [phi(dt), v]``;
   per layer ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt``, ``m' = max(m, s)``,
@@ -348,6 +349,54 @@ def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
         out[j] += bias[j]
 
 
+#: rows per pass of the layers' matrices in ``_step_forecast_rows`` (each row of ``W^T`` loaded once for all)
+BLOCK = 4
+
+
+@_jit
+def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray, n_rows: int) -> None:
+    """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [BLOCK, n]``, ``out [BLOCK, p]`` (float32):
+    the sums of ``_affine``, in the same order, four rows at a time where there are four."""
+    if n_rows < BLOCK:
+        for r in range(n_rows):
+            _affine(x[r], weight_t, bias, out[r])
+        return
+    n, p = weight_t.shape
+    o0, o1, o2, o3 = out[0], out[1], out[2], out[3]
+    for j in range(p):
+        o0[j] = _F32_ZERO
+        o1[j] = _F32_ZERO
+        o2[j] = _F32_ZERO
+        o3[j] = _F32_ZERO
+    i = 0
+    while i + 2 <= n:
+        w0, w1 = weight_t[i], weight_t[i + 1]
+        a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
+        c0, c1, c2, c3 = x[0, i + 1], x[1, i + 1], x[2, i + 1], x[3, i + 1]
+        for j in range(p):
+            v0, v1 = w0[j], w1[j]
+            o0[j] = (o0[j] + a0 * v0) + c0 * v1
+            o1[j] = (o1[j] + a1 * v0) + c1 * v1
+            o2[j] = (o2[j] + a2 * v0) + c2 * v1
+            o3[j] = (o3[j] + a3 * v0) + c3 * v1
+        i += 2
+    while i < n:
+        w0 = weight_t[i]
+        a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
+        for j in range(p):
+            v0 = w0[j]
+            o0[j] += a0 * v0
+            o1[j] += a1 * v0
+            o2[j] += a2 * v0
+            o3[j] += a3 * v0
+        i += 1
+    for j in range(p):
+        o0[j] += bias[j]
+        o1[j] += bias[j]
+        o2[j] += bias[j]
+        o3[j] += bias[j]
+
+
 @_jit
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
     """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64)."""
@@ -523,7 +572,7 @@ def _step_forecast_rows(
     head: tuple,
 ) -> tuple:
     """One event per row, then the forecast from its features (see the module docstring); ``step`` and ``head``:
-    ``EventKernel``'s packed weights."""
+    ``EventKernel``'s packed weights. Rows go through the layers ``BLOCK`` at a time (``_affine_rows``)."""
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
     sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps = step[7:]
     rows, n_layers, n_heads = m.shape
@@ -536,56 +585,69 @@ def _step_forecast_rows(
     u_new = np.empty_like(u)
     w_new = np.empty_like(w)
     n_new = n_events + 1
-    x = np.empty(d, np.float32)
-    h = np.empty(d, np.float32)
-    o = np.empty(d, np.float32)
-    acc = np.empty(d, np.float32)
-    sv = np.empty(sv_b.shape[1], np.float32)
-    hidden = np.empty(fc1_b.shape[1], np.float32)
+    x = np.empty((BLOCK, d), np.float32)
+    h = np.empty((BLOCK, d), np.float32)
+    o = np.empty((BLOCK, d), np.float32)
+    acc = np.empty((BLOCK, d), np.float32)
+    sv = np.empty((BLOCK, sv_b.shape[1]), np.float32)
+    hidden = np.empty((BLOCK, fc1_b.shape[1]), np.float32)
     features = np.empty(embed_wt.shape[0], np.float32)
+    gaps = np.empty(BLOCK, np.float32)
     outputs, scratch = _forecast_buffers(rows, top_k, head)
-    for b in range(rows):
-        gap = dt[b] if not dt[b] < _F32_ZERO else _F32_ZERO
-        log_dt = np.log1p(gap)
-        features[0] = log_dt
-        for f in range(n_freqs):
-            angle = log_dt * freqs[f]
-            features[1 + f] = np.sin(angle)
-            features[1 + n_freqs + f] = np.cos(angle)
-        for j in range(value_width):
-            features[1 + 2 * n_freqs + j] = values[b, j]
-        _affine(features, embed_wt, mark_table[marks[b]], x)
+    for first in range(0, rows, BLOCK):
+        n_rows = min(BLOCK, rows - first)
+        for r in range(n_rows):
+            b = first + r
+            gap = dt[b] if not dt[b] < _F32_ZERO else _F32_ZERO
+            gaps[r] = gap
+            log_dt = np.log1p(gap)
+            features[0] = log_dt
+            for f in range(n_freqs):
+                angle = log_dt * freqs[f]
+                features[1 + f] = np.sin(angle)
+                features[1 + n_freqs + f] = np.cos(angle)
+            for j in range(value_width):
+                features[1 + 2 * n_freqs + j] = values[b, j]
+            _affine(features, embed_wt, mark_table[marks[b]], x[r])
         for layer in range(n_layers):
-            _layer_norm(x, norms[layer, 0], norms[layer, 1], eps[layer, 0], h)
-            _affine(h, sv_wt[layer], sv_b[layer], sv)
-            for hh in range(n_heads):
-                m_old = m[b, layer, hh]
-                if has_rate[layer]:
-                    m_old = m_old - gap * rate[layer, hh]
-                s = sv[hh]
-                m_top = m_old if m_old >= s else s
-                c_old = np.exp(m_old - m_top)
-                c_new = np.exp(s - m_top)
-                u_next = c_new + u[b, layer, hh] * c_old
-                m_new[b, layer, hh] = m_top
-                u_new[b, layer, hh] = u_next
-                for e in range(head_dim):
-                    w_next = sv[n_heads + hh * head_dim + e] * c_new + w[b, layer, hh, e] * c_old
-                    w_new[b, layer, hh, e] = w_next
-                    o[hh * head_dim + e] = w_next / u_next
-            _affine(o, out_wt[layer], out_b[layer], acc)
-            for j in range(d):
-                x[j] += acc[j]
-            _layer_norm(x, norms[layer, 2], norms[layer, 3], eps[layer, 1], h)
-            _affine(h, fc1_wt[layer], fc1_b[layer], hidden)
-            for j in range(hidden.shape[0]):
-                a = hidden[j]
-                hidden[j] = a * _F32_HALF * (_F32_ONE + erf32(a * _F32_SQRT1_2))
-            _affine(hidden, fc2_wt[layer], fc2_b[layer], acc)
-            for j in range(d):
-                x[j] += acc[j]
-        _layer_norm(x, final_norm[0], final_norm[1], final_eps, y[b])
-        _forecast_row(b, y[b], top_k, head, outputs, scratch)
+            for r in range(n_rows):
+                _layer_norm(x[r], norms[layer, 0], norms[layer, 1], eps[layer, 0], h[r])
+            _affine_rows(h, sv_wt[layer], sv_b[layer], sv, n_rows)
+            for r in range(n_rows):
+                b = first + r
+                for hh in range(n_heads):
+                    m_old = m[b, layer, hh]
+                    if has_rate[layer]:
+                        m_old = m_old - gaps[r] * rate[layer, hh]
+                    s = sv[r, hh]
+                    m_top = m_old if m_old >= s else s
+                    c_old = np.exp(m_old - m_top)
+                    c_new = np.exp(s - m_top)
+                    u_next = c_new + u[b, layer, hh] * c_old
+                    m_new[b, layer, hh] = m_top
+                    u_new[b, layer, hh] = u_next
+                    for e in range(head_dim):
+                        w_next = sv[r, n_heads + hh * head_dim + e] * c_new + w[b, layer, hh, e] * c_old
+                        w_new[b, layer, hh, e] = w_next
+                        o[r, hh * head_dim + e] = w_next / u_next
+            _affine_rows(o, out_wt[layer], out_b[layer], acc, n_rows)
+            for r in range(n_rows):
+                for j in range(d):
+                    x[r, j] += acc[r, j]
+                _layer_norm(x[r], norms[layer, 2], norms[layer, 3], eps[layer, 1], h[r])
+            _affine_rows(h, fc1_wt[layer], fc1_b[layer], hidden, n_rows)
+            for r in range(n_rows):
+                for j in range(hidden.shape[1]):
+                    a = hidden[r, j]
+                    hidden[r, j] = a * _F32_HALF * (_F32_ONE + erf32(a * _F32_SQRT1_2))
+            _affine_rows(hidden, fc2_wt[layer], fc2_b[layer], acc, n_rows)
+            for r in range(n_rows):
+                for j in range(d):
+                    x[r, j] += acc[r, j]
+        for r in range(n_rows):
+            b = first + r
+            _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[b])
+            _forecast_row(b, y[b], top_k, head, outputs, scratch)
     return y, m_new, u_new, w_new, n_new, outputs
 
 
