@@ -1,0 +1,762 @@
+"""The serving step and forecast of an Aaren ``EventModel`` as one compiled CPU call (numba).
+
+``FusedEventModel.step`` then ``.forecast`` compute the serving numbers in a few dozen torch ops
+per layer, and at batch 1 almost all of their time is per-op overhead. ``EventKernel`` computes the
+same numbers row by row in one ``numba.njit`` loop over the batch, from the fused weights packed
+once into contiguous float32 arrays (matrices stored transposed, ``[in, out]``, so that each
+matrix-vector product is a sum of rows, ``y += x_i W^T[i]``, which vectorizes without
+reassociating any sum; ``fastmath`` stays off; the layers take four rows per pass over a matrix,
+the same sums in the same order):
+
+- the step, per row, as ``FusedEventModel.step`` (float32): ``x = (E + b)[mark] + W [phi(dt), v]``;
+  per layer ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt``, ``m' = max(m, s)``,
+  ``u' = u exp(m - m') + exp(s - m')``, ``w' = w exp(m - m') + v exp(s - m')``,
+  ``x += W_o (w' / u') + b_o``, ``x += W_2 GELU(W_1 LN2(x) + b_1) + b_2``; ``y = LN(x)``;
+- the heads as ``FusedEventModel.forecast``: ``out = shift + clamp(W_h y + b_h, low, high) * scale``;
+  mark probabilities ``softmax`` and the ``k`` largest, value means and stds (float32);
+- the gap summaries in float64 from the float32 mixture ``(logits, mu, log sigma)`` cast to float64,
+  as ``heads.truncated_mean`` and ``heads.discrete_quantiles`` compute them (the same expressions;
+  ``log_ndtr`` as torch evaluates it, below ``-20`` by its asymptotic series, where ``erfc`` nears
+  underflow; ``ndtr`` from ``erfc`` in the tails, within 1.1e-16 of torch's ``(1 + erf) / 2`` and
+  relatively exact where that one is not);
+- the continuous gap quantiles by a safeguarded Newton search in float64 (not the fused's float32
+  grid): ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` on ``z = log tau``, bracketed by the
+  components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, each Newton step kept
+  inside the bracket (a bisection step where it would leave it), until the step is below
+  ``1e-13 (1 + |z|)``. The result is the root of the float32 parameters' mixture to float64
+  precision, within the fused search's own error of its (float32) result.
+
+Levels compare as float32 numbers cast to float64, as both torch paths hold them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numba
+import numpy as np
+import torch
+
+from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
+
+__all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr", "ndtr"]
+
+#: numba's ``fastmath`` for every compiled function, read at import so that a benchmark can compare (with a
+#: ``NUMBA_CACHE_DIR`` of its own: the cache does not key on it): ``AAREN_KERNEL_FASTMATH=1``: all of LLVM's
+#: fast-math flags, ``=reassoc``: reassociation and contraction only. Off by default: every sum in the order
+#: written, and ``inf`` kept meaningful (a fresh state's ``m`` is ``-inf``; fast-math's ``ninf`` assumes none).
+FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
+    os.environ.get("AAREN_KERNEL_FASTMATH", ""), False
+)
+
+_jit = numba.njit(cache=True, fastmath=FASTMATH, nogil=True, error_model="numpy")
+
+_F32_HALF = np.float32(0.5)
+_F32_ONE = np.float32(1.0)
+_F32_ZERO = np.float32(0.0)
+_F32_SQRT1_2 = np.float32(math.sqrt(0.5))
+_SQRT1_2 = math.sqrt(0.5)
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2 * math.pi)
+#: below this ``log_ndtr`` uses its asymptotic series (13 terms: the first omitted is under 1e-17 there)
+_LOG_NDTR_ASYMPTOTIC = -20.0
+_NEWTON_MAX = 200
+#: the search stops after a Newton step below ``_NEWTON_TOL (1 + |z|)`` (its error then is of the order of the
+#: step's square, over the curvature's scale ``sigma``: under 1e-9 for ``sigma >= e^-7``), or where the bracket
+#: has shrunk below ``_BRACKET_TOL (1 + |z|)``
+_NEWTON_TOL = 1e-6
+_BRACKET_TOL = 1e-13
+#: ``_discrete_quantile`` skips the lowest candidate where ``F`` there is this far below the level
+_DISCRETE_MARGIN = 1e-6
+
+
+class KernelOutputs(NamedTuple):
+    """One ``EventKernel.step_forecast`` call's results over ``B`` rows (new arrays).
+
+    ``y [B, d]`` float32 features; the new state ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` float32 and
+    ``n_events [B]`` int64; ``forecast``: the six arrays ``FusedEventModel.forecast`` returns, in its order:
+    the gap's mean ``[B]`` float64 and quantiles ``[B, Q]`` (float32, or float64 multiples of the time
+    resolution where the model has one), the top marks ``[B, k]`` int64 and their probabilities ``[B, k]``
+    float32 (descending), value means and stds ``[B, V]`` float32.
+    """
+
+    y: np.ndarray
+    m: np.ndarray
+    u: np.ndarray
+    w: np.ndarray
+    n_events: np.ndarray
+    forecast: tuple[np.ndarray, ...]
+
+
+# --- float64 special functions, as torch evaluates them -------------------------------------------
+
+
+@_jit
+def ndtr(x: float) -> float:
+    """``Phi(x)`` (float64): ``(1 + erf(x / sqrt 2)) / 2`` near 0, ``erfc(|x| / sqrt 2) / 2`` (or 1 minus it) past,
+    so relatively exact in the left tail (torch's ``ndtr`` is ``(1 + erf) / 2`` throughout: the same to 1.1e-16)."""
+    t = x * _SQRT1_2
+    z = abs(t)
+    if z < _SQRT1_2:
+        return 0.5 + 0.5 * math.erf(t)
+    y = 0.5 * math.erfc(z)
+    return 1.0 - y if t > 0.0 else y
+
+
+@_jit
+def log_ndtr(x: float) -> float:
+    """``log Phi(x)`` (float64) as ``torch.special.log_ndtr``: ``log1p(-erfc(x / sqrt 2) / 2)`` from -1 up,
+    ``log(erfc(-x / sqrt 2) / 2)`` down to -20, below that
+    ``-x^2 / 2 - log(-x) - log(2 pi) / 2 + log(sum_n (-1)^n (2n - 1)!! / x^(2n))``."""
+    if x < _LOG_NDTR_ASYMPTOTIC:
+        x2 = x * x
+        total = 1.0
+        term = 1.0
+        for n in range(1, 14):
+            term *= -(2.0 * n - 1.0) / x2
+            total += term
+        return -0.5 * x2 - math.log(-x) - _HALF_LOG_2PI + math.log(total)
+    if x < -1.0:
+        return math.log(math.erfc(-x * _SQRT1_2) / 2.0)
+    return math.log1p(-math.erfc(x * _SQRT1_2) / 2.0)
+
+
+@_jit
+def _logsumexp(a: np.ndarray, n: int) -> float:
+    """``log sum_k exp(a_k)`` over ``a[:n]`` as ``torch.logsumexp`` (-inf when every term is -inf)."""
+    top = -math.inf
+    for k in range(n):
+        if a[k] > top:
+            top = a[k]
+    if top == -math.inf:
+        return -math.inf
+    if top == math.inf:
+        return math.inf
+    total = 0.0
+    for k in range(n):
+        total += math.exp(a[k] - top)
+    return math.log(total) + top
+
+
+#: rows of the per-row mixture table ``mix [MIX_ROWS, K]`` (float64), filled once per row by ``_mixture``
+_LOG_WEIGHTS, _LOC, _LOG_SCALE, _WEIGHTS, _SCALE, _INV_SCALE, _LPE_CONST, _PARTIAL, _TERMS = range(9)
+MIX_ROWS = 9
+
+
+@_jit
+def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np.ndarray) -> None:
+    """Fill ``mix`` from float32 ``logits, mu, log sigma [K]`` cast to float64: ``log pi = log_softmax(logits)``
+    (``(x - max) - log sum exp(x - max)``, as torch), ``pi``, ``sigma``, ``1 / sigma = exp(-log sigma)`` and
+    ``log pi_k + mu_k + sigma_k^2 / 2``, the part of ``log_partial_expectation``'s terms that ``x`` leaves alone,
+    and its ``exp`` (``_integrated_cdf``'s terms; inf where it overflows)."""
+    k_all = loc.shape[0]
+    top = -math.inf
+    for k in range(k_all):
+        top = max(top, np.float64(logits[k]))
+    total = 0.0
+    for k in range(k_all):
+        total += math.exp(np.float64(logits[k]) - top)
+    log_total = math.log(total)
+    for k in range(k_all):
+        lw = (np.float64(logits[k]) - top) - log_total
+        mu = np.float64(loc[k])
+        ls = np.float64(log_scale[k])
+        scale = math.exp(ls)
+        mix[_LOG_WEIGHTS, k] = lw
+        mix[_LOC, k] = mu
+        mix[_LOG_SCALE, k] = ls
+        mix[_WEIGHTS, k] = math.exp(lw)
+        mix[_SCALE, k] = scale
+        mix[_INV_SCALE, k] = math.exp(-ls)
+        mix[_LPE_CONST, k] = (lw + mu) + 0.5 * (scale * scale)
+        mix[_PARTIAL, k] = math.exp(mix[_LPE_CONST, k])
+
+
+@_jit
+def _log_partial_expectation(mix: np.ndarray, log_x: float) -> float:
+    """``heads.log_partial_expectation`` at one ``log x``:
+    ``log sum_k pi_k e^(mu_k + sigma_k^2 / 2) Phi(z_k - sigma_k)``, ``z_k = (log x - mu_k) / sigma_k``."""
+    terms = mix[_TERMS]
+    for k in range(terms.shape[0]):
+        scale = mix[_SCALE, k]
+        terms[k] = mix[_LPE_CONST, k] + log_ndtr((log_x - mix[_LOC, k]) / scale - scale)
+    return _logsumexp(terms, terms.shape[0])
+
+
+@_jit
+def _truncated_mean(mix: np.ndarray, bound: float) -> float:
+    """``heads.truncated_mean``: ``E[tau | tau <= U] = sum_k pi_k e^(mu_k + sigma_k^2/2) Phi(z_k - sigma_k) /
+    sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``."""
+    log_u = math.log(bound)
+    log_num = _log_partial_expectation(mix, log_u)
+    terms = mix[_TERMS]
+    for k in range(terms.shape[0]):
+        terms[k] = mix[_LOG_WEIGHTS, k] + log_ndtr((log_u - mix[_LOC, k]) * mix[_INV_SCALE, k])
+    out = math.exp(log_num - _logsumexp(terms, terms.shape[0]))
+    return bound if out > bound else out
+
+
+@_jit
+def _integrated_cdf(mix: np.ndarray, x: float) -> tuple[float, float]:
+    """``heads.integrated_cdf``: ``(I(x), F(x))`` with ``I(x) = x F(x) - E[tau; tau <= x]``, both 0 for ``x <= 0``.
+
+    ``E[tau; tau <= x] = sum_k pi_k e^(mu_k + sigma_k^2 / 2) Phi(z_k - sigma_k)`` summed directly (one ``ndtr`` a
+    term where the heads' log-space sum takes a ``log_ndtr`` and an ``exp``), unless a term's factor overflows:
+    a sum of positive terms either way, the same to rounding."""
+    if not x > 0.0:
+        return 0.0, 0.0
+    log_x = math.log(x)
+    cdf = 0.0
+    partial = 0.0
+    for k in range(mix.shape[1]):
+        z = (log_x - mix[_LOC, k]) * mix[_INV_SCALE, k]
+        cdf += mix[_WEIGHTS, k] * ndtr(z)
+        scale = mix[_SCALE, k]
+        partial += mix[_PARTIAL, k] * ndtr((log_x - mix[_LOC, k]) / scale - scale)
+    if not partial < math.inf:
+        partial = math.exp(_log_partial_expectation(mix, log_x))
+    out = x * cdf - partial
+    return (0.0 if out < 0.0 else out), cdf
+
+
+@_jit
+def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolution: float) -> float:
+    """``heads.discrete_quantiles`` for one level: the first of ``m0 - 1, m0, m0 + 1`` (``m0 = max(ceil(q / w), 1)``)
+    with ``H(m w) = (I(m w) - I((m - 1) w)) / w >= p`` (the last always), served as ``max(m - 1, 0) w``.
+
+    ``H(x) <= F(x)``, and ``F((m0 - 1) w) < p`` for the exact ``q``: ``I((m0 - 2) w)`` is needed only where
+    ``F((m0 - 1) w)`` comes within ``_DISCRETE_MARGIN`` of ``p`` (far above rounding: then ``H((m0 - 1) w)`` is
+    computed and compared as ``heads.discrete_quantiles`` does)."""
+    w = resolution
+    m0 = max(np.ceil(quantile / w), 1.0)
+    mid, cdf_mid = _integrated_cdf(mix, (m0 - 1.0) * w)
+    if cdf_mid >= level - _DISCRETE_MARGIN:
+        low = _integrated_cdf(mix, (m0 - 2.0) * w)[0]
+        if (mid - low) / w >= level:
+            return max(m0 - 2.0, 0.0) * w
+    high = _integrated_cdf(mix, m0 * w)[0]
+    if (high - mid) / w >= level:
+        return (m0 - 1.0) * w
+    return m0 * w
+
+
+@_jit
+def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
+    """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` (``mix`` from ``_mixture``,
+    ``ppf = Phi^-1(p)``): safeguarded Newton in the bracket ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``,
+    where every component is below, resp. above, its own level, so ``F(lo) <= p <= F(hi)``. A step that
+    would leave the bracket bisects it instead (see ``_NEWTON_TOL`` for when it stops)."""
+    k_all = mix.shape[1]
+    lo = math.inf
+    hi = -math.inf
+    for k in range(k_all):
+        z = mix[_LOC, k] + mix[_SCALE, k] * ppf
+        lo = min(lo, z)
+        hi = max(hi, z)
+    if not hi > lo:
+        return lo
+    z = 0.0  # the components' quantiles averaged with their weights: inside the bracket, often near the root
+    for k in range(k_all):
+        z += mix[_WEIGHTS, k] * (mix[_LOC, k] + mix[_SCALE, k] * ppf)
+    for _ in range(_NEWTON_MAX):
+        cdf = 0.0
+        pdf = 0.0
+        for k in range(k_all):
+            t = (z - mix[_LOC, k]) * mix[_INV_SCALE, k]
+            cdf += mix[_WEIGHTS, k] * ndtr(t)
+            pdf += mix[_WEIGHTS, k] * mix[_INV_SCALE, k] * math.exp(-0.5 * t * t)
+        gap = cdf - level
+        if gap == 0.0:
+            return z
+        if gap < 0.0:
+            lo = z
+        else:
+            hi = z
+        nxt = z - gap / (pdf * _INV_SQRT_2PI)
+        if lo < nxt < hi:
+            if abs(nxt - z) <= _NEWTON_TOL * (1.0 + abs(z)):
+                return nxt
+        else:
+            nxt = 0.5 * (lo + hi)
+            if hi - lo <= _BRACKET_TOL * (1.0 + abs(z)):
+                return nxt
+        z = nxt
+    return z
+
+
+# --- float32 building blocks --------------------------------------------------------------------
+
+#: ``erf(x) / x`` on ``x^2 in [0, 3.9^2]`` as a Chebyshev series in ``u = 2 x^2 / 3.9^2 - 1`` (degree 16; the
+#: least-squares fit at 400 Chebyshev nodes of ``math.erf``, rounded to float32). Evaluated by Clenshaw's
+#: recurrence in float32, stable where the monomial form is not; ``erf(x)`` rounds to 1 in float32 past 3.9.
+#: Its error is at most 2.0e-7 (torch's own vectorized float32 ``erf``, which its GELU uses, is an
+#: approximation with error up to 1.5e-7); being branch-free and call-free, the GELU loop vectorizes.
+_ERF_CLAMP = np.float32(3.9)
+_ERF_U_SCALE = np.float32(2.0 / (3.9 * 3.9))
+_ERF_CHEB = np.array(
+    [
+        0.49416765570640564, -0.3464145064353943, 0.15958236157894135, -0.07387416064739227,
+        0.03267776221036911, -0.013576622121036053, 0.005263722967356443, -0.0019008819945156574,
+        0.0006396954413503408, -0.00020093601779080927, 5.9044752561021596e-05, -1.6271855201921426e-05,
+        4.216555680613965e-06, -1.0300764188286848e-06, 2.378285302029326e-07, -5.202186059705127e-08,
+        1.0805005778991017e-08,
+    ],
+    np.float32,
+)  # fmt: skip
+
+
+@_jit
+def erf32(x: np.float32) -> np.float32:
+    """``erf(x)`` in float32 (see ``_ERF_CHEB``): ``clip(x_c S(u), -1, 1)``, ``x_c = clip(x, -3.9, 3.9)``."""
+    xc = min(max(x, -_ERF_CLAMP), _ERF_CLAMP)
+    u = xc * xc * _ERF_U_SCALE - _F32_ONE
+    u2 = u + u
+    b1 = _F32_ZERO
+    b2 = _F32_ZERO
+    for k in range(_ERF_CHEB.shape[0] - 1, 0, -1):
+        b0 = _ERF_CHEB[k] + u2 * b1 - b2
+        b2 = b1
+        b1 = b0
+    r = xc * (_ERF_CHEB[0] + u * b1 - b2)
+    return min(max(r, -_F32_ONE), _F32_ONE)
+
+
+@_jit
+def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray) -> None:
+    """``out = W x + b`` for ``x [n]``, ``W^T [n, p]``, ``b [p]`` (float32):
+    ``out_j = ((x_0 W_j0 + x_1 W_j1) + ...) + b_j``, summed in the order of ``i``, four rows of ``W^T`` per pass
+    over ``out`` (the same sums as one row per pass, a quarter of the loads and stores of ``out``)."""
+    n, p = weight_t.shape
+    for j in range(p):
+        out[j] = _F32_ZERO
+    i = 0
+    while i + 4 <= n:
+        x0, x1, x2, x3 = x[i], x[i + 1], x[i + 2], x[i + 3]
+        w0, w1, w2, w3 = weight_t[i], weight_t[i + 1], weight_t[i + 2], weight_t[i + 3]
+        for j in range(p):
+            out[j] = (((out[j] + x0 * w0[j]) + x1 * w1[j]) + x2 * w2[j]) + x3 * w3[j]
+        i += 4
+    while i < n:
+        xi = x[i]
+        wi = weight_t[i]
+        for j in range(p):
+            out[j] += xi * wi[j]
+        i += 1
+    for j in range(p):
+        out[j] += bias[j]
+
+
+#: rows per pass of the layers' matrices in ``_step_forecast_rows`` (each row of ``W^T`` loaded once for all)
+BLOCK = 4
+
+
+@_jit
+def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray, n_rows: int) -> None:
+    """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [BLOCK, n]``, ``out [BLOCK, p]`` (float32):
+    the sums of ``_affine``, in the same order, four rows at a time where there are four."""
+    if n_rows < BLOCK:
+        for r in range(n_rows):
+            _affine(x[r], weight_t, bias, out[r])
+        return
+    n, p = weight_t.shape
+    o0, o1, o2, o3 = out[0], out[1], out[2], out[3]
+    for j in range(p):
+        o0[j] = _F32_ZERO
+        o1[j] = _F32_ZERO
+        o2[j] = _F32_ZERO
+        o3[j] = _F32_ZERO
+    i = 0
+    while i + 2 <= n:
+        w0, w1 = weight_t[i], weight_t[i + 1]
+        a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
+        c0, c1, c2, c3 = x[0, i + 1], x[1, i + 1], x[2, i + 1], x[3, i + 1]
+        for j in range(p):
+            v0, v1 = w0[j], w1[j]
+            o0[j] = (o0[j] + a0 * v0) + c0 * v1
+            o1[j] = (o1[j] + a1 * v0) + c1 * v1
+            o2[j] = (o2[j] + a2 * v0) + c2 * v1
+            o3[j] = (o3[j] + a3 * v0) + c3 * v1
+        i += 2
+    while i < n:
+        w0 = weight_t[i]
+        a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
+        for j in range(p):
+            v0 = w0[j]
+            o0[j] += a0 * v0
+            o1[j] += a1 * v0
+            o2[j] += a2 * v0
+            o3[j] += a3 * v0
+        i += 1
+    for j in range(p):
+        o0[j] += bias[j]
+        o1[j] += bias[j]
+        o2[j] += bias[j]
+        o3[j] += bias[j]
+
+
+@_jit
+def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
+    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64)."""
+    n = x.shape[0]
+    total = 0.0
+    for i in range(n):
+        total += x[i]
+    mean = total / n
+    total = 0.0
+    for i in range(n):
+        c = x[i] - mean
+        total += c * c
+    mean32 = np.float32(mean)
+    rstd = np.float32(1.0 / math.sqrt(np.float32(total / n) + eps))
+    for i in range(n):
+        out[i] = (x[i] - mean32) * rstd * gamma[i] + beta[i]
+
+
+@_jit
+def _gap_row(
+    b: int,
+    logits: np.ndarray,
+    loc: np.ndarray,
+    log_scale: np.ndarray,
+    levels: np.ndarray,
+    ppf: np.ndarray,
+    gap_bound: float,
+    resolution: float,
+    mix: np.ndarray,
+    time_mean: np.ndarray,
+    quantiles: np.ndarray,
+) -> None:
+    """Row ``b`` of the gap summaries from one float32 mixture ``[K]``: ``time_mean[b]`` and ``quantiles[b]``
+    (float64; the continuous quantiles rounded to float32 values where ``resolution`` is 0)."""
+    _mixture(logits, loc, log_scale, mix)
+    time_mean[b] = _truncated_mean(mix, gap_bound)
+    for q in range(levels.shape[0]):
+        z = mixture_quantile(mix, levels[q], ppf[q])
+        if resolution > 0.0:
+            quantiles[b, q] = _discrete_quantile(mix, math.exp(z), levels[q], resolution)
+        else:
+            quantiles[b, q] = np.float32(math.exp(z))
+
+
+@_jit
+def _gap_rows(
+    logits: np.ndarray,
+    loc: np.ndarray,
+    log_scale: np.ndarray,
+    levels: np.ndarray,
+    ppf: np.ndarray,
+    gap_bound: float,
+    resolution: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    rows, k_all = loc.shape
+    mix = np.empty((MIX_ROWS, k_all), np.float64)
+    time_mean = np.empty(rows, np.float64)
+    quantiles = np.empty((rows, levels.shape[0]), np.float64)
+    for b in range(rows):
+        _gap_row(b, logits[b], loc[b], log_scale[b], levels, ppf, gap_bound, resolution, mix, time_mean, quantiles)
+    return time_mean, quantiles
+
+
+def _level_arrays(levels: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The levels as float32 numbers in float64 (as both torch paths hold them) and ``Phi^-1`` of each."""
+    if not levels or not all(0 < p < 1 for p in levels):
+        raise ValueError(f"need levels in (0, 1); got {levels}")
+    level32 = torch.tensor(levels, dtype=torch.float32).double()
+    return np.ascontiguousarray(level32.numpy()), np.ascontiguousarray(torch.special.ndtri(level32).numpy())
+
+
+def gap_summaries(
+    logits: np.ndarray,
+    loc: np.ndarray,
+    log_scale: np.ndarray,
+    levels: tuple[float, ...],
+    gap_bound: float,
+    resolution: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's gap summaries of float32 mixtures ``logits, mu, log sigma [B, K]`` (as the heads output them):
+    ``E[tau | tau <= gap_bound] [B]`` and the quantiles at ``levels`` ``[B, Q]``, of the gap recorded at
+    ``resolution`` (> 0) or of the continuous gap (0: float32 values), both float64."""
+    level_arr, ppf = _level_arrays(levels)
+    arrays = (np.ascontiguousarray(a, dtype=np.float32) for a in (logits, loc, log_scale))
+    return _gap_rows(*arrays, level_arr, ppf, float(gap_bound), float(resolution))
+
+
+@_jit
+def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
+    """The outputs ``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of ``rows``
+    forecasts, and the scratch of one: ``(out [P], probs [M], taken [M], mix [MIX_ROWS, K])``."""
+    head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[11], head[12], head[13]
+    outputs = (
+        np.empty(rows, np.float64),
+        np.empty((rows, levels.shape[0]), np.float64),
+        np.empty((rows, top_k), np.int64),
+        np.empty((rows, top_k), np.float32),
+        np.empty((rows, value_width), np.float32),
+        np.empty((rows, value_width), np.float32),
+    )
+    scratch = (
+        np.empty(head_b.shape[0], np.float32),
+        np.empty(num_marks, np.float32),
+        np.empty(num_marks, np.bool_),
+        np.empty((MIX_ROWS, n_components), np.float64),
+    )
+    return outputs, scratch
+
+
+@_jit
+def _forecast_row(b: int, y: np.ndarray, top_k: int, head: tuple, outputs: tuple, scratch: tuple) -> None:
+    """The forecast of one feature row ``y [d]`` into row ``b`` of ``outputs`` (``FusedEventModel.forecast``).
+
+    ``head``: ``EventKernel``'s packed head weights; ``outputs``, ``scratch`` from ``_forecast_buffers``."""
+    head_wt, head_b, head_low, head_high, head_scale, head_shift, value_std = head[:7]
+    levels, ppf, gap_bound, resolution, k_all, m_all, v_all = head[7:]
+    time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
+    out, probs, taken, mix = scratch
+    _affine(y, head_wt, head_b, out)
+    for j in range(out.shape[0]):
+        c = min(max(out[j], head_low[j]), head_high[j])
+        out[j] = head_shift[j] + c * head_scale[j]
+    # columns [logits | loc | log scale | value log std | marks | value mean]
+    for j in range(v_all):
+        value_stds[b, j] = np.exp(out[3 * k_all + j]) * value_std[j]
+        value_mean[b, j] = out[3 * k_all + v_all + m_all + j]
+    # mark probabilities: softmax (times the reciprocal of the sum, as torch), then the k largest
+    first = 3 * k_all + v_all
+    top = out[first]
+    for j in range(1, m_all):
+        top = max(top, out[first + j])
+    total = _F32_ZERO
+    for j in range(m_all):
+        e = np.exp(out[first + j] - top)
+        probs[j] = e
+        total += e
+    inv = _F32_ONE / total
+    for j in range(m_all):
+        probs[j] = probs[j] * inv
+        taken[j] = False
+    for r in range(top_k):
+        best = -1
+        for j in range(m_all):
+            if not taken[j] and (best < 0 or probs[j] > probs[best]):
+                best = j
+        taken[best] = True
+        top_marks[b, r] = best
+        top_probs[b, r] = probs[best]
+    logits, loc, log_scale = out[:k_all], out[k_all : 2 * k_all], out[2 * k_all : 3 * k_all]
+    _gap_row(b, logits, loc, log_scale, levels, ppf, gap_bound, resolution, mix, time_mean, quantiles)
+
+
+@_jit
+def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
+    """The forecast of feature rows ``y [B, d]`` (see ``_forecast_row``)."""
+    outputs, scratch = _forecast_buffers(y.shape[0], top_k, head)
+    for b in range(y.shape[0]):
+        _forecast_row(b, y[b], top_k, head, outputs, scratch)
+    return outputs
+
+
+@_jit
+def _step_forecast_rows(
+    dt: np.ndarray,
+    marks: np.ndarray,
+    values: np.ndarray,
+    m: np.ndarray,
+    u: np.ndarray,
+    w: np.ndarray,
+    n_events: np.ndarray,
+    top_k: int,
+    step: tuple,
+    head: tuple,
+) -> tuple:
+    """One event per row, then the forecast from its features (see the module docstring); ``step`` and ``head``:
+    ``EventKernel``'s packed weights. Rows go through the layers ``BLOCK`` at a time (``_affine_rows``)."""
+    freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
+    sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps = step[7:]
+    rows, n_layers, n_heads = m.shape
+    head_dim = w.shape[3]
+    d = n_heads * head_dim
+    n_freqs = freqs.shape[0]
+    value_width = values.shape[1]
+    y = np.empty((rows, d), np.float32)
+    m_new = np.empty_like(m)
+    u_new = np.empty_like(u)
+    w_new = np.empty_like(w)
+    n_new = n_events + 1
+    x = np.empty((BLOCK, d), np.float32)
+    h = np.empty((BLOCK, d), np.float32)
+    o = np.empty((BLOCK, d), np.float32)
+    acc = np.empty((BLOCK, d), np.float32)
+    sv = np.empty((BLOCK, sv_b.shape[1]), np.float32)
+    hidden = np.empty((BLOCK, fc1_b.shape[1]), np.float32)
+    features = np.empty(embed_wt.shape[0], np.float32)
+    gaps = np.empty(BLOCK, np.float32)
+    outputs, scratch = _forecast_buffers(rows, top_k, head)
+    for first in range(0, rows, BLOCK):
+        n_rows = min(BLOCK, rows - first)
+        for r in range(n_rows):
+            b = first + r
+            gap = dt[b] if not dt[b] < _F32_ZERO else _F32_ZERO
+            gaps[r] = gap
+            log_dt = np.log1p(gap)
+            features[0] = log_dt
+            for f in range(n_freqs):
+                angle = log_dt * freqs[f]
+                features[1 + f] = np.sin(angle)
+                features[1 + n_freqs + f] = np.cos(angle)
+            for j in range(value_width):
+                features[1 + 2 * n_freqs + j] = values[b, j]
+            _affine(features, embed_wt, mark_table[marks[b]], x[r])
+        for layer in range(n_layers):
+            for r in range(n_rows):
+                _layer_norm(x[r], norms[layer, 0], norms[layer, 1], eps[layer, 0], h[r])
+            _affine_rows(h, sv_wt[layer], sv_b[layer], sv, n_rows)
+            for r in range(n_rows):
+                b = first + r
+                for hh in range(n_heads):
+                    m_old = m[b, layer, hh]
+                    if has_rate[layer]:
+                        m_old = m_old - gaps[r] * rate[layer, hh]
+                    s = sv[r, hh]
+                    m_top = m_old if m_old >= s else s
+                    c_old = np.exp(m_old - m_top)
+                    c_new = np.exp(s - m_top)
+                    u_next = c_new + u[b, layer, hh] * c_old
+                    m_new[b, layer, hh] = m_top
+                    u_new[b, layer, hh] = u_next
+                    for e in range(head_dim):
+                        w_next = sv[r, n_heads + hh * head_dim + e] * c_new + w[b, layer, hh, e] * c_old
+                        w_new[b, layer, hh, e] = w_next
+                        o[r, hh * head_dim + e] = w_next / u_next
+            _affine_rows(o, out_wt[layer], out_b[layer], acc, n_rows)
+            for r in range(n_rows):
+                for j in range(d):
+                    x[r, j] += acc[r, j]
+                _layer_norm(x[r], norms[layer, 2], norms[layer, 3], eps[layer, 1], h[r])
+            _affine_rows(h, fc1_wt[layer], fc1_b[layer], hidden, n_rows)
+            for r in range(n_rows):
+                for j in range(hidden.shape[1]):
+                    a = hidden[r, j]
+                    hidden[r, j] = a * _F32_HALF * (_F32_ONE + erf32(a * _F32_SQRT1_2))
+            _affine_rows(hidden, fc2_wt[layer], fc2_b[layer], acc, n_rows)
+            for r in range(n_rows):
+                for j in range(d):
+                    x[r, j] += acc[r, j]
+        for r in range(n_rows):
+            b = first + r
+            _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[b])
+            _forecast_row(b, y[b], top_k, head, outputs, scratch)
+    return y, m_new, u_new, w_new, n_new, outputs
+
+
+def _f32(t: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
+
+
+class EventKernel:
+    """``FusedEventModel``'s step and forecast as one compiled call per batch (see the module docstring).
+
+    Build with ``from_fused``: a snapshot of the fused weights as float32 numpy arrays, matrices transposed.
+    """
+
+    def __init__(
+        self,
+        fused: FusedEventModel,
+        levels: tuple[float, ...],
+        step: tuple[np.ndarray | np.float32, ...],
+        head: tuple[np.ndarray | float | int, ...],
+    ) -> None:
+        self.d_model = fused.d_model
+        self.num_marks = fused.num_marks
+        self.value_width = fused.value_width
+        self.time_resolution = float(fused.time_resolution)
+        self.levels = levels
+        self._step = step
+        self._head = head
+
+    @classmethod
+    def from_fused(cls, fused: FusedEventModel, levels: tuple[float, ...]) -> EventKernel:
+        """Pack ``fused``'s weights and the quantile ``levels`` in (0, 1).
+
+        Raises ``ValueError`` for a backbone without a fused step (``fused.layers is None``) or bad levels.
+        """
+        if fused.layers is None:
+            raise ValueError("this backbone has no fused step; EventKernel needs the Aaren backbone")
+        level_arr, ppf = _level_arrays(levels)
+        layers = fused.layers
+        h = fused.n_heads
+
+        def stacked(get: Callable[[FusedLayer], torch.Tensor]) -> np.ndarray:
+            return np.ascontiguousarray(np.stack([_f32(get(layer)) for layer in layers]))
+
+        step = (
+            _f32(fused.freqs),
+            _f32(fused.mark_table),
+            _f32(fused.embed_weight.t()),
+            np.ascontiguousarray(np.stack([[_f32(t) for t in (*lay.norm1, *lay.norm2)] for lay in layers])),
+            np.array([lay.eps for lay in layers], np.float32),  # [L, 2]
+            np.stack([_f32(lay.rate) if lay.rate is not None else np.zeros(h, np.float32) for lay in layers]),
+            np.array([lay.rate is not None for lay in layers], np.bool_),
+            stacked(lambda lay: lay.score_value[0].t()),
+            stacked(lambda lay: lay.score_value[1]),
+            stacked(lambda lay: lay.out[0].t()),
+            stacked(lambda lay: lay.out[1]),
+            stacked(lambda lay: lay.fc1[0].t()),
+            stacked(lambda lay: lay.fc1[1]),
+            stacked(lambda lay: lay.fc2[0].t()),
+            stacked(lambda lay: lay.fc2[1]),
+            np.stack([_f32(fused.final_norm[0]), _f32(fused.final_norm[1])]),
+            np.float32(fused.final_norm[2]),
+        )
+        head = (
+            _f32(fused.head[0].t()),
+            _f32(fused.head[1]),
+            _f32(fused.head_low),
+            _f32(fused.head_high),
+            _f32(fused.head_scale),
+            _f32(fused.head_shift),
+            _f32(fused.value_std),
+            level_arr,
+            ppf,
+            float(fused.gap_bound),
+            float(fused.time_resolution),
+            int(fused.n_components),
+            int(fused.num_marks),
+            int(fused.value_width),
+        )
+        return cls(fused, levels, step, head)
+
+    def _finish(self, forecast: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        if self.time_resolution > 0:
+            return forecast
+        return (forecast[0], forecast[1].astype(np.float32), *forecast[2:])
+
+    def step_forecast(
+        self,
+        dt: np.ndarray,
+        marks: np.ndarray,
+        values: np.ndarray,
+        m: np.ndarray,
+        u: np.ndarray,
+        w: np.ndarray,
+        n_events: np.ndarray,
+        top_k: int,
+    ) -> KernelOutputs:
+        """One event per row, then the forecast of the next: ``dt [B]`` float32, ``marks [B]`` int64,
+        ``values [B, V]`` float32, the state ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` float32 and
+        ``n_events [B]`` int64 (not changed) -> ``KernelOutputs`` with ``k = min(top_k, M)`` marks.
+
+        Pass C-contiguous arrays of those dtypes (numba compiles one version per dtype and layout: any
+        other compiles anew, once). Marks are not checked here: one outside ``[0, M)`` reads another row.
+        """
+        k = min(int(top_k), self.num_marks)
+        y, m2, u2, w2, n2, forecast = _step_forecast_rows(
+            dt, marks, values, m, u, w, n_events, k, self._step, self._head
+        )
+        return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))
+
+    def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
+        """The forecast alone from features ``y [B, d]`` float32: ``KernelOutputs.forecast``'s six arrays."""
+        return self._finish(_forecast_rows(y, min(int(top_k), self.num_marks), self._head))

@@ -1,0 +1,306 @@
+"""The compiled kernel (aaren_core.tasks.event.kernel) equals the fused torch path, and through it the reference.
+
+Step after step at odd sizes (the state evolving in each path separately), with and without time decay and
+a time resolution; the float64 gap summaries against the torch float64 functions on the same float32
+mixture; the special functions against torch. The first test in a fresh checkout compiles the kernel
+(about 10 s on 2 cores; numba caches it in ``aaren_core/tasks/event/__pycache__``, then under 1 s).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_fused import bisection_quantiles, random_mixture
+
+from aaren_core.checkpoint import load_checkpoint
+from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.fused import FusedEventModel
+from aaren_core.tasks.event.heads import discrete_quantiles, truncated_mean
+from aaren_core.tasks.event.kernel import EventKernel, KernelOutputs, erf32, gap_summaries, log_ndtr, ndtr
+from aaren_core.tasks.event.model import EventModel, EventModelConfig
+
+LEVELS = (0.01, 0.1, 0.5, 0.9, 0.99)
+LEVELS32 = tuple(float(np.float32(p)) for p in LEVELS)  # the numbers the kernel (and torch) compare with
+BUNDLED = Path(__file__).resolve().parents[2] / "models" / "default"
+#: float32 rounding, a few ulps through a few layers (the fused path is within about 5e-7 of the kernel)
+TOL = 1e-5
+#: the fused float32 quantile search's own error (tests/core/test_fused.py: typically 5e-7, up to a few 1e-5
+#: where the CDF is flat); the kernel's float64 search is checked at TOL against the fused path in float64
+FUSED32_QUANTILE_TOL = 1e-4
+
+
+def model_of(
+    *,
+    d_model: int = 15,
+    n_heads: int = 5,
+    num_marks: int = 7,
+    value_width: int = 3,
+    n_components: int = 5,
+    time_decay: bool = True,
+    time_resolution: float = 0.0,
+    seed: int = 0,
+) -> EventModel:
+    """A tiny Aaren event model with spread-out heads and layer norms whose eps matter (1e-2 and up)."""
+    torch.manual_seed(seed)
+    cfg = EventModelConfig(
+        backbone=BackboneConfig(kind="aaren", d_model=d_model, n_layers=2, n_heads=n_heads, time_decay=time_decay),
+        num_marks=num_marks,
+        value_width=value_width,
+        n_components=n_components,
+        time_features=6,
+        gap_max=30.0 if time_resolution else 0.0,
+        time_resolution=time_resolution,
+    )
+    model = EventModel(cfg).eval()
+    value_mean = torch.tensor([3.0, -1.0, 40.0])[:value_width]
+    value_std = torch.tensor([2.0, 0.5, 15.0])[:value_width]
+    model.set_normalization(0.7, 0.9, value_mean, value_std)
+    with torch.no_grad():
+        model.heads.time.bias.add_(torch.randn(3 * n_components) * 1.5)  # uneven weights, spread locs and scales
+        model.heads.mark.bias.add_(torch.randn(num_marks))
+        for i, layer in enumerate(model.backbone.layers):
+            layer.norm1.eps, layer.norm2.eps = 1e-2 * (i + 1), 3e-2
+        model.backbone.norm.eps = 5e-2
+    return model
+
+
+def events(b: int, value_width: int, num_marks: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    dt = torch.rand(b, generator=g) * 8
+    dt[::4] = 0.0  # ties: the gap's clamp and log1p at 0
+    return dt, torch.randint(0, num_marks, (b,), generator=g), torch.randn(b, value_width, generator=g) * 3
+
+
+def rel_err(got: np.ndarray | torch.Tensor, want: np.ndarray | torch.Tensor, floor: float = 1.0) -> float:
+    """``max |got - want| / max(|want|, floor)`` (0 for empty arrays)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape
+    if want.size == 0:
+        return 0.0
+    return float((np.abs(got - want) / np.maximum(np.abs(want), floor)).max())
+
+
+def fused_forecast_numpy(fused: FusedEventModel, y: torch.Tensor, top_k: int) -> tuple[np.ndarray, ...]:
+    return tuple(t.numpy() for t in fused.forecast(y, LEVELS, top_k))
+
+
+def assert_forecasts_match(got: tuple[np.ndarray, ...], want: tuple[np.ndarray, ...], resolution: float) -> None:
+    """``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of kernel and fused."""
+    names = ("time_mean", "time_quantiles", "top_marks", "top_probs", "value_mean", "value_std")
+    for name, g, w in zip(names, got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
+    mean, quantiles, marks, probs, value_mean, value_std = got
+    # the float32 head outputs differ by rounding, so the float64 summaries of them by about as much
+    assert rel_err(mean, want[0], floor=0.0) < TOL
+    if resolution:
+        assert np.array_equal(quantiles, want[1])  # on the grid: the same multiples of the resolution
+    else:
+        assert rel_err(quantiles, want[1], floor=0.0) < FUSED32_QUANTILE_TOL
+    assert np.array_equal(marks, want[2])
+    assert rel_err(probs, want[3]) < TOL and (np.diff(probs, axis=-1) <= 0).all()
+    assert rel_err(value_mean, want[4]) < TOL and rel_err(value_std, want[5], floor=0.0) < TOL
+
+
+def state_arrays(state: tuple[torch.Tensor, ...]) -> tuple[np.ndarray, ...]:
+    return tuple(t.numpy() for t in state)
+
+
+CASES = [  # (batch, d_model, n_heads, num_marks, value_width, n_components, time_decay, time_resolution)
+    (1, 15, 5, 7, 3, 5, True, 0.0),
+    (3, 9, 3, 5, 1, 3, False, 0.25),
+    (17, 7, 1, 3, 0, 1, True, 1.0),
+    (17, 15, 3, 7, 3, 5, False, 0.0),
+    (3, 15, 5, 7, 0, 3, True, 1 / 60),
+]
+
+
+@pytest.mark.parametrize(
+    ("batch", "d_model", "n_heads", "num_marks", "value_width", "n_components", "decay", "res"), CASES
+)
+def test_kernel_steps_and_forecasts_equal_the_fused_path(
+    batch: int,
+    d_model: int,
+    n_heads: int,
+    num_marks: int,
+    value_width: int,
+    n_components: int,
+    decay: bool,
+    res: float,
+) -> None:
+    model = model_of(
+        d_model=d_model,
+        n_heads=n_heads,
+        num_marks=num_marks,
+        value_width=value_width,
+        n_components=n_components,
+        time_decay=decay,
+        time_resolution=res,
+        seed=batch + d_model,
+    )
+    fused = FusedEventModel.from_model(model)
+    fused64 = FusedEventModel.from_model(copy.deepcopy(model).double())  # its quantile search: float64-exact
+    kernel = EventKernel.from_fused(fused, LEVELS)
+    top_k = 4
+    state = tuple(model.init_state(batch).tensors().values())
+    kstate = state_arrays(state)
+    with torch.inference_mode():
+        for t in range(5):
+            dt, marks, values = events(batch, value_width, num_marks, seed=t)
+            y, *state = fused.step(dt, marks, values, *state)
+            out = kernel.step_forecast(dt.numpy(), marks.numpy(), values.numpy(), *kstate, top_k)
+            assert isinstance(out, KernelOutputs)
+            assert out.y.dtype == np.float32 and rel_err(out.y, y) < TOL, t
+            for name, got, want in zip(("m", "u", "w", "n_events"), out[1:5], state, strict=True):
+                assert got.shape == want.shape and got.dtype == want.numpy().dtype, name
+                assert rel_err(got, want) < TOL, (t, name)
+            assert_forecasts_match(out.forecast, fused_forecast_numpy(fused, y, top_k), res)
+            if not res:
+                exact = fused64.forecast(torch.from_numpy(out.y).double(), LEVELS)[1].numpy()
+                assert rel_err(out.forecast[1], exact, floor=0.0) < TOL
+            kstate = out[1:5]
+        assert_forecasts_match(
+            kernel.forecast(out.y, top_k), fused_forecast_numpy(fused, torch.from_numpy(out.y), top_k), res
+        )
+
+
+def test_kernel_equals_the_reference_model() -> None:
+    """EventModel.step and .forecast, module by module: the same features, state and forecast."""
+    model = model_of(time_resolution=0.5)
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    state = model.init_state(6)
+    kstate = state_arrays(tuple(state.tensors().values()))
+    with torch.inference_mode():
+        for t in range(3):
+            dt, marks, values = events(6, 3, 7, seed=10 + t)
+            y, state = model.step(dt, marks, values, state)
+            out = kernel.step_forecast(dt.numpy(), marks.numpy(), values.numpy(), *kstate, 9)
+            kstate = out[1:5]
+        ref = model.forecast(y, LEVELS, top_k=9)
+    assert rel_err(out.y, y) < TOL
+    for got, want in zip(kstate, state.tensors().values(), strict=True):
+        assert rel_err(got, want) < TOL
+    want = tuple(getattr(ref, f).numpy() for f in ("time_mean", "time_quantiles", "top_marks", "top_probs"))
+    assert want[2].shape == (6, 7)  # k = min(top_k, M)
+    want += (ref.value_mean.numpy(), ref.value_std.numpy())
+    assert_forecasts_match(kernel.forecast(out.y, 9), want, 0.5)
+
+
+def test_kernel_on_the_bundled_model() -> None:
+    """models/default (time decay, a 1-minute resolution, 8 components): flights-like gaps, marks and values."""
+    model = load_checkpoint(BUNDLED).model.eval()
+    fused = FusedEventModel.from_model(model)
+    kernel = EventKernel.from_fused(fused, (0.1, 0.5, 0.9))
+    g = torch.Generator().manual_seed(3)
+    state = tuple(model.init_state(3).tensors().values())
+    kstate = state_arrays(state)
+    levels = (0.1, 0.5, 0.9)
+    with torch.inference_mode():
+        for t in range(6):
+            dt = torch.tensor([0.0, 1.0, 17.0]) if t == 0 else torch.rand(3, generator=g) * 60
+            marks = torch.randint(0, 16, (3,), generator=g)
+            values = torch.stack([torch.randn(3, generator=g) * 40, 200 + torch.rand(3, generator=g) * 2000], -1)
+            y, *state = fused.step(dt, marks, values, *state)
+            out = kernel.step_forecast(dt.numpy(), marks.numpy(), values.numpy(), *kstate, 3)
+            kstate = out[1:5]
+            assert rel_err(out.y, y) < TOL
+            for got, want in zip(kstate, state, strict=True):
+                assert rel_err(got, want) < TOL
+            want = tuple(x.numpy() for x in fused.forecast(y, levels, 3))
+            assert_forecasts_match(out.forecast, want, 1.0)
+
+
+def test_the_comparisons_catch_a_dropped_decay_a_wrong_eps_and_a_wrong_bound() -> None:
+    """Kernels built from altered snapshots disagree with the true fused path beyond the tolerances."""
+    model = model_of(time_resolution=0.25)
+    fused = FusedEventModel.from_model(model)
+    assert fused.layers is not None
+    altered = {
+        "no decay": dataclasses.replace(
+            fused, layers=tuple(dataclasses.replace(lay, rate=None) for lay in fused.layers)
+        ),
+        "default eps": dataclasses.replace(
+            fused, layers=tuple(dataclasses.replace(lay, eps=(1e-5, 1e-5)) for lay in fused.layers)
+        ),
+        "bound": dataclasses.replace(fused, gap_bound=fused.gap_bound * 0.9),
+    }
+    state = tuple(model.init_state(5).tensors().values())
+    with torch.inference_mode():
+        for t in range(2):
+            dt, marks, values = events(5, 3, 7, seed=20 + t)
+            y, *state = fused.step(dt, marks, values, *state)
+        dt, marks, values = events(5, 3, 7, seed=30)
+        y, *new = fused.step(dt, marks, values, *state)
+        mean = fused.forecast(y, LEVELS)[0].numpy()
+    args = (dt.numpy(), marks.numpy(), values.numpy(), *state_arrays(tuple(state)))
+    good = EventKernel.from_fused(fused, LEVELS).step_forecast(*args, 3)
+    assert rel_err(good.y, y) < TOL and rel_err(good.m, new[0]) < TOL
+    no_decay = EventKernel.from_fused(altered["no decay"], LEVELS).step_forecast(*args, 3)
+    assert rel_err(no_decay.m, new[0]) > 100 * TOL
+    eps = EventKernel.from_fused(altered["default eps"], LEVELS).step_forecast(*args, 3)
+    assert rel_err(eps.y, y) > 100 * TOL
+    bound = EventKernel.from_fused(altered["bound"], LEVELS).step_forecast(*args, 3)
+    assert rel_err(bound.forecast[0], mean, floor=0.0) > 100 * TOL
+
+
+def test_kernel_leaves_its_inputs_alone_and_refuses_what_it_cannot_serve() -> None:
+    model = model_of()
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    with torch.inference_mode():
+        _, state = model.step(*events(4, 3, 7, seed=1), model.init_state(4))
+    arrays = state_arrays(tuple(state.tensors().values()))
+    before = [a.copy() for a in arrays]
+    dt, marks, values = (t.numpy() for t in events(4, 3, 7, seed=2))
+    out = kernel.step_forecast(dt, marks, values, *arrays, 20)
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, before, strict=True))
+    assert np.array_equal(out.n_events, before[3] + 1) and out.forecast[2].shape == (4, 7)
+    with pytest.raises(ValueError, match="levels in"):
+        EventKernel.from_fused(FusedEventModel.from_model(model), (0.5, 1.0))
+    torch.manual_seed(0)
+    gru = EventModel(EventModelConfig(backbone=BackboneConfig(kind="gru", d_model=8, n_layers=1), num_marks=3))
+    with pytest.raises(ValueError, match="no fused step"):
+        EventKernel.from_fused(FusedEventModel.from_model(gru), LEVELS)
+
+
+@pytest.mark.parametrize(("k", "min_log_scale", "seed"), [(1, -1.5, 0), (5, -1.5, 1), (8, -7.0, 2)])
+def test_gap_summaries_equal_the_float64_reference_on_the_same_mixture(k: int, min_log_scale: float, seed: int) -> None:
+    """On one float32 mixture: the truncated mean as heads.truncated_mean (bounds far inside and far past
+    the mixtures, so log_ndtr runs deep into its tail: 2e-12 where both sums are exp(-1e4)-small, their
+    logs' rounding), the continuous quantiles as a float64 bisection rounded to float32, and on a grid
+    exactly heads.discrete_quantiles of the bisection's quantiles."""
+    mix = random_mixture(2000, k, seed, min_log_scale)
+    arrays = tuple(t.numpy() for t in (mix.logits, mix.loc, mix.log_scale))
+    lw, loc, ls = torch.log_softmax(mix.logits.double(), -1), mix.loc.double(), mix.log_scale.double()
+    for bound in (0.05, 3.0, 877.0):
+        mean, quantiles = gap_summaries(*arrays, LEVELS, bound, 0.0)
+        want = truncated_mean(lw, loc, ls, bound).numpy()
+        assert (mean <= bound).all() and rel_err(mean, want, floor=0.0) < 1e-10, bound
+    exact = bisection_quantiles(mix, LEVELS32)
+    assert quantiles.dtype == np.float64 and np.array_equal(quantiles, quantiles.astype(np.float32))
+    assert rel_err(quantiles, exact.float(), floor=0.0) < 2.5e-7  # within an ulp of the root rounded to float32
+    levels = torch.tensor(LEVELS, dtype=torch.float32)
+    for resolution in (1.0, 0.05):
+        _, grid = gap_summaries(*arrays, LEVELS, 877.0, resolution)
+        want = discrete_quantiles(lw, loc, ls, exact, levels, resolution).numpy()
+        assert np.array_equal(grid, want), resolution
+
+
+def test_special_functions_match_torch_far_into_the_tails() -> None:
+    x = np.concatenate([np.linspace(-40.0, 40.0, 4001), -np.logspace(0.0, 7.0, 400), [-20.0, -19.999, -20.001]])
+    want_log = torch.special.log_ndtr(torch.from_numpy(x)).numpy()
+    got_log = np.array([log_ndtr(v) for v in x])
+    assert rel_err(got_log, want_log, floor=1e-300) < 2e-15
+    # torch's float64 ndtr is (1 + erf(x / sqrt 2)) / 2, exact to 1.1e-16 but not relatively in the left tail
+    want = torch.special.ndtr(torch.from_numpy(x)).numpy()
+    got = np.array([ndtr(v) for v in x])
+    assert np.abs(got - want).max() <= 2.0**-53
+    tail = x < -1
+    assert rel_err(got[tail], [math.erfc(-v * math.sqrt(0.5)) / 2 for v in x[tail]], floor=1e-300) < 1e-15
+    z = np.linspace(-6.0, 6.0, 12001).astype(np.float32)
+    err = max(abs(float(erf32(v)) - math.erf(float(v))) for v in z)
+    assert err < 3e-7, err  # torch's own vectorized float32 erf in GELU: up to 1.5e-7
