@@ -22,6 +22,7 @@ def test_compile_without_a_compiler_falls_back_to_the_eager_model(caplog):
     assert any("torch.compile failed" in m and "serving the model uncompiled" in m for m in messages), messages
 
     eager = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+    eager.kernel = False  # the torch eager path: --compile-model falls back to it, not to the numba kernel
     runs = RunColumns.single([1.5], [3], [[0.2, -1.0]])
     got = engine.apply({k: t.unsqueeze(0).clone() for k, t in engine.layout_rows().items()}, runs, 3)[1].to_columns()
     want = eager.apply({k: t.unsqueeze(0).clone() for k, t in eager.layout_rows().items()}, runs, 3)[1].to_columns()

@@ -1,5 +1,6 @@
-"""The engine's fused step and forecast (the default) equal its module-by-module reference
-(``EventTask.fused = False``): output columns and new rows, over a session's events and batch sizes."""
+"""The engine's compiled kernel (the default on CPU) and its fused torch step and forecast
+(``EventTask.kernel = False``) equal its module-by-module reference (``EventTask.fused = False``):
+output columns and new rows, over a session's events and batch sizes."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import torch
 from aaren.server.tasks.event.task import OUTPUT_NAMES, RunColumns, load_event_task
 
 
+@pytest.mark.parametrize("path", ["kernel", "fused"])
 @pytest.mark.parametrize("batch", [1, 5, 33])
-def test_fused_engine_equals_reference_engine(batch):
+def test_fused_engine_equals_reference_engine(batch, path):
     fused = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
+    assert fused._kernel is not None  # built for a CPU Aaren model
+    fused.kernel = path == "kernel"
     reference = load_event_task(None, torch.device("cpu"), (0.1, 0.5, 0.9))
     reference.fused = False
     width = fused.description.value_width

@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,6 +23,7 @@ from aaren.server.tasks.runs import FEATURES, RunColumns, RunTask
 from aaren_core.attention.state import State
 from aaren_core.checkpoint import Checkpoint, load_checkpoint
 from aaren_core.tasks.event.fused import FusedEventModel
+from aaren_core.tasks.event.kernel import EventKernel
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
 __all__ = [
@@ -49,11 +51,18 @@ def resolve_device(name: str) -> torch.device:
 class EventTask(RunTask):
     """The event task (``aaren.server.tasks.base.Task``): an ``EventModel`` with a constant-size state
     per session, stepped and scanned in batches (``RunTask.apply``, with the fused batched step of
-    every row at once as its ``_step_all`` hook); outputs ``EventOutputs``."""
+    every row at once as its ``_step_all`` hook); outputs ``EventOutputs``.
+
+    On CPU, an Aaren model's batch of single events that all want a forecast (the common batch of a
+    stream) is one call of the compiled step + forecast (``aaren_core.tasks.event.kernel``): ``apply``
+    takes it before ``RunTask.apply``'s loop, which serves every other batch with the same numbers."""
 
     #: Step and forecast eagerly with ``aaren_core.tasks.event.fused`` (the weights folded once; the engine never
     #: changes them); False runs the module-by-module reference, ``EventModel.step`` and ``forecast``.
     fused: bool = True
+    #: Serve batches of single events with the compiled kernel where it applies (CPU, Aaren, fused, not
+    #: ``--compile-model``); False: the torch paths only.
+    kernel: bool = True
 
     def __init__(
         self,
@@ -98,8 +107,53 @@ class EventTask(RunTask):
         )
         self._step = self._step_tensors
         self._forecast = self._forecast_tensors
+        self._kernel: EventKernel | None = None
         if compile_model:
             self._compile()
+        elif self.kernel and self.fused and device.type == "cpu" and self._fused_model.has_step:
+            self._kernel = self._build_kernel()
+
+    def _build_kernel(self) -> EventKernel:
+        """The compiled step + forecast of this model, called once now so that no request pays for
+        compiling it (numba caches the machine code next to its module: later starts load it)."""
+        started = time.perf_counter()
+        kernel = EventKernel.from_fused(self._fused_model, self.quantiles)
+        rows = {k: t.unsqueeze(0).numpy() for k, t in self.layout_rows().items()}
+        width = self.description.value_width
+        kernel.step_forecast(
+            np.zeros(1, np.float32), np.zeros(1, np.int64), np.zeros((1, width), np.float32),
+            rows["m"], rows["u"], rows["w"], rows["n_events"], self.description.ranked,
+        )  # fmt: skip
+        log.info("the compiled step and forecast are ready in %.1f s", time.perf_counter() - started)
+        return kernel
+
+    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], EventOutputs]:
+        """``RunTask.apply``; a batch of single events that all want a forecast goes through the
+        compiled kernel in one call: rows ``m, u [R, L, H]``, ``w [R, L, H, Dh]``, ``n_events [R]``,
+        ``features [R, d]`` -> new rows and ``EventOutputs`` (the kernel's numbers equal the fused
+        path's within float32 rounding, tests/core/test_kernel.py)."""
+        kernel = self._kernel
+        singles = len(runs.dt) == len(runs.lengths) and runs.want.all()
+        if kernel is None or not (singles and self.kernel and self.fused):
+            return super().apply(rows, runs, top_k)  # type: ignore[return-value]
+        out = kernel.step_forecast(
+            runs.dt.astype(np.float32),
+            runs.marks,
+            runs.values.reshape(len(runs.dt), self.description.value_width),
+            rows["m"].numpy(),
+            rows["u"].numpy(),
+            rows["w"].numpy(),
+            rows["n_events"].numpy(),
+            top_k,
+        )
+        new = {
+            "m": torch.from_numpy(out.m),
+            "u": torch.from_numpy(out.u),
+            "w": torch.from_numpy(out.w),
+            "n_events": torch.from_numpy(out.n_events),
+            FEATURES: torch.from_numpy(out.y),
+        }
+        return new, EventOutputs(*out.forecast)
 
     def _compile(self) -> None:
         """Swap the batched step and the forecast for ``torch.compile``d versions (inductor; the batch
