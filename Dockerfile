@@ -82,7 +82,11 @@ ENV PATH=/opt/aaren/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     AAREN_ADDRESS=0.0.0.0:50051 \
     AAREN_METRICS_ADDRESS=0.0.0.0 \
-    AAREN_METRICS_PORT=9464
+    AAREN_METRICS_PORT=9464 \
+    NUMBA_CACHE_DIR=/tmp/aaren-numba
+# NUMBA_CACHE_DIR: the event kernel's compiled code is cached where the image's user may write (the
+# root filesystem may be read-only, /tmp is an emptyDir in deploy/k8s): the first start of a container
+# compiles it (seconds), later model loads in that container reuse it.
 USER aaren
 EXPOSE 50051 9464
 # The standard gRPC health service: NOT_SERVING while the model loads, the store is down, or draining.

@@ -252,7 +252,12 @@ class EventTask(RunTask):
     @torch.inference_mode()
     def forecast_outputs(self, features: Tensor, top_k: int) -> EventOutputs:
         """Forecasts from ``features [F, d_model]`` (``EventOutputs``): gap mean ``[F]`` and quantiles
-        ``[F, Q]``, top marks and probabilities ``[F, k]``, value means and stds ``[F, V]``."""
+        ``[F, Q]``, top marks and probabilities ``[F, k]``, value means and stds ``[F, V]``. With the
+        kernel on, its forecast: a session's forecast is then the same numbers whichever call made
+        it (a stream's step, a run's prefill, the unary ``Forecast``)."""
+        if self._kernel is not None and self.kernel and self.fused:
+            y = np.ascontiguousarray(features.numpy(), dtype=np.float32)
+            return EventOutputs(*self._kernel.forecast(y, top_k))
         return EventOutputs(*(t.cpu().numpy() for t in self._forecast(features, top_k)))
 
     @torch.inference_mode()
