@@ -123,7 +123,8 @@ class TrainConfig(TrainKnobs, EventSizes, BackboneSizes, ConfigRecord):
         return cls.from_dict(read_config_file(path))
 
 
-#: Config keys that ``aaren train`` takes as flags of their own; the rest go through ``--set KEY=VALUE``.
+#: Config keys that ``command_line`` writes as flags of their own (``aaren train`` declares its flags,
+#: these among them, in ``aaren.cli.training.CONFIG_FLAGS``); the rest go through ``--set KEY=VALUE``.
 CLI_FLAGS = (
     "backbone",
     "d_model",
