@@ -100,12 +100,12 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     aux_weight: float = 0.0
     val_fraction: float = 0.2
 
-    epochs: int = 10
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.0
-    patience: int = 3
     out_dir: str = "runs/tasks"
+    epochs: int = 10
+    patience: int = 3
     steps_per_epoch: int = 0
     cache: str = ""
 

@@ -3,6 +3,7 @@ back unchanged, and written commands that parse back to the same config."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -19,6 +20,7 @@ from aaren_core.tasks.event.config import command_line as event_command_line
 from aaren_core.tasks.event.model import EventModelConfig
 from aaren_core.tasks.series.baselines import DLinearConfig
 from aaren_core.tasks.series.model import SeriesModelConfig
+from aaren_core.training.knobs import TrainKnobs
 
 
 @pytest.mark.parametrize(("text", "value"), [("true", True), ("YES", True), ("1", True), ("no", False), ("0", False)])
@@ -85,8 +87,7 @@ def test_records_lead_with_their_own_keys_then_follow_field_order():
     assert list(event_model["backbone"]) == ["kind", *sizes, "time_decay"]
     heads = ["n_components", "time_features"]
     assert list(event_model) == ["backbone", "num_marks", "value_width", *heads, "gap_max", "time_resolution"]
-    knobs = ["epochs", "batch_size", "lr", "weight_decay", "grad_clip", "patience", "seed", "threads"]
-    knobs += ["max_minutes", "out_dir", "name"]
+    knobs = [f.name for f in dataclasses.fields(TrainKnobs)]
     event = ["backbone", *sizes, *heads, *knobs, "time_decay", "data"]
     assert list(TrainConfig().to_dict())[: len(event)] == event
     task = ["task", "model", "data", *sizes, *knobs, "time_decay", "horizon"]
