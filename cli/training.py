@@ -6,7 +6,9 @@ command line and running its client commands never loads torch.
 
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -32,12 +34,12 @@ class TrainCommand(typer.core.TyperCommand):
             for k, text in task_config.SET_KEYS.items()
             if k not in ("task", "data", "out_dir", "name")
         )
+        shared = ", ".join(f"--{key.replace('_', '-')}" for key in CONFIG_FLAGS if key != "time_unit")
         self.epilog = (
             f"Keys for --set KEY=VALUE (or a --config file):\n\n{keys}\n\n"
             f"With --task series or --task class (data sets: series {', '.join(SERIES_DATASETS)}; class "
-            f"{', '.join(CLASS_DATASETS)}), --set takes these keys instead (the shared flags --data, --out-dir, "
-            f"--name, --backbone, --d-model, --n-layers, --n-heads, --epochs, --batch-size, --lr, --seed "
-            f"work too):\n\n{task_keys}"
+            f"{', '.join(CLASS_DATASETS)}), --set takes these keys instead (the shared flags {shared} work "
+            f"too):\n\n{task_keys}"
         )
         super().format_help(ctx, formatter)
 
@@ -89,8 +91,50 @@ def _data_path(data: str) -> str:
     return data if data in BUILTIN_DATASETS else str(Path(data).expanduser().resolve())
 
 
+#: The config keys ``aaren train`` takes as flags of their own, key -> (type, help): each is an
+#: option ``--key`` of ``train`` (``_with_config_flags``), None when not given, which sets the config
+#: key of that name (with --task series or class, ``backbone`` sets the config's ``model``).
+CONFIG_FLAGS: dict[str, tuple[type, str]] = {
+    "backbone": (str, "aaren, transformer or gru"),
+    "d_model": (int, "model width"),
+    "n_layers": (int, "backbone layers"),
+    "n_heads": (int, "attention heads"),
+    "data": (
+        str,
+        "`flights` or a .csv/.parquet of session_id,time,mark[,values]; with --task series or "
+        "class a data set name (power-hourly, JapaneseVowels...)",
+    ),
+    "time_unit": (str, "unit of numeric times in --data: seconds, minutes, hours or days"),
+    "epochs": (int, "most epochs (early stopping may end sooner)"),
+    "batch_size": (int, "sessions per global batch"),
+    "lr": (float, "peak learning rate"),
+    "seed": (int, "seed of everything random"),
+    "out_dir": (str, "run directory (best/ and last/ checkpoints)"),
+    "name": (str, "model name in the checkpoint (the served name)"),
+}
+
+
+def _with_config_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """``command`` (keyword-only parameters and ``**flags``) with the signature typer builds the
+    command from: its own options, with one option per ``CONFIG_FLAGS`` key after ``config``."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    flags = [
+        inspect.Parameter(
+            key,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[kind | None, typer.Option(help=text)],
+        )
+        for key, (kind, text) in CONFIG_FLAGS.items()
+    ]
+    at = [p.name for p in own].index("config") + 1
+    command.__signature__ = inspect.Signature([*own[:at], *flags, *own[at:]], return_annotation=None)  # type: ignore[attr-defined]
+    return command
+
+
+@_with_config_flags
 def train(
-    ctx: typer.Context,
+    *,
     task: Annotated[
         str,
         typer.Option(
@@ -99,42 +143,26 @@ def train(
         ),
     ] = "event",
     config: Annotated[Path | None, typer.Option(help="a .json or .toml train config (flags override it)")] = None,
-    backbone: Annotated[str | None, typer.Option(help="aaren, transformer or gru")] = None,
-    d_model: Annotated[int | None, typer.Option(help="model width")] = None,
-    n_layers: Annotated[int | None, typer.Option(help="backbone layers")] = None,
-    n_heads: Annotated[int | None, typer.Option(help="attention heads")] = None,
-    data: Annotated[
-        str | None,
-        typer.Option(
-            help="`flights` or a .csv/.parquet of session_id,time,mark[,values]; with --task series or "
-            "class a data set name (power-hourly, JapaneseVowels...)"
-        ),
-    ] = None,
-    time_unit: Annotated[
-        str | None, typer.Option(help="unit of numeric times in --data: seconds, minutes, hours or days")
-    ] = None,
-    epochs: Annotated[int | None, typer.Option(help="most epochs (early stopping may end sooner)")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="sessions per global batch")] = None,
-    lr: Annotated[float | None, typer.Option(help="peak learning rate")] = None,
-    seed: Annotated[int | None, typer.Option(help="seed of everything random")] = None,
-    out_dir: Annotated[str | None, typer.Option(help="run directory (best/ and last/ checkpoints)")] = None,
-    name: Annotated[str | None, typer.Option(help="model name in the checkpoint (the served name)")] = None,
     set_: Annotated[
         list[str] | None,
         typer.Option("--set", help="any other config key, KEY=VALUE (repeatable)", metavar="KEY=VALUE"),
     ] = None,
     resume: Annotated[bool, typer.Option(help="continue from <out_dir>/last")] = False,
+    **flags: str | int | float | None,
 ) -> None:
     """Train a forecaster (also under `torchrun --nproc_per_node=N`, with DistributedDataParallel).
 
     --task series or --task class trains a series forecaster or a sequence classifier on a named
     data set instead and writes best/, metrics.json and report.md (with plots) into --out-dir.
     """
-    # Every other flag is a config key of the same name; unset (None) keeps the config's value.
-    own = ("task", "config", "set_", "resume")
-    given = {k: v for k, v in ctx.params.items() if k not in own and v is not None}
+    # The CONFIG_FLAGS options; unset (None) keeps the config's value.
+    given = {k: v for k, v in flags.items() if v is not None}
     if task in ("series", "class"):
-        for flag, value in (("--config", config), ("--time-unit", time_unit), ("--resume", resume or None)):
+        for flag, value in (
+            ("--config", config),
+            ("--time-unit", flags.get("time_unit")),
+            ("--resume", resume or None),
+        ):
             if value is not None:
                 raise _fail(f"{flag} is for the event task; with --task {task} use --set KEY=VALUE")
         # The series and class configs call the backbone ``model`` (it may also be ``dlinear``).

@@ -18,6 +18,7 @@ from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
 from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.event.data import DataError
 from aaren_core.tasks.series.data import SeriesData
+from aaren_core.training.knobs import TrainKnobs
 
 __all__ = [
     "DEFAULT_DATA",
@@ -69,9 +70,10 @@ SET_KEYS: dict[str, str] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskTrainConfig(BackboneSizes, ConfigRecord):
+class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     """Everything a task run depends on; ``--set key=value`` sets any field. The backbone's sizes
-    are ``BackboneSizes`` (narrower by default), its kind is ``model``."""
+    are ``BackboneSizes`` (narrower by default), its kind is ``model``; how it trains,
+    ``TrainKnobs`` (fewer epochs of larger batches by default) and the keys below them."""
 
     task: str = "series"
     model: str = "aaren"
@@ -98,19 +100,14 @@ class TaskTrainConfig(BackboneSizes, ConfigRecord):
     aux_weight: float = 0.0
     val_fraction: float = 0.2
 
-    epochs: int = 10
     batch_size: int = 32
-    steps_per_epoch: int = 0
     lr: float = 1e-3
     weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    patience: int = 3
-    seed: int = 0
-    threads: int = 0
-    max_minutes: float = 0.0
     out_dir: str = "runs/tasks"
+    epochs: int = 10
+    patience: int = 3
+    steps_per_epoch: int = 0
     cache: str = ""
-    name: str = ""
 
     CONFIG_NAME: ClassVar[str] = "task config"
     RECORD_LEADS: ClassVar[tuple[str, ...]] = ("task", "model", "data")
@@ -124,10 +121,9 @@ class TaskTrainConfig(BackboneSizes, ConfigRecord):
                 self.horizon, self.lookback, self.window, self.loss_stride, self.val_stride
             )
             >= 1,
-            "epochs, batch_size, patience >= 1": min(self.epochs, self.batch_size, self.patience) >= 1,
-            "steps_per_epoch, threads >= 0": min(self.steps_per_epoch, self.threads) >= 0,
+            **self.knob_checks(),
+            "steps_per_epoch >= 0": self.steps_per_epoch >= 0,
             "0 < val_fraction < 1": 0 < self.val_fraction < 1,
-            "lr > 0": self.lr > 0,
             "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name or bool(NAME_PATTERN.fullmatch(self.name)),
         }
         self.require(checks)

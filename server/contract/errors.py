@@ -48,19 +48,11 @@ class ErrorInfo:
 
 
 class ServiceError(Exception):
-    """An error of a unary call or a whole request."""
+    """An error of a unary call or a whole request; ``info`` says which (its code, reason, message)."""
 
     def __init__(self, code: Code, reason: str, message: str, *, retry_after_s: float = 0.0) -> None:
         super().__init__(message)
         self.info = ErrorInfo(code, reason, message, retry_after_s)
-
-    @property
-    def code(self) -> Code:
-        return self.info.code
-
-    @property
-    def reason(self) -> str:
-        return self.info.reason
 
 
 class Reasons:

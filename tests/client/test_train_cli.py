@@ -6,13 +6,16 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from aaren.cli.app import app
+from aaren.cli.training import CONFIG_FLAGS
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.event.config import CLI_FLAGS, SET_KEYS, TrainConfig
 
 runner = CliRunner()
@@ -52,6 +55,21 @@ def test_help_lists_every_set_key_and_the_time_unit(monkeypatch):
     for key, text in SET_KEYS.items():
         assert f"{key}: {text}" in result.output, key
     assert "max_minutes: time budget in minutes" in result.output
+
+
+def test_every_flag_is_a_config_key_and_a_written_command_uses_only_flags_the_command_has(monkeypatch):
+    """The flags of ``CONFIG_FLAGS`` (built into the command, with their help) set the event config's
+    keys of their names, and the series and class configs' (``backbone`` is their ``model``; the
+    time unit is the event task's); the commands the event config writes (``CLI_FLAGS``) name
+    only these flags."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert set(CONFIG_FLAGS) <= set(TrainConfig().to_dict())
+    task_keys = {"model" if k == "backbone" else k for k in CONFIG_FLAGS if k != "time_unit"}
+    assert task_keys <= set(TaskTrainConfig().to_dict())
+    assert set(CLI_FLAGS) <= set(CONFIG_FLAGS)
+    output = invoke("train", "--help").output
+    for key, (kind, text) in CONFIG_FLAGS.items():
+        assert re.search(rf"--{key.replace('_', '-')} +<{kind.__name__}> +{re.escape(text[:30])}", output), key
 
 
 @pytest.mark.parametrize(

