@@ -39,7 +39,7 @@ from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.core.limits import TokenBucket
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
-from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionMeta, SessionStore, StoreUnavailableError
 from aaren.server.tasks.base import Task
 from aaren.server.tasks.runs import RunColumns
 
@@ -680,7 +680,7 @@ class Batcher:
             kept_ids = [ids[int(run_sess[r])] for r in kept.tolist()]
             expected = [int(stored.last_seq[int(run_sess[r])]) for r in kept.tolist()]
             try:
-                written = await self.timed("save", self.store.save(kept_ids, new_rows, metas, expected))
+                written = await self.timed("save", self.store.save(SaveBatch(kept_ids, new_rows, metas, expected)))
             except StoreUnavailableError as exc:
                 error = Reasons.store_unavailable(exc, saving=True)
                 written = [False] * len(kept)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["LoadedBatch", "SessionMeta", "SessionStore", "StateLayout", "StoreUnavailableError"]
+__all__ = ["LoadedBatch", "SaveBatch", "SessionMeta", "SessionStore", "StateLayout", "StoreUnavailableError"]
 
 
 class StoreUnavailableError(RuntimeError):
@@ -60,6 +60,17 @@ class LoadedBatch:
     tensors: dict[str, Tensor]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SaveBatch:
+    """What one ``save`` writes: rows ``tensors[name][i]`` ``[B, ...]`` and ``metas[i]`` of
+    ``session_ids[i]``, if its stored last seq still equals ``expected_seqs[i]`` (0: it must not exist)."""
+
+    session_ids: Sequence[str]
+    tensors: dict[str, Tensor]
+    metas: Sequence[SessionMeta]
+    expected_seqs: Sequence[int]
+
+
 class SessionStore(abc.ABC):
     """The interface every backend implements (the contract suite in tests/server runs on each)."""
 
@@ -80,16 +91,10 @@ class SessionStore(abc.ABC):
         """Read many sessions at once (distinct ids)."""
 
     @abc.abstractmethod
-    async def save(
-        self,
-        session_ids: Sequence[str],
-        tensors: dict[str, Tensor],
-        metas: Sequence[SessionMeta],
-        expected_seqs: Sequence[int],
-    ) -> list[bool]:
-        """Write rows ``tensors[name][i]`` ``[B, ...]`` and ``metas[i]`` for each session whose stored
-        last seq still equals ``expected_seqs[i]`` (0: the session must not exist): compare-and-set
-        per session. Returns, per session, whether it was written; nothing is written for a False."""
+    async def save(self, batch: SaveBatch) -> list[bool]:
+        """Write each session of ``batch`` whose stored last seq still equals its expected one:
+        compare-and-set per session. Returns, per session, whether it was written; nothing is
+        written for a False."""
 
     @abc.abstractmethod
     async def get(self, session_id: str) -> tuple[SessionMeta, dict[str, Tensor]] | None:

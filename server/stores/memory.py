@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from aaren.server.stores.base import LoadedBatch, SessionMeta, SessionStore, StateLayout
+from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionMeta, SessionStore, StateLayout
 
 __all__ = ["MemoryStore"]
 
@@ -52,13 +52,8 @@ class MemoryStore(SessionStore):
             tensors={k: pool.index_select(0, index) for k, pool in self._pool.items()},
         )
 
-    async def save(
-        self,
-        session_ids: Sequence[str],
-        tensors: dict[str, Tensor],
-        metas: Sequence[SessionMeta],
-        expected_seqs: Sequence[int],
-    ) -> list[bool]:
+    async def save(self, batch: SaveBatch) -> list[bool]:
+        session_ids, tensors, metas, expected_seqs = batch.session_ids, batch.tensors, batch.metas, batch.expected_seqs
         written = [False] * len(session_ids)
         self._writing = set(session_ids)
         rows: list[int] = []

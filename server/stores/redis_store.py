@@ -50,6 +50,7 @@ from torch import Tensor
 
 from aaren.server.stores.base import (
     LoadedBatch,
+    SaveBatch,
     SessionMeta,
     SessionStore,
     StateLayout,
@@ -310,13 +311,8 @@ class RedisStore(SessionStore):
             blobs.append(self._fresh)
         return LoadedBatch(metas=metas, tensors=self._decode(blobs))
 
-    async def save(
-        self,
-        session_ids: Sequence[str],
-        tensors: dict[str, Tensor],
-        metas: Sequence[SessionMeta],
-        expected_seqs: Sequence[int],
-    ) -> list[bool]:
+    async def save(self, batch: SaveBatch) -> list[bool]:
+        session_ids, tensors, metas, expected_seqs = batch.session_ids, batch.tensors, batch.metas, batch.expected_seqs
         blobs = self._encode(tensors)
         # One id per call is enough: its sessions have different keys, and only a resend of this
         # very pipeline may carry it again.
