@@ -399,7 +399,9 @@ def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.
 
 @_jit
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
-    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64)."""
+    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64).
+    A variance past float32's range makes the row NaN, as the float32 reference's does: an activation
+    that large is a numeric overflow (the server refuses the event), not a normalized row."""
     n = x.shape[0]
     total = 0.0
     for i in range(n):
@@ -410,7 +412,8 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.floa
         c = x[i] - mean
         total += c * c
     mean32 = np.float32(mean)
-    rstd = np.float32(1.0 / math.sqrt(np.float32(total / n) + eps))
+    var32 = np.float32(total / n)
+    rstd = np.float32(1.0 / math.sqrt(var32 + eps)) if math.isfinite(var32) else np.float32(np.nan)
     for i in range(n):
         out[i] = (x[i] - mean32) * rstd * gamma[i] + beta[i]
 

@@ -136,8 +136,10 @@ class EventTask(RunTask):
         singles = len(runs.dt) == len(runs.lengths) and runs.want.all()
         if kernel is None or not (singles and self.kernel and self.fused):
             return super().apply(rows, runs, top_k)  # type: ignore[return-value]
+        with np.errstate(over="ignore"):  # a gap past float32 becomes inf: its session's step overflows, refused
+            dt = runs.dt.astype(np.float32)
         out = kernel.step_forecast(
-            runs.dt.astype(np.float32),
+            dt,
             runs.marks,
             runs.values.reshape(len(runs.dt), self.description.value_width),
             rows["m"].numpy(),
