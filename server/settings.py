@@ -115,8 +115,10 @@ class ServerSettings(BaseSettings):
     compile_model: bool = Field(
         False,
         description="torch.compile the batched step and the forecast while the server loads, tens of seconds "
-        "(inductor; needs a C++ compiler on CPU, else the server warns and serves uncompiled): about 1.4x faster "
-        "one-session steps than the default eager path, no gain at 256 sessions (python -m bench.step --compiled)",
+        "(inductor; needs a C++ compiler on CPU, else the server warns and serves the eager torch path), in place "
+        "of the default: on CPU an Aaren event model's batches of single events run in one compiled numba kernel "
+        "(about 25x the eager torch path at one session, 1.5x at 256: bench/results/kernel.md), so this pays only "
+        "where the kernel does not serve (a GPU, other backbones)",
     )
     gc_threshold: int = Field(
         20_000,
