@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -52,7 +52,18 @@ FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
     os.environ.get("AAREN_KERNEL_FASTMATH", ""), False
 )
 
-_jit = numba.njit(cache=True, fastmath=FASTMATH, nogil=True, error_model="numpy")
+_JIT_OPTIONS = {"fastmath": FASTMATH, "nogil": True, "error_model": "numpy"}
+
+
+def _jit(fn: Callable[..., Any]) -> Any:
+    """``numba.njit`` with the module's options, cached on disk (``__pycache__`` beside this file, else numba's
+    user-wide directory or ``NUMBA_CACHE_DIR``); where none is writable (a read-only install, a user without a
+    home), uncached: each process then compiles on its first call."""
+    try:
+        return numba.njit(cache=True, **_JIT_OPTIONS)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, **_JIT_OPTIONS)(fn)
+
 
 _F32_HALF = np.float32(0.5)
 _F32_ONE = np.float32(1.0)
