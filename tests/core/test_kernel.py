@@ -259,6 +259,19 @@ def test_kernel_leaves_its_inputs_alone_and_refuses_what_it_cannot_serve() -> No
     out = kernel.step_forecast(dt, marks, values, *arrays, 20)
     assert all(np.array_equal(a, b) for a, b in zip(arrays, before, strict=True))
     assert np.array_equal(out.n_events, before[3] + 1) and out.forecast[2].shape == (4, 7)
+    assert kernel.forecast(out.y, 0)[2].shape == (4, 0)
+    with pytest.raises(ValueError, match="mark is outside"):
+        kernel.step_forecast(dt, np.array([0, 1, 7, 2]), values, *arrays, 3)
+    with pytest.raises(ValueError, match="mark is outside"):
+        kernel.step_forecast(dt, np.array([0, -1, 2, 2]), values, *arrays, 3)
+    with pytest.raises(ValueError, match=r"dt: expected a C-contiguous float32 array of shape \(4,\); got float64"):
+        kernel.step_forecast(dt.astype(np.float64), marks, values, *arrays, 3)
+    with pytest.raises(ValueError, match=r"values: .* shape \(4, 3\); got float32 \(4, 2\)"):
+        kernel.step_forecast(dt, marks, values[:, :2], *arrays, 3)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        kernel.step_forecast(dt, marks, values, arrays[0], arrays[1][:, ::-1], *arrays[2:], 3)
+    with pytest.raises(ValueError, match="y: "):
+        kernel.forecast(out.y[:, :-1], 3)
     with pytest.raises(ValueError, match="levels in"):
         EventKernel.from_fused(FusedEventModel.from_model(model), (0.5, 1.0))
     torch.manual_seed(0)

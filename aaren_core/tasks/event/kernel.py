@@ -619,7 +619,10 @@ def _step_forecast_rows(
                 features[1 + n_freqs + f] = np.cos(angle)
             for j in range(value_width):
                 features[1 + 2 * n_freqs + j] = values[b, j]
-            _affine(features, embed_wt, mark_table[marks[b]], x[r])
+            mark = marks[b]
+            if mark < 0 or mark >= mark_table.shape[0]:
+                raise ValueError("a mark is outside [0, num_marks)")
+            _affine(features, embed_wt, mark_table[mark], x[r])
         for layer in range(n_layers):
             for r in range(n_rows):
                 _layer_norm(x[r], norms[layer, 0], norms[layer, 1], eps[layer, 0], h[r])
@@ -666,6 +669,20 @@ def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
 
 
+_F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
+_INPUT_NAMES = ("dt", "marks", "values", "m", "u", "w", "n_events")
+
+
+def _check_array(name: str, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    """The compiled code reads memory as its types say: refuse any other dtype, shape or layout."""
+    if array.shape != shape or array.dtype != dtype or not array.flags.c_contiguous:
+        raise ValueError(
+            f"{name}: expected a C-contiguous {dtype} array of shape {shape}; got {array.dtype} {array.shape}"
+            f"{'' if array.flags.c_contiguous else ' (not C-contiguous)'}"
+        )
+
+
 class EventKernel:
     """``FusedEventModel``'s step and forecast as one compiled call per batch (see the module docstring).
 
@@ -684,6 +701,7 @@ class EventKernel:
         self.value_width = fused.value_width
         self.time_resolution = float(fused.time_resolution)
         self.levels = levels
+        self._state_shape = (len(fused.layers or ()), fused.n_heads, fused.d_model // fused.n_heads)
         self._step = step
         self._head = head
 
@@ -759,15 +777,30 @@ class EventKernel:
         ``values [B, V]`` float32, the state ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` float32 and
         ``n_events [B]`` int64 (not changed) -> ``KernelOutputs`` with ``k = min(top_k, M)`` marks.
 
-        Pass C-contiguous arrays of those dtypes (numba compiles one version per dtype and layout: any
-        other compiles anew, once). Marks are not checked here: one outside ``[0, M)`` reads another row.
+        C-contiguous arrays of exactly those dtypes and shapes (the compiled code's), else ``ValueError``;
+        also for a mark outside ``[0, M)``.
         """
-        k = min(int(top_k), self.num_marks)
+        rows = dt.shape[0]
+        layers, heads, head_dim = self._state_shape
+        expected = (
+            (dt, (rows,), _F32),
+            (marks, (rows,), _I64),
+            (values, (rows, self.value_width), _F32),
+            (m, (rows, layers, heads), _F32),
+            (u, (rows, layers, heads), _F32),
+            (w, (rows, layers, heads, head_dim), _F32),
+            (n_events, (rows,), _I64),
+        )
+        for name, (array, shape, dtype) in zip(_INPUT_NAMES, expected, strict=True):
+            _check_array(name, array, shape, dtype)
+        k = max(0, min(int(top_k), self.num_marks))
         y, m2, u2, w2, n2, forecast = _step_forecast_rows(
             dt, marks, values, m, u, w, n_events, k, self._step, self._head
         )
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
-        """The forecast alone from features ``y [B, d]`` float32: ``KernelOutputs.forecast``'s six arrays."""
-        return self._finish(_forecast_rows(y, min(int(top_k), self.num_marks), self._head))
+        """The forecast alone from features ``y [B, d]`` float32 (C-contiguous): ``KernelOutputs.forecast``'s
+        six arrays."""
+        _check_array("y", y, (y.shape[0], self.d_model), _F32)
+        return self._finish(_forecast_rows(y, max(0, min(int(top_k), self.num_marks)), self._head))
