@@ -586,11 +586,20 @@ def _step_forecast_rows(
     ``EventKernel``'s packed weights. Rows go through the layers ``BLOCK`` at a time (``_affine_rows``)."""
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
     sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps = step[7:]
-    rows, n_layers, n_heads = m.shape
-    head_dim = w.shape[3]
+    rows = dt.shape[0]
+    n_layers, n_heads, head_dim = w.shape[1], w.shape[2], w.shape[3]
     d = n_heads * head_dim
     n_freqs = freqs.shape[0]
     value_width = values.shape[1]
+    # the loops below index by these shapes without bounds checks
+    if marks.shape[0] != rows or values.shape[0] != rows or n_events.shape[0] != rows or w.shape[0] != rows:
+        raise ValueError("dt, marks, values, w and n_events must have one row per event")
+    if value_width != embed_wt.shape[0] - 1 - 2 * n_freqs:
+        raise ValueError("values: not the model's value width")
+    if m.shape != (rows, n_layers, n_heads) or u.shape != m.shape or n_layers != norms.shape[0]:
+        raise ValueError("m, u: not [B, L, H] of the model")
+    if d != sv_b.shape[1] - n_heads or n_heads != rate.shape[1]:
+        raise ValueError("w: not [B, L, H, Dh] of the model")
     y = np.empty((rows, d), np.float32)
     m_new = np.empty_like(m)
     u_new = np.empty_like(u)
@@ -672,15 +681,7 @@ def _f32(t: torch.Tensor) -> np.ndarray:
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
 _INPUT_NAMES = ("dt", "marks", "values", "m", "u", "w", "n_events")
-
-
-def _check_array(name: str, array: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
-    """The compiled code reads memory as its types say: refuse any other dtype, shape or layout."""
-    if array.shape != shape or array.dtype != dtype or not array.flags.c_contiguous:
-        raise ValueError(
-            f"{name}: expected a C-contiguous {dtype} array of shape {shape}; got {array.dtype} {array.shape}"
-            f"{'' if array.flags.c_contiguous else ' (not C-contiguous)'}"
-        )
+_INPUT_DTYPES = (_F32, _I64, _F32, _F32, _F32, _F32, _I64)
 
 
 class EventKernel:
@@ -701,7 +702,6 @@ class EventKernel:
         self.value_width = fused.value_width
         self.time_resolution = float(fused.time_resolution)
         self.levels = levels
-        self._state_shape = (len(fused.layers or ()), fused.n_heads, fused.d_model // fused.n_heads)
         self._step = step
         self._head = head
 
@@ -777,22 +777,13 @@ class EventKernel:
         ``values [B, V]`` float32, the state ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` float32 and
         ``n_events [B]`` int64 (not changed) -> ``KernelOutputs`` with ``k = min(top_k, M)`` marks.
 
-        C-contiguous arrays of exactly those dtypes and shapes (the compiled code's), else ``ValueError``;
-        also for a mark outside ``[0, M)``.
+        Arrays of another dtype, or of shapes that disagree with the model or each other, and marks outside
+        ``[0, M)`` raise ``ValueError``. Pass C-contiguous arrays: numba compiles a version of its own (once,
+        seconds) for any other layout.
         """
-        rows = dt.shape[0]
-        layers, heads, head_dim = self._state_shape
-        expected = (
-            (dt, (rows,), _F32),
-            (marks, (rows,), _I64),
-            (values, (rows, self.value_width), _F32),
-            (m, (rows, layers, heads), _F32),
-            (u, (rows, layers, heads), _F32),
-            (w, (rows, layers, heads, head_dim), _F32),
-            (n_events, (rows,), _I64),
-        )
-        for name, (array, shape, dtype) in zip(_INPUT_NAMES, expected, strict=True):
-            _check_array(name, array, shape, dtype)
+        for name, array, dtype in zip(_INPUT_NAMES, (dt, marks, values, m, u, w, n_events), _INPUT_DTYPES, strict=True):
+            if array.dtype != dtype:
+                raise ValueError(f"{name}: expected {dtype}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
         y, m2, u2, w2, n2, forecast = _step_forecast_rows(
             dt, marks, values, m, u, w, n_events, k, self._step, self._head
@@ -802,5 +793,6 @@ class EventKernel:
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
         """The forecast alone from features ``y [B, d]`` float32 (C-contiguous): ``KernelOutputs.forecast``'s
         six arrays."""
-        _check_array("y", y, (y.shape[0], self.d_model), _F32)
+        if y.dtype != _F32 or y.ndim != 2 or y.shape[1] != self.d_model:
+            raise ValueError(f"y: expected float32 [B, {self.d_model}], got {y.dtype} {list(y.shape)}")
         return self._finish(_forecast_rows(y, max(0, min(int(top_k), self.num_marks)), self._head))
