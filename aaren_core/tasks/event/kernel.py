@@ -21,10 +21,11 @@ the same sums in the same order):
   relatively exact where that one is not);
 - the continuous gap quantiles by a safeguarded Newton search in float64 (not the fused's float32
   grid): ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` on ``z = log tau``, bracketed by the
-  components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, each Newton step kept
-  inside the bracket (a bisection step where it would leave it), until the step is below
-  ``1e-13 (1 + |z|)``. The result is the root of the float32 parameters' mixture to float64
-  precision, within the fused search's own error of its (float32) result.
+  components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, started from their
+  weighted mean, each Newton step kept inside the bracket (a bisection step where it would leave it;
+  ``mixture_quantile``). The result is the root of the float32 parameters' mixture to about 1e-9,
+  within the fused search's own error of its (float32) result; on a grid it only places
+  ``heads.discrete_quantiles``' candidates.
 
 Levels compare as float32 numbers cast to float64, as both torch paths hold them.
 """
