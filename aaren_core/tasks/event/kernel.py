@@ -19,10 +19,10 @@ the same sums in the same order):
   ``log_ndtr`` as torch evaluates it, below ``-20`` by its asymptotic series, where ``erfc`` nears
   underflow; ``ndtr`` from ``erfc`` in the tails, within 1.1e-16 of torch's ``(1 + erf) / 2`` and
   relatively exact where that one is not);
-- the continuous gap quantiles by a safeguarded Newton search in float64 (not the fused's float32
+- the continuous gap quantiles by a safeguarded Halley search in float64 (not the fused's float32
   grid): ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` on ``z = log tau``, bracketed by the
   components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, started from their
-  weighted mean, each Newton step kept inside the bracket (a bisection step where it would leave it;
+  weighted mean, Halley steps kept inside the bracket (a bisection step where one would leave it;
   ``mixture_quantile``). The result is the root of the float32 parameters' mixture to about 1e-9,
   within the fused search's own error of its (float32) result; on a grid it only places
   ``heads.discrete_quantiles``' candidates.
@@ -75,11 +75,11 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2 * math.pi)
 #: below this ``log_ndtr`` uses its asymptotic series (13 terms: the first omitted is under 1e-17 there)
 _LOG_NDTR_ASYMPTOTIC = -20.0
-_NEWTON_MAX = 200
-#: the search stops after a Newton step below ``_NEWTON_TOL (1 + |z|)`` (its error then is of the order of the
-#: step's square, over the curvature's scale ``sigma``: under 1e-9 for ``sigma >= e^-7``), or where the bracket
-#: has shrunk below ``_BRACKET_TOL (1 + |z|)``
-_NEWTON_TOL = 1e-6
+_SEARCH_MAX = 200
+#: the quantile search stops after a Halley step below ``_STEP_TOL (1 + |z|)`` (its error then is of the order
+#: of the step's cube over ``sigma^2``: under 1e-11 for ``sigma >= e^-7``), or where the bracket has shrunk below
+#: ``_BRACKET_TOL (1 + |z|)``
+_STEP_TOL = 1e-6
 _BRACKET_TOL = 1e-13
 #: ``_discrete_quantile`` skips the lowest candidate where ``F`` there is this far below the level
 _DISCRETE_MARGIN = 1e-6
@@ -258,9 +258,11 @@ def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolutio
 @_jit
 def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
     """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` (``mix`` from ``_mixture``,
-    ``ppf = Phi^-1(p)``): safeguarded Newton in the bracket ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``,
-    where every component is below, resp. above, its own level, so ``F(lo) <= p <= F(hi)``. A step that
-    would leave the bracket bisects it instead (see ``_NEWTON_TOL`` for when it stops)."""
+    ``ppf = Phi^-1(p)``): Halley's method (``z -= 2 g F' / (2 F'^2 - g F'')``, ``g = F(z) - p``; cubic where
+    Newton is quadratic, for the ``F''`` that the density's terms give at no cost; Newton's step where
+    ``|g F''| > F'^2``, whose Halley step could be small far from the root) in the bracket
+    ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``, where every component is below, resp. above, its own level,
+    so ``F(lo) <= p <= F(hi)``. A step that would leave the bracket bisects it instead (``_STEP_TOL``)."""
     k_all = mix.shape[1]
     lo = math.inf
     hi = -math.inf
@@ -273,13 +275,17 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
     z = 0.0  # the components' quantiles averaged with their weights: inside the bracket, often near the root
     for k in range(k_all):
         z += mix[_WEIGHTS, k] * (mix[_LOC, k] + mix[_SCALE, k] * ppf)
-    for _ in range(_NEWTON_MAX):
+    for _ in range(_SEARCH_MAX):
         cdf = 0.0
-        pdf = 0.0
+        pdf = 0.0  # F' sqrt(2 pi)
+        slope = 0.0  # F'' sqrt(2 pi)
         for k in range(k_all):
-            t = (z - mix[_LOC, k]) * mix[_INV_SCALE, k]
+            inv = mix[_INV_SCALE, k]
+            t = (z - mix[_LOC, k]) * inv
             cdf += mix[_WEIGHTS, k] * ndtr(t)
-            pdf += mix[_WEIGHTS, k] * mix[_INV_SCALE, k] * math.exp(-0.5 * t * t)
+            density = mix[_WEIGHTS, k] * inv * math.exp(-0.5 * t * t)
+            pdf += density
+            slope -= density * t * inv
         gap = cdf - level
         if gap == 0.0:
             return z
@@ -287,9 +293,13 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
             lo = z
         else:
             hi = z
-        nxt = z - gap / (pdf * _INV_SQRT_2PI)
+        f1 = pdf * _INV_SQRT_2PI
+        curve = gap * slope * _INV_SQRT_2PI  # g F''
+        # Halley's step where it is within 2/3 .. 2 of Newton's (so small only near the root), else Newton's:
+        # where F' is small for its curvature (between narrow components), often a bisection then
+        nxt = z - 2.0 * gap * f1 / (2.0 * f1 * f1 - curve) if abs(curve) <= f1 * f1 else z - gap / f1
         if lo < nxt < hi:
-            if abs(nxt - z) <= _NEWTON_TOL * (1.0 + abs(z)):
+            if abs(nxt - z) <= _STEP_TOL * (1.0 + abs(z)):
                 return nxt
         else:
             nxt = 0.5 * (lo + hi)
