@@ -81,6 +81,9 @@ _SEARCH_MAX = 200
 #: ``_BRACKET_TOL (1 + |z|)``
 _STEP_TOL = 1e-6
 _BRACKET_TOL = 1e-13
+#: sums of positive terms below this are taken in log space (``_truncated_mean``): a term that underflowed to 0
+#: in the direct sum would weigh more than rounding there
+_DIRECT_FLOOR = 1e-280
 #: ``_discrete_quantile`` skips the lowest candidate where ``F`` there is this far below the level
 _DISCRETE_MARGIN = 1e-6
 
@@ -201,8 +204,18 @@ def _log_partial_expectation(mix: np.ndarray, log_x: float) -> float:
 @_jit
 def _truncated_mean(mix: np.ndarray, bound: float) -> float:
     """``heads.truncated_mean``: ``E[tau | tau <= U] = sum_k pi_k e^(mu_k + sigma_k^2/2) Phi(z_k - sigma_k) /
-    sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``."""
+    sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``: both sums directly, unless one
+    comes within ``_DIRECT_FLOOR`` of underflow (or a factor overflows), then in log space as the heads."""
     log_u = math.log(bound)
+    num = 0.0
+    den = 0.0
+    for k in range(mix.shape[1]):
+        scale = mix[_SCALE, k]
+        num += mix[_PARTIAL, k] * ndtr((log_u - mix[_LOC, k]) / scale - scale)
+        den += mix[_WEIGHTS, k] * ndtr((log_u - mix[_LOC, k]) * mix[_INV_SCALE, k])
+    if _DIRECT_FLOOR < num < math.inf and den > _DIRECT_FLOOR:
+        out = num / den
+        return bound if out > bound else out
     log_num = _log_partial_expectation(mix, log_u)
     terms = mix[_TERMS]
     for k in range(terms.shape[0]):
