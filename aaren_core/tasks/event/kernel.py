@@ -57,9 +57,9 @@ _JIT_OPTIONS = {"fastmath": FASTMATH, "nogil": True, "error_model": "numpy"}
 
 
 def _jit(fn: Callable[..., Any]) -> Any:
-    """``numba.njit`` with the module's options, cached on disk (``__pycache__`` beside this file, else numba's
-    user-wide directory or ``NUMBA_CACHE_DIR``); where none is writable (a read-only install, a user without a
-    home), uncached: each process then compiles on its first call."""
+    """``numba.njit`` with the module's options, cached on disk (in ``NUMBA_CACHE_DIR`` where set, else in
+    ``__pycache__`` beside this file, else in numba's user-wide directory); where none is writable (a read-only
+    install, a user without a home), uncached: each process then compiles on its first call."""
     try:
         return numba.njit(cache=True, **_JIT_OPTIONS)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
