@@ -2,8 +2,9 @@
 
 Step after step at odd sizes (the state evolving in each path separately), with and without time decay and
 a time resolution; the float64 gap summaries against the torch float64 functions on the same float32
-mixture; the special functions against torch. The first test in a fresh checkout compiles the kernel
-(about 10 s on 2 cores; numba caches it in ``aaren_core/tasks/event/__pycache__``, then under 1 s).
+mixture; the special functions against torch. The first run in a fresh checkout compiles the kernel:
+about 15 s for the file on 2 busy cores, 2 s once numba has cached it (``aaren_core/tasks/event/__pycache__``,
+or ``NUMBA_CACHE_DIR``).
 """
 
 from __future__ import annotations
