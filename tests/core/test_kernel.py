@@ -2,8 +2,9 @@
 
 Step after step at odd sizes (the state evolving in each path separately), with and without time decay and
 a time resolution; the float64 gap summaries against the torch float64 functions on the same float32
-mixture; the special functions against torch. The first test in a fresh checkout compiles the kernel
-(about 10 s on 2 cores; numba caches it in ``aaren_core/tasks/event/__pycache__``, then under 1 s).
+mixture; the special functions against torch. The first run in a fresh checkout compiles the kernel:
+about 15 s for the file on 2 busy cores, 2 s once numba has cached it (``aaren_core/tasks/event/__pycache__``,
+or ``NUMBA_CACHE_DIR``).
 """
 
 from __future__ import annotations
@@ -259,6 +260,21 @@ def test_kernel_leaves_its_inputs_alone_and_refuses_what_it_cannot_serve() -> No
     out = kernel.step_forecast(dt, marks, values, *arrays, 20)
     assert all(np.array_equal(a, b) for a, b in zip(arrays, before, strict=True))
     assert np.array_equal(out.n_events, before[3] + 1) and out.forecast[2].shape == (4, 7)
+    assert kernel.forecast(out.y, 0)[2].shape == (4, 0)
+    with pytest.raises(ValueError, match="mark is outside"):
+        kernel.step_forecast(dt, np.array([0, 1, 7, 2]), values, *arrays, 3)
+    with pytest.raises(ValueError, match="mark is outside"):
+        kernel.step_forecast(dt, np.array([0, -1, 2, 2]), values, *arrays, 3)
+    with pytest.raises(ValueError, match="dt: expected float32, got float64"):
+        kernel.step_forecast(dt.astype(np.float64), marks, values, *arrays, 3)
+    with pytest.raises(ValueError, match="values: not the model's value width"):
+        kernel.step_forecast(dt, marks, np.ascontiguousarray(values[:, :2]), *arrays, 3)
+    with pytest.raises(ValueError, match="one row per event"):
+        kernel.step_forecast(dt[:3], marks[:3], values[:3], *arrays, 3)
+    with pytest.raises(ValueError, match="m, u: not"):
+        kernel.step_forecast(dt, marks, values, arrays[0][:, :1].copy(), *arrays[1:], 3)
+    with pytest.raises(ValueError, match="y: "):
+        kernel.forecast(out.y[:, :-1], 3)
     with pytest.raises(ValueError, match="levels in"):
         EventKernel.from_fused(FusedEventModel.from_model(model), (0.5, 1.0))
     torch.manual_seed(0)
@@ -267,19 +283,27 @@ def test_kernel_leaves_its_inputs_alone_and_refuses_what_it_cannot_serve() -> No
         EventKernel.from_fused(FusedEventModel.from_model(gru), LEVELS)
 
 
-@pytest.mark.parametrize(("k", "min_log_scale", "seed"), [(1, -1.5, 0), (5, -1.5, 1), (8, -7.0, 2)])
-def test_gap_summaries_equal_the_float64_reference_on_the_same_mixture(k: int, min_log_scale: float, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("k", "min_log_scale", "seed", "mean_tol"),
+    [(1, -1.5, 0, 1e-10), (5, -1.5, 1, 1e-10), (8, -7.0, 2, 1e-10), (1, -7.0, 3, 1e-7)],
+)
+def test_gap_summaries_equal_the_float64_reference_on_the_same_mixture(
+    k: int, min_log_scale: float, seed: int, mean_tol: float
+) -> None:
     """On one float32 mixture: the truncated mean as heads.truncated_mean (bounds far inside and far past
-    the mixtures, so log_ndtr runs deep into its tail: 2e-12 where both sums are exp(-1e4)-small, their
-    logs' rounding), the continuous quantiles as a float64 bisection rounded to float32, and on a grid
-    exactly heads.discrete_quantiles of the bisection's quantiles."""
-    mix = random_mixture(2000, k, seed, min_log_scale)
+    the mixtures, so log_ndtr runs deep into its tail), the continuous quantiles as a float64 bisection
+    rounded to float32, and on a grid exactly heads.discrete_quantiles of the bisection's quantiles.
+
+    The mean agrees to 1e-10 (2e-12 seen) but where one narrow component lies thousands of sigmas past the
+    bound: both sums are then exp(-1e7)-small, and the rounding of their logs alone (1e-16 of 1e7) moves
+    the mean by up to 3e-8 between two log_ndtr implementations, either as good."""
+    mix = random_mixture(800, k, seed, min_log_scale)
     arrays = tuple(t.numpy() for t in (mix.logits, mix.loc, mix.log_scale))
     lw, loc, ls = torch.log_softmax(mix.logits.double(), -1), mix.loc.double(), mix.log_scale.double()
     for bound in (0.05, 3.0, 877.0):
         mean, quantiles = gap_summaries(*arrays, LEVELS, bound, 0.0)
         want = truncated_mean(lw, loc, ls, bound).numpy()
-        assert (mean <= bound).all() and rel_err(mean, want, floor=0.0) < 1e-10, bound
+        assert (mean <= bound).all() and rel_err(mean, want, floor=0.0) < mean_tol, bound
     exact = bisection_quantiles(mix, LEVELS32)
     assert quantiles.dtype == np.float64 and np.array_equal(quantiles, quantiles.astype(np.float32))
     assert rel_err(quantiles, exact.float(), floor=0.0) < 2.5e-7  # within an ulp of the root rounded to float32

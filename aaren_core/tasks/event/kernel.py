@@ -19,12 +19,13 @@ the same sums in the same order):
   ``log_ndtr`` as torch evaluates it, below ``-20`` by its asymptotic series, where ``erfc`` nears
   underflow; ``ndtr`` from ``erfc`` in the tails, within 1.1e-16 of torch's ``(1 + erf) / 2`` and
   relatively exact where that one is not);
-- the continuous gap quantiles by a safeguarded Newton search in float64 (not the fused's float32
+- the continuous gap quantiles by a safeguarded Halley search in float64 (not the fused's float32
   grid): ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` on ``z = log tau``, bracketed by the
-  components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, each Newton step kept
-  inside the bracket (a bisection step where it would leave it), until the step is below
-  ``1e-13 (1 + |z|)``. The result is the root of the float32 parameters' mixture to float64
-  precision, within the fused search's own error of its (float32) result.
+  components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, started from their
+  weighted mean, Halley steps kept inside the bracket (a bisection step where one would leave it;
+  ``mixture_quantile``). The result is the root of the float32 parameters' mixture to about 1e-9,
+  within the fused search's own error of its (float32) result; on a grid it only places
+  ``heads.discrete_quantiles``' candidates.
 
 Levels compare as float32 numbers cast to float64, as both torch paths hold them.
 """
@@ -34,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -52,7 +53,18 @@ FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
     os.environ.get("AAREN_KERNEL_FASTMATH", ""), False
 )
 
-_jit = numba.njit(cache=True, fastmath=FASTMATH, nogil=True, error_model="numpy")
+_JIT_OPTIONS = {"fastmath": FASTMATH, "nogil": True, "error_model": "numpy"}
+
+
+def _jit(fn: Callable[..., Any]) -> Any:
+    """``numba.njit`` with the module's options, cached on disk (in ``NUMBA_CACHE_DIR`` where set, else in
+    ``__pycache__`` beside this file, else in numba's user-wide directory); where none is writable (a read-only
+    install, a user without a home), uncached: each process then compiles on its first call."""
+    try:
+        return numba.njit(cache=True, **_JIT_OPTIONS)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, **_JIT_OPTIONS)(fn)
+
 
 _F32_HALF = np.float32(0.5)
 _F32_ONE = np.float32(1.0)
@@ -63,12 +75,15 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2 * math.pi)
 #: below this ``log_ndtr`` uses its asymptotic series (13 terms: the first omitted is under 1e-17 there)
 _LOG_NDTR_ASYMPTOTIC = -20.0
-_NEWTON_MAX = 200
-#: the search stops after a Newton step below ``_NEWTON_TOL (1 + |z|)`` (its error then is of the order of the
-#: step's square, over the curvature's scale ``sigma``: under 1e-9 for ``sigma >= e^-7``), or where the bracket
-#: has shrunk below ``_BRACKET_TOL (1 + |z|)``
-_NEWTON_TOL = 1e-6
+_SEARCH_MAX = 200
+#: the quantile search stops after a Halley step below ``_STEP_TOL (1 + |z|)`` (its error then is of the order
+#: of the step's cube over ``sigma^2``: under 1e-11 for ``sigma >= e^-7``), or where the bracket has shrunk below
+#: ``_BRACKET_TOL (1 + |z|)``
+_STEP_TOL = 1e-6
 _BRACKET_TOL = 1e-13
+#: sums of positive terms below this are taken in log space (``_truncated_mean``): a term that underflowed to 0
+#: in the direct sum would weigh more than rounding there
+_DIRECT_FLOOR = 1e-280
 #: ``_discrete_quantile`` skips the lowest candidate where ``F`` there is this far below the level
 _DISCRETE_MARGIN = 1e-6
 
@@ -189,8 +204,18 @@ def _log_partial_expectation(mix: np.ndarray, log_x: float) -> float:
 @_jit
 def _truncated_mean(mix: np.ndarray, bound: float) -> float:
     """``heads.truncated_mean``: ``E[tau | tau <= U] = sum_k pi_k e^(mu_k + sigma_k^2/2) Phi(z_k - sigma_k) /
-    sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``."""
+    sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``: both sums directly, unless one
+    comes within ``_DIRECT_FLOOR`` of underflow (or a factor overflows), then in log space as the heads."""
     log_u = math.log(bound)
+    num = 0.0
+    den = 0.0
+    for k in range(mix.shape[1]):
+        scale = mix[_SCALE, k]
+        num += mix[_PARTIAL, k] * ndtr((log_u - mix[_LOC, k]) / scale - scale)
+        den += mix[_WEIGHTS, k] * ndtr((log_u - mix[_LOC, k]) * mix[_INV_SCALE, k])
+    if _DIRECT_FLOOR < num < math.inf and den > _DIRECT_FLOOR:
+        out = num / den
+        return bound if out > bound else out
     log_num = _log_partial_expectation(mix, log_u)
     terms = mix[_TERMS]
     for k in range(terms.shape[0]):
@@ -246,9 +271,11 @@ def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolutio
 @_jit
 def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
     """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` (``mix`` from ``_mixture``,
-    ``ppf = Phi^-1(p)``): safeguarded Newton in the bracket ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``,
-    where every component is below, resp. above, its own level, so ``F(lo) <= p <= F(hi)``. A step that
-    would leave the bracket bisects it instead (see ``_NEWTON_TOL`` for when it stops)."""
+    ``ppf = Phi^-1(p)``): Halley's method (``z -= 2 g F' / (2 F'^2 - g F'')``, ``g = F(z) - p``; cubic where
+    Newton is quadratic, for the ``F''`` that the density's terms give at no cost; Newton's step where
+    ``|g F''| > F'^2``, whose Halley step could be small far from the root) in the bracket
+    ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``, where every component is below, resp. above, its own level,
+    so ``F(lo) <= p <= F(hi)``. A step that would leave the bracket bisects it instead (``_STEP_TOL``)."""
     k_all = mix.shape[1]
     lo = math.inf
     hi = -math.inf
@@ -261,13 +288,17 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
     z = 0.0  # the components' quantiles averaged with their weights: inside the bracket, often near the root
     for k in range(k_all):
         z += mix[_WEIGHTS, k] * (mix[_LOC, k] + mix[_SCALE, k] * ppf)
-    for _ in range(_NEWTON_MAX):
+    for _ in range(_SEARCH_MAX):
         cdf = 0.0
-        pdf = 0.0
+        pdf = 0.0  # F' sqrt(2 pi)
+        slope = 0.0  # F'' sqrt(2 pi)
         for k in range(k_all):
-            t = (z - mix[_LOC, k]) * mix[_INV_SCALE, k]
+            inv = mix[_INV_SCALE, k]
+            t = (z - mix[_LOC, k]) * inv
             cdf += mix[_WEIGHTS, k] * ndtr(t)
-            pdf += mix[_WEIGHTS, k] * mix[_INV_SCALE, k] * math.exp(-0.5 * t * t)
+            density = mix[_WEIGHTS, k] * inv * math.exp(-0.5 * t * t)
+            pdf += density
+            slope -= density * t * inv
         gap = cdf - level
         if gap == 0.0:
             return z
@@ -275,9 +306,13 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
             lo = z
         else:
             hi = z
-        nxt = z - gap / (pdf * _INV_SQRT_2PI)
+        f1 = pdf * _INV_SQRT_2PI
+        curve = gap * slope * _INV_SQRT_2PI  # g F''
+        # Halley's step where it is within 2/3 .. 2 of Newton's (so small only near the root), else Newton's:
+        # where F' is small for its curvature (between narrow components), often a bisection then
+        nxt = z - 2.0 * gap * f1 / (2.0 * f1 * f1 - curve) if abs(curve) <= f1 * f1 else z - gap / f1
         if lo < nxt < hi:
-            if abs(nxt - z) <= _NEWTON_TOL * (1.0 + abs(z)):
+            if abs(nxt - z) <= _STEP_TOL * (1.0 + abs(z)):
                 return nxt
         else:
             nxt = 0.5 * (lo + hi)
@@ -578,11 +613,20 @@ def _step_forecast_rows(
     ``EventKernel``'s packed weights. Rows go through the layers ``BLOCK`` at a time (``_affine_rows``)."""
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
     sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps = step[7:]
-    rows, n_layers, n_heads = m.shape
-    head_dim = w.shape[3]
+    rows = dt.shape[0]
+    n_layers, n_heads, head_dim = w.shape[1], w.shape[2], w.shape[3]
     d = n_heads * head_dim
     n_freqs = freqs.shape[0]
     value_width = values.shape[1]
+    # the loops below index by these shapes without bounds checks
+    if marks.shape[0] != rows or values.shape[0] != rows or n_events.shape[0] != rows or w.shape[0] != rows:
+        raise ValueError("dt, marks, values, w and n_events must have one row per event")
+    if value_width != embed_wt.shape[0] - 1 - 2 * n_freqs:
+        raise ValueError("values: not the model's value width")
+    if m.shape != (rows, n_layers, n_heads) or u.shape != m.shape or n_layers != norms.shape[0]:
+        raise ValueError("m, u: not [B, L, H] of the model")
+    if d != sv_b.shape[1] - n_heads or n_heads != rate.shape[1]:
+        raise ValueError("w: not [B, L, H, Dh] of the model")
     y = np.empty((rows, d), np.float32)
     m_new = np.empty_like(m)
     u_new = np.empty_like(u)
@@ -611,7 +655,10 @@ def _step_forecast_rows(
                 features[1 + n_freqs + f] = np.cos(angle)
             for j in range(value_width):
                 features[1 + 2 * n_freqs + j] = values[b, j]
-            _affine(features, embed_wt, mark_table[marks[b]], x[r])
+            mark = marks[b]
+            if mark < 0 or mark >= mark_table.shape[0]:
+                raise ValueError("a mark is outside [0, num_marks)")
+            _affine(features, embed_wt, mark_table[mark], x[r])
         for layer in range(n_layers):
             for r in range(n_rows):
                 _layer_norm(x[r], norms[layer, 0], norms[layer, 1], eps[layer, 0], h[r])
@@ -656,6 +703,12 @@ def _step_forecast_rows(
 
 def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
+
+
+_F32 = np.dtype(np.float32)
+_I64 = np.dtype(np.int64)
+_INPUT_NAMES = ("dt", "marks", "values", "m", "u", "w", "n_events")
+_INPUT_DTYPES = (_F32, _I64, _F32, _F32, _F32, _F32, _I64)
 
 
 class EventKernel:
@@ -751,15 +804,22 @@ class EventKernel:
         ``values [B, V]`` float32, the state ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` float32 and
         ``n_events [B]`` int64 (not changed) -> ``KernelOutputs`` with ``k = min(top_k, M)`` marks.
 
-        Pass C-contiguous arrays of those dtypes (numba compiles one version per dtype and layout: any
-        other compiles anew, once). Marks are not checked here: one outside ``[0, M)`` reads another row.
+        Arrays of another dtype, or of shapes that disagree with the model or each other, and marks outside
+        ``[0, M)`` raise ``ValueError``. Pass C-contiguous arrays: numba compiles a version of its own (once,
+        seconds) for any other layout.
         """
-        k = min(int(top_k), self.num_marks)
+        for name, array, dtype in zip(_INPUT_NAMES, (dt, marks, values, m, u, w, n_events), _INPUT_DTYPES, strict=True):
+            if array.dtype != dtype:
+                raise ValueError(f"{name}: expected {dtype}, got {array.dtype}")
+        k = max(0, min(int(top_k), self.num_marks))
         y, m2, u2, w2, n2, forecast = _step_forecast_rows(
             dt, marks, values, m, u, w, n_events, k, self._step, self._head
         )
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
-        """The forecast alone from features ``y [B, d]`` float32: ``KernelOutputs.forecast``'s six arrays."""
-        return self._finish(_forecast_rows(y, min(int(top_k), self.num_marks), self._head))
+        """The forecast alone from features ``y [B, d]`` float32 (C-contiguous): ``KernelOutputs.forecast``'s
+        six arrays."""
+        if y.dtype != _F32 or y.ndim != 2 or y.shape[1] != self.d_model:
+            raise ValueError(f"y: expected float32 [B, {self.d_model}], got {y.dtype} {list(y.shape)}")
+        return self._finish(_forecast_rows(y, max(0, min(int(top_k), self.num_marks)), self._head))
