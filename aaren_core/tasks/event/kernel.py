@@ -597,20 +597,11 @@ def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
 
 
 @_jit
-def _step_forecast_rows(
-    dt: np.ndarray,
-    marks: np.ndarray,
-    values: np.ndarray,
-    m: np.ndarray,
-    u: np.ndarray,
-    w: np.ndarray,
-    n_events: np.ndarray,
-    top_k: int,
-    step: tuple,
-    head: tuple,
-) -> tuple:
-    """One event per row, then the forecast from its features (see the module docstring); ``step`` and ``head``:
+def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> tuple:
+    """One event per row, then the forecast from its features (see the module docstring): ``inputs`` are
+    ``EventKernel.step_forecast``'s arrays ``(dt, marks, values, m, u, w, n_events)``; ``step`` and ``head``:
     ``EventKernel``'s packed weights. Rows go through the layers ``BLOCK`` at a time (``_affine_rows``)."""
+    dt, marks, values, m, u, w, n_events = inputs
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
     sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps = step[7:]
     rows = dt.shape[0]
@@ -808,13 +799,12 @@ class EventKernel:
         ``[0, M)`` raise ``ValueError``. Pass C-contiguous arrays: numba compiles a version of its own (once,
         seconds) for any other layout.
         """
-        for name, array, dtype in zip(_INPUT_NAMES, (dt, marks, values, m, u, w, n_events), _INPUT_DTYPES, strict=True):
+        inputs = (dt, marks, values, m, u, w, n_events)
+        for name, array, dtype in zip(_INPUT_NAMES, inputs, _INPUT_DTYPES, strict=True):
             if array.dtype != dtype:
                 raise ValueError(f"{name}: expected {dtype}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
-        y, m2, u2, w2, n2, forecast = _step_forecast_rows(
-            dt, marks, values, m, u, w, n_events, k, self._step, self._head
-        )
+        y, m2, u2, w2, n2, forecast = _step_forecast_rows(inputs, k, self._step, self._head)
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
