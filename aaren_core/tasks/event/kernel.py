@@ -455,20 +455,13 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.floa
 
 @_jit
 def _gap_row(
-    b: int,
-    logits: np.ndarray,
-    loc: np.ndarray,
-    log_scale: np.ndarray,
-    levels: np.ndarray,
-    ppf: np.ndarray,
-    gap_bound: float,
-    resolution: float,
-    mix: np.ndarray,
-    time_mean: np.ndarray,
-    quantiles: np.ndarray,
+    b: int, mixture: tuple, spec: tuple, mix: np.ndarray, time_mean: np.ndarray, quantiles: np.ndarray
 ) -> None:
-    """Row ``b`` of the gap summaries from one float32 mixture ``[K]``: ``time_mean[b]`` and ``quantiles[b]``
+    """Row ``b`` of the gap summaries from one float32 mixture ``(logits, loc, log_scale)`` ``[K]`` each, at
+    ``spec = (levels [Q], Phi^-1(levels) [Q], gap_bound, resolution)``: ``time_mean[b]`` and ``quantiles[b]``
     (float64; the continuous quantiles rounded to float32 values where ``resolution`` is 0)."""
+    logits, loc, log_scale = mixture
+    levels, ppf, gap_bound, resolution = spec
     _mixture(logits, loc, log_scale, mix)
     time_mean[b] = _truncated_mean(mix, gap_bound)
     for q in range(levels.shape[0]):
@@ -480,21 +473,15 @@ def _gap_row(
 
 
 @_jit
-def _gap_rows(
-    logits: np.ndarray,
-    loc: np.ndarray,
-    log_scale: np.ndarray,
-    levels: np.ndarray,
-    ppf: np.ndarray,
-    gap_bound: float,
-    resolution: float,
-) -> tuple[np.ndarray, np.ndarray]:
+def _gap_rows(mixtures: tuple, spec: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """``_gap_row`` of every row of the mixtures ``(logits, loc, log_scale)`` ``[B, K]`` each."""
+    logits, loc, log_scale = mixtures
     rows, k_all = loc.shape
     mix = np.empty((MIX_ROWS, k_all), np.float64)
     time_mean = np.empty(rows, np.float64)
-    quantiles = np.empty((rows, levels.shape[0]), np.float64)
+    quantiles = np.empty((rows, spec[0].shape[0]), np.float64)
     for b in range(rows):
-        _gap_row(b, logits[b], loc[b], log_scale[b], levels, ppf, gap_bound, resolution, mix, time_mean, quantiles)
+        _gap_row(b, (logits[b], loc[b], log_scale[b]), spec, mix, time_mean, quantiles)
     return time_mean, quantiles
 
 
@@ -518,8 +505,8 @@ def gap_summaries(
     ``E[tau | tau <= gap_bound] [B]`` and the quantiles at ``levels`` ``[B, Q]``, of the gap recorded at
     ``resolution`` (> 0) or of the continuous gap (0: float32 values), both float64."""
     level_arr, ppf = _level_arrays(levels)
-    arrays = (np.ascontiguousarray(a, dtype=np.float32) for a in (logits, loc, log_scale))
-    return _gap_rows(*arrays, level_arr, ppf, float(gap_bound), float(resolution))
+    arrays = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in (logits, loc, log_scale))
+    return _gap_rows(arrays, (level_arr, ppf, float(gap_bound), float(resolution)))
 
 
 @_jit
@@ -584,7 +571,7 @@ def _forecast_row(b: int, y: np.ndarray, top_k: int, head: tuple, outputs: tuple
         top_marks[b, r] = best
         top_probs[b, r] = probs[best]
     logits, loc, log_scale = out[:k_all], out[k_all : 2 * k_all], out[2 * k_all : 3 * k_all]
-    _gap_row(b, logits, loc, log_scale, levels, ppf, gap_bound, resolution, mix, time_mean, quantiles)
+    _gap_row(b, (logits, loc, log_scale), (levels, ppf, gap_bound, resolution), mix, time_mean, quantiles)
 
 
 @_jit
