@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import os
 import secrets
 import signal
@@ -49,12 +50,52 @@ FRONTEND_START_TIMEOUT_S = 60.0
 RESTART_BACKOFF_S = 0.5
 
 
-def resolve_frontends(setting: int) -> int:
-    """``-1`` (auto): one front end per usable core beside the engine core's, at least 1 and at most
-    8 (the cores this process may run on; a container's CPU quota is not seen: set it there)."""
+#: ``--frontends -1`` runs in one process below this many usable CPUs: on 2 CPUs one process served
+#: more events per second than a core with one front end in every cell measured (1, 16 and 64 sessions,
+#: bench/results/path_and_kernel_layouts.md): a front end's parsing gains nothing without a CPU of its own.
+MIN_CPUS_FOR_FRONTENDS = 4
+
+
+def resolve_frontends(setting: int, cpus: int | None = None) -> int:
+    """``-1`` (auto): in one process (0) below ``MIN_CPUS_FOR_FRONTENDS`` usable CPUs, else one front
+    end per usable CPU beside the engine core's, at most 8; ``cpus`` defaults to ``usable_cpus()``."""
     if setting >= 0:
         return setting
-    return max(1, min(8, len(os.sched_getaffinity(0)) - 1))
+    cpus = usable_cpus() if cpus is None else cpus
+    return 0 if cpus < MIN_CPUS_FOR_FRONTENDS else min(8, cpus - 1)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity, cut to its cgroup's CPU quota where one is set (a
+    container limited to 2 CPUs on a 64-core host counts 2)."""
+    return cpus_within(len(os.sched_getaffinity(0)), cgroup_cpu_quota())
+
+
+def cpus_within(affinity: int, quota: float | None) -> int:
+    """``affinity`` CPUs, at most ``ceil(quota)`` of them (a quota of 1.5 CPUs keeps 2 busy), at least 1."""
+    return max(1, affinity if quota is None else min(affinity, math.ceil(quota)))
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")) -> float | None:
+    """This process's CPU quota in CPUs (cgroup v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``), None where there is none or it cannot be read."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        lines = []
+    own = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
+    for folder in (root / own.lstrip("/"), root):
+        try:
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return None if quota == "max" else int(quota) / int(period)
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
 
 
 class AarenServer:

@@ -79,7 +79,8 @@ class ServerSettings(BaseSettings):
         -1,
         ge=-1,
         description="gRPC front-end processes beside the engine core's process, sharing the port (SO_REUSEPORT); "
-        "0: one process does everything (embedded use); -1: one per CPU core beyond the first, 1 to 8",
+        "0: one process does everything (embedded use); -1: by the CPUs this process may use (its affinity cut to "
+        "its cgroup's quota): one process below 4, else one front end per CPU beyond the first, at most 8",
     )
     max_batch_size: PositiveInt = Field(256, description="most sessions stepped in one batched model call")
     max_batch_events: PositiveInt = Field(
