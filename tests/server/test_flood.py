@@ -24,6 +24,8 @@ RATE, BURST = 500, 500
 #: The well-behaved tenant's events, one per message, each awaited before the next: fewer than its
 #: burst, so its own quota can never refuse one, however the machine schedules the processes.
 GOOD_EVENTS = 200
+#: Streams the flooder opens beyond its tenant's 4 (each refused as it opens).
+EXTRA_STREAMS = 6
 
 
 def test_flooding_tenant_is_refused_and_the_other_is_served_in_full(tmp_path, tiny_checkpoint):
@@ -42,17 +44,23 @@ def test_flooding_tenant_is_refused_and_the_other_is_served_in_full(tmp_path, ti
     try:
         # Runs until its stdin closes (120 s only bounds a test that broke off).
         flooder = subprocess.Popen(
-            [sys.executable, str(FLOOD_CLIENT), server.address, tokens["flooder"], "120", "4", "6"],
+            [sys.executable, str(FLOOD_CLIENT), server.address, tokens["flooder"], "120", "4", str(EXTRA_STREAMS)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
 
-        def rate_limited() -> float:
-            return metric(scrape(server.metrics_url), "aaren_limit_refusals_total", limit="tenant_rate_limited")
+        def refused(limit: str) -> float:
+            return metric(scrape(server.metrics_url), "aaren_limit_refusals_total", limit=limit)
 
-        # The good tenant starts once the flood is over its rate, and the flood goes on until it is done.
-        wait_until(lambda: rate_limited() > 0, "the flooder to be rate limited", timeout=60)
+        # The good tenant starts once the flood is over its rate and its extra streams were refused
+        # (a good tenant served fast must not end the flood before the flooder tried them), and the
+        # flood goes on until it is done.
+        wait_until(
+            lambda: refused("tenant_rate_limited") > 0 and refused("tenant_stream_limit") >= EXTRA_STREAMS,
+            "the flooder to be rate limited and its extra streams refused",
+            timeout=60,
+        )
         with grpc.insecure_channel(server.address) as channel:
             good = OpenStream(stub_for(channel), metadata=[("authorization", f"Bearer {tokens['good']}")])
             for seq in range(1, GOOD_EVENTS + 1):
@@ -74,7 +82,7 @@ def test_flooding_tenant_is_refused_and_the_other_is_served_in_full(tmp_path, ti
     refused = seen.get("ERROR_CODE_RESOURCE_EXHAUSTED:tenant_rate_limited", 0)
     assert refused > 0, seen
     assert seen.get("ERROR_CODE_RESOURCE_EXHAUSTED:tenant_rate_limited:retry_after", 0) == refused, seen
-    assert seen.get("extra_stream:RESOURCE_EXHAUSTED:tenant_stream_limit", 0) == 6, seen
+    assert seen.get("extra_stream:RESOURCE_EXHAUSTED:tenant_stream_limit", 0) == EXTRA_STREAMS, seen
     refusal_reasons = {key.split(":")[1] for key in seen if key.startswith("ERROR_CODE_")}
     assert refusal_reasons <= {"tenant_rate_limited", "tenant_pending_limit"}, seen
     # Every refusal the server counted was the flooder's: the good tenant's quota was never touched.
