@@ -238,6 +238,7 @@ class Batcher:
         self.cheap_tenant_count = store.cheap_count
         self._by_reason: dict[str, object] = {}
         self._latency = {phase: metrics.event_latency.labels(phase) for phase in ("queue", "model", "store", "total")}
+        self._store_latency: dict[str, Any] = {}
         #: Every forecast ranks every mark (or class); front ends keep a request's top_k.
         self._top_k = task.description.ranked
 
@@ -797,7 +798,10 @@ class Batcher:
             self.metrics.store_errors.labels(operation).inc()
             raise
         finally:
-            self.metrics.store_latency.labels(operation).observe(time.perf_counter() - started)
+            latency = self._store_latency.get(operation)
+            if latency is None:  # a child looked up once: labels() takes a lock and builds a key per call
+                latency = self._store_latency[operation] = self.metrics.store_latency.labels(operation)
+            latency.observe(time.perf_counter() - started)
 
     async def update_session_gauges(self) -> None:
         """Count the sessions held (a slow store's count runs now and then, not per batch)."""
@@ -938,6 +942,17 @@ def _finite_rows(rows: dict[str, torch.Tensor]) -> np.ndarray | None:
     floats = [t for t in rows.values() if t.is_floating_point()]
     if not floats:
         return None
+    if not len(floats[0]):
+        return None
+    if all(t.device.type == "cpu" for t in floats):
+        # On the CPU numpy's reductions on the tensors' own memory cost a few calls, not torch's
+        # per-op overhead; the float sum of a row is finite only if every element is.
+        views = [t.numpy().reshape(len(t), -1) for t in floats]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if all(np.isfinite(v.sum()) for v in views):
+                return None
+            finite = np.logical_and.reduce([np.isfinite(v).all(axis=1) for v in views])
+        return None if finite.all() else finite
     # One sum of everything first: finite when every element is (a finite overflow of the sum only
     # sends us to the exact check below); one concatenation and one sum, whatever the fields.
     total = torch.cat([t.reshape(-1) for t in floats]).sum()
