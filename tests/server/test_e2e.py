@@ -59,16 +59,20 @@ def offline_forecasts(model, seq, n):
 
 
 @pytest.mark.parametrize(
-    ("compile_model", "frontends"), [(False, 0), (False, 2), (True, 0)], ids=["eager", "eager-2-frontends", "compiled"]
+    ("compile_model", "kernel", "frontends"),
+    [(False, True, 0), (False, True, 2), (False, False, 0), (True, False, 0)],
+    ids=["kernel", "kernel-2-frontends", "torch-eager", "compiled"],
 )
 def test_streamed_forecasts_equal_offline_model(
-    start_server, flights_events, flights_checkpoint, compile_model, frontends
+    start_server, flights_events, flights_checkpoint, compile_model, kernel, frontends
 ):
-    """In both process layouts (one process; the engine core with two front-end processes), and
-    with the step and forecast ``torch.compile``d (opt-in): its fused kernels reorder float32
-    sums, which moves forecasts by up to about 1e-5 relative over 50 events (measured 1.05e-5 at
-    worst), so that variant is held to 5e-5."""
-    bound = 5e-5 if compile_model else 1e-5
+    """In both process layouts (one process; the engine core with two front-end processes), with
+    the default numba kernel for batches of single events, with the torch eager path, and with the
+    step and forecast ``torch.compile``d (opt-in). The kernel and inductor order float32 sums their
+    own way (the kernel sums a layer norm's moments in float64 and has its own float32 erf): that
+    moves forecasts by up to about 1e-5 relative over 50 events (measured 1.05e-5 at worst for
+    each), so those variants are held to 5e-5; the eager torch path to 1e-5."""
+    bound = 1e-5 if not (compile_model or kernel) else 5e-5
     sequences, _ = flights_events
     # Compiling while loading takes 25-45 s here with a cold inductor cache (a fresh machine), and
     # longer on a loaded one: the start bound only catches a hung server.
@@ -77,6 +81,8 @@ def test_streamed_forecasts_equal_offline_model(
         checkpoint=flights_checkpoint, compile_model=compile_model, frontends=frontends, start_timeout_s=start_timeout_s
     )
     engine = srv.server.core.task
+    engine.kernel = kernel  # the core runs in this process in both layouts
+    assert (engine._kernel is not None) == (not compile_model)
     # These machines have a C++ compiler: a silent fallback to eager would test nothing new here.
     assert (engine._step != engine._step_tensors) == compile_model
     stub = aaren_pb2_grpc.ForecastServiceStub(grpc.insecure_channel(srv.address))
