@@ -251,11 +251,21 @@ class OrderedReplies(Generic[Q, R]):
         self.closing = False
 
     def add(self, place: _Place[Q, R]) -> None:
-        """The next request's place (the writer is woken)."""
+        """The next request's place. The writer waits for the oldest place's answer itself; when this
+        place is the oldest, the writer is woken once its reply can be made (at once for a refusal),
+        not before: a wake-up that would only find the answer missing costs the loop a turn."""
+        first = not self.pending
         self.pending.append(place)
         self.idle.clear()
         if len(self.pending) >= self.limit:
             self.room.clear()
+        if first:
+            if place.answer is None or place.answer.done():
+                self.wake.set()
+            else:
+                place.answer.add_done_callback(self._answered)
+
+    def _answered(self, _: asyncio.Future[Outcomes]) -> None:
         self.wake.set()
 
     def sent(self) -> None:
@@ -389,6 +399,7 @@ class StreamLoop(Generic[Q, R]):
         except Exception:  # a bug must cost this request, not the stream
             log.exception("submitting a request failed")
             place.answer, place.reply = None, self.codec.refusal(request, Reasons.internal())
+            stream.wake.set()  # its answer will never come: the writer sends the refusal
             return
         if answer.done():  # refused at once (a limit): pause before the next read
             stream.note(answer.result())
