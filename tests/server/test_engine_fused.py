@@ -4,6 +4,9 @@ output columns and new rows, over a session's events and batch sizes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -39,3 +42,23 @@ def test_fused_engine_equals_reference_engine(batch, path):
     for name, t in rows.items():
         torch.testing.assert_close(t, rows_ref[name], rtol=1e-5, atol=1e-6, msg=name)
     assert fused.forecast_outputs(rows["features"], 3).top_marks.shape == (batch, 3)
+
+
+def test_without_numba_the_torch_path_serves():
+    """An environment where numba cannot be imported (a GPU image with its own torch, say) serves
+    the model's torch path, with a warning, instead of failing to start."""
+    script = (
+        "import sys, logging; sys.modules['numba'] = None\n"  # any `import numba` now raises ImportError
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "import torch\n"
+        "from aaren.server.tasks.event.task import RunColumns, load_event_task\n"
+        "task = load_event_task(None, torch.device('cpu'), (0.1, 0.5, 0.9))\n"
+        "assert task._kernel is None\n"
+        "rows = {k: t.unsqueeze(0).clone() for k, t in task.layout_rows().items()}\n"
+        "new, out = task.apply(rows, RunColumns.single([1.0], [2], [[0.5, -1.0]]), 3)\n"
+        "print('served', out.top_marks.shape, bool(torch.isfinite(new['features']).all()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "served (1, 3) True" in done.stdout
+    assert "the compiled kernel is off" in done.stderr and "numba" in done.stderr

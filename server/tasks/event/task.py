@@ -11,7 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,8 +23,10 @@ from aaren.server.tasks.runs import FEATURES, RunColumns, RunTask
 from aaren_core.attention.state import State
 from aaren_core.checkpoint import Checkpoint, load_checkpoint
 from aaren_core.tasks.event.fused import FusedEventModel
-from aaren_core.tasks.event.kernel import EventKernel
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
+
+if TYPE_CHECKING:
+    from aaren_core.tasks.event.kernel import EventKernel
 
 __all__ = [
     "FEATURES",
@@ -113,10 +115,17 @@ class EventTask(RunTask):
         elif self.kernel and self.fused and device.type == "cpu" and self._fused_model.has_step:
             self._kernel = self._build_kernel()
 
-    def _build_kernel(self) -> EventKernel:
+    def _build_kernel(self) -> EventKernel | None:
         """The compiled step + forecast of this model, called once now so that no request pays for
-        compiling it (numba caches the machine code next to its module: later starts load it)."""
+        compiling it (numba caches the machine code next to its module: later starts load it). None,
+        with a warning, where numba cannot be imported (an environment without aaren's dependencies
+        installed): the torch paths serve, with the same numbers within float32 rounding."""
         started = time.perf_counter()
+        try:
+            from aaren_core.tasks.event.kernel import EventKernel
+        except ImportError as exc:
+            log.warning("the compiled kernel is off (%s): serving the model's torch path", exc)
+            return None
         kernel = EventKernel.from_fused(self._fused_model, self.quantiles)
         rows = {k: t.unsqueeze(0).numpy() for k, t in self.layout_rows().items()}
         width = self.description.value_width
