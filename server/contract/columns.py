@@ -74,10 +74,6 @@ class OutputColumns:
             raise ValueError(f"{cls.__name__} has the columns {list(names)}; got {sorted(columns)}")
         return cls(**columns)
 
-    def __len__(self) -> int:
-        """F, the number of forecasts."""
-        return len(getattr(self, _field_names(type(self))[0]))
-
     def take(self, index: np.ndarray | slice) -> Self:
         """The forecasts at ``index`` (rows of every field)."""
         return type(self)(*(getattr(self, name)[index] for name in _field_names(type(self))))

@@ -230,6 +230,8 @@ class _Place(Generic[Q, R]):
     answer: asyncio.Future[Outcomes] | None = None
     accepted: Accepted[R] | None = None
     reply: R | None = None
+    #: Its answer came at once (a refusal at submit) and its retry hint already paused the reader.
+    noted: bool = False
 
 
 class OrderedReplies(Generic[Q, R]):
@@ -403,12 +405,14 @@ class StreamLoop(Generic[Q, R]):
             return
         if answer.done():  # refused at once (a limit): pause before the next read
             stream.note(answer.result())
+            place.noted = True
 
     async def _encode(self, stream: OrderedReplies[Q, R], place: _Place[Q, R]) -> R:
         """The reply to ``place``'s answer, once it is there (awaiting an answered future does not wait)."""
         assert place.answer is not None and place.accepted is not None
         outcomes = await place.answer
-        stream.note(outcomes)
+        if not place.noted:  # an answer that came later (over IPC): its hint pauses the reading now
+            stream.note(outcomes)
         try:
             reply = place.accepted.encode(outcomes)
         except Exception:  # a bug must cost this request, not the stream
