@@ -32,8 +32,8 @@ lint: install
 
 # Debian packages the tests run for real, each checked by what a test looks for: python3-venv
 # (make install's venv; Debian's python3 lacks ensurepip without it), redis-server and redis-tools
-# (stores), prometheus (promtool and a real Prometheus server: deploy tests), libfaketime (replicas
-# with frozen wall clocks), g++ (the torch.compile variant), npm (make tools installs buf with it).
+# (stores, event logs), nats-server (JetStream: aaren consume), prometheus (promtool and a real
+# Prometheus server: deploy tests), libfaketime (replicas with frozen wall clocks), g++ (the torch.compile variant), npm (make tools installs buf with it).
 # Installs only what is missing, and runs apt-get update only then, so on a machine that has them all
 # it is a no-op. Not kubectl: Debian's only one (kubernetes-client, 1.20.2 in bookworm) carries
 # kustomize 2.0.3, which refuses the overlays ("'../../base' must be a file": kustomize 2 reads a
@@ -44,6 +44,7 @@ system-deps:
 	python3 -c 'import ensurepip' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	{ command -v nats-server || test -x /usr/sbin/nats-server; } >/dev/null 2>&1 || missing="$$missing nats-server"; \
 	{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing libfaketime"; \
 	{ command -v g++ || command -v c++; } >/dev/null 2>&1 || missing="$$missing g++"; \

@@ -157,6 +157,21 @@ class Reasons:
         return ErrorInfo(Code.INVALID_ARGUMENT, "malformed_request", f"malformed request message: {error}")
 
     @staticmethod
+    def malformed_message(message_id: str, detail: str) -> ErrorInfo:
+        """A log message (``aaren consume``) that is not an event."""
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "malformed_message",
+            f"log message {message_id} is not an event: {detail}; expected the fields of an aaren.v1 Event "
+            "(session_id, seq, time, mark, values) as JSON, or the Event's protobuf bytes",
+        )
+
+    @staticmethod
+    def seq_gap_unfilled(gap: ErrorInfo, waited_s: float) -> ErrorInfo:
+        """A log's seq gap that no later message filled within the consumer's wait."""
+        return ErrorInfo(gap.code, gap.reason, f"{gap.message}; no message filled the gap within {waited_s:g} s")
+
+    @staticmethod
     def internal() -> ErrorInfo:
         return ErrorInfo(Code.INTERNAL, "internal", "internal error; resend")
 
