@@ -26,6 +26,9 @@ def main() -> None:
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)(
     server.serve
 )
+app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)(
+    server.consume
+)
 app.command(cls=training.TrainCommand)(training.train)
 app.command()(training.evaluate)
 app.add_typer(training.split_app, name="split")

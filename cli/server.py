@@ -1,4 +1,4 @@
-"""The server's commands: ``aaren serve`` and ``aaren token``.
+"""The server's commands: ``aaren serve``, ``aaren consume`` and ``aaren token``.
 
 Each imports ``aaren.server`` when it runs, so that the client commands never load it.
 """
@@ -16,6 +16,47 @@ def serve(ctx: typer.Context) -> None:
     from aaren.server.settings import ServerSettings
 
     run(ServerSettings(_cli_parse_args=list(ctx.args)))  # type: ignore[call-arg]
+
+
+#: ``aaren consume``'s own flags, and the server settings they set.
+CONSUME_FLAGS = {
+    "--source": "--consume-source",
+    "--sink": "--consume-sink",
+    "--target": "--consume-target",
+    "--member": "--consume-member",
+    "--batch": "--consume-batch",
+    "--gap-wait-s": "--consume-gap-wait-s",
+    "--format": "--consume-format",
+}
+
+
+def consume_args(args: list[str]) -> list[str]:
+    """``aaren consume``'s flags as the server settings' (``--source URL`` -> ``--consume-source URL``)."""
+    out = []
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        out.append(CONSUME_FLAGS.get(flag, flag) + eq + value if flag in CONSUME_FLAGS else arg)
+    return out
+
+
+def consume(ctx: typer.Context) -> None:
+    """Forecast straight from an event log: --source URL --sink URL (redis-stream://host:port/STREAM,
+    nats://host:port/SUBJECT); each event applied once, each forecast published once. Loads the model
+    as `aaren serve` does (every serve flag works, gRPC is served too) or, with --target HOST:PORT,
+    sends the events to that server. Also --member i/n, --batch N, --gap-wait-s S, --format
+    same|json|protobuf."""
+    from aaren.server.app import run
+    from aaren.server.settings import ServerSettings
+
+    settings = ServerSettings(_cli_parse_args=consume_args(list(ctx.args)))  # type: ignore[call-arg]
+    if not settings.consume_source or not settings.consume_sink:
+        raise SystemExit("aaren consume: give both --source URL and --sink URL (redis-stream://... or nats://...)")
+    if settings.consume_target:
+        from aaren.server.frontends.eventlog.service import run_remote
+
+        run_remote(settings)
+    else:
+        run(settings)
 
 
 def token(

@@ -33,6 +33,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from aaren.server.contract.errors import ConfigError
 from aaren.server.core.engine_core import EngineCore
 from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
+from aaren.server.frontends.eventlog.answerers import CoreAnswerer
+from aaren.server.frontends.eventlog.consumer import LogConsumer
+from aaren.server.frontends.eventlog.service import consumer_of, describe
 from aaren.server.frontends.grpc_server import READY_PREFIX, GrpcFrontEnd, server_credentials, spec_environment
 from aaren.server.ipc.core_side import CoreServer
 from aaren.server.observability.metrics import AggregatedCollector, Metrics
@@ -120,6 +123,9 @@ class AarenServer:
         self._key = secrets.token_hex(32)
         self._serving: bool | None = None  # None until the first store check: that one is always said
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The event-log consumer (``consume_source``), run beside the gRPC front ends.
+        self.consumer: LogConsumer | None = None
+        self._consuming: asyncio.Task[None] | None = None
 
     @property
     def servicer(self) -> ForecastServicer | None:
@@ -188,7 +194,13 @@ class AarenServer:
         gc.freeze()
         if s.gc_threshold:
             gc.set_threshold(s.gc_threshold, *gc.get_threshold()[1:])
-        await self._set_serving(await self._stores_healthy())
+        if s.consume_source or s.consume_sink:
+            codec = ForecastServicer(s, self.metrics)
+            codec.attach(self.core)
+            self.consumer = consumer_of(s, CoreAnswerer(codec), self.metrics)
+            self._consuming = asyncio.create_task(self.consumer.run(), name="aaren-log-consumer")
+            log.info("%s", describe(s))
+        await self._set_serving(await self._healthy())
         self._tasks.append(asyncio.create_task(self._watch_store(), name="aaren-store-health"))
         d = task.description
         log.info(
@@ -278,33 +290,43 @@ class AarenServer:
 
     # ------------------------------------------------------------------ health
 
-    async def _set_serving(self, store_ok: bool) -> None:
-        """Health (and ``aaren_store_up``) after a store check; a change, and the first check, are logged.
+    async def _set_serving(self, checks: tuple[bool, bool]) -> None:
+        """Health (and ``aaren_store_up``) after a check of the store and of the consumed log's source
+        (True where none is consumed); a change, and the first check, are logged.
 
         The first check is logged even when it fails: a server started while its store is down
         would otherwise stay NOT_SERVING without a word."""
+        store_ok, source_ok = checks
         self.metrics.store_up.set(1 if store_ok else 0)
-        if store_ok == self._serving:
+        serving = store_ok and source_ok
+        if serving == self._serving:
             return
-        self._serving = store_ok
+        self._serving = serving
         if not store_ok:
             log.error(
                 "session store %s is not answering: health NOT_SERVING until it does",
                 redact_url(self.settings.store_url),
             )
+        elif not source_ok:
+            log.error("the consumed log's source is not answering: health NOT_SERVING until it does")
         else:
             log.info("session store answers: health SERVING")
         if self.front is not None:
-            await self.front.set_serving(store_ok)
+            await self.front.set_serving(serving)
         if self.core_server is not None:
-            self.core_server.set_serving(store_ok)
+            self.core_server.set_serving(serving)
 
     async def _watch_store(self) -> None:
-        """Health follows the store: NOT_SERVING while it does not answer, SERVING again when it does."""
+        """Health follows the store (and a consumed log): NOT_SERVING while it does not answer,
+        SERVING again when it does."""
         assert self.core is not None
         while True:
             await asyncio.sleep(self.settings.store_check_interval_s)
-            await self._set_serving(await self._stores_healthy())
+            await self._set_serving(await self._healthy())
+
+    async def _healthy(self) -> tuple[bool, bool]:
+        """Whether every store answers, and whether the consumed log's source does (True: none)."""
+        return await self._stores_healthy(), self.consumer is None or await self.consumer.source.healthy()
 
     # ------------------------------------------------------------------ stopping
 
@@ -318,6 +340,16 @@ class AarenServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.consumer is not None and self._consuming is not None:
+            self.consumer.stop()  # the batch in hand is published and acknowledged first
+            try:
+                await asyncio.wait_for(asyncio.shield(self._consuming), timeout=grace + 5)
+            except (TimeoutError, Exception):
+                log.warning("the log consumer did not finish its batch: what it did not acknowledge comes again")
+                self._consuming.cancel()
+            for log_end in (self.consumer.source, self.consumer.sink):
+                with contextlib.suppress(Exception):
+                    await log_end.close()
         if self.front is not None:
             await self.front.health.enter_graceful_shutdown()
             self.front.draining = True
@@ -378,6 +410,8 @@ async def _serve(settings: ServerSettings) -> None:
     except ConfigError as exc:
         raise SystemExit(f"aaren serve: {exc}") from None
     metrics = f"metrics on port {server.metrics_port}" if settings.metrics_port >= 0 else "metrics off"
+    if server.consumer is not None:
+        metrics += f"; {describe(settings)}"
     # Scripts wait for this line (tests/server/server_helpers.py, bench/): keep its shape.
     print(f"aaren: listening on port {server.grpc_port}, {metrics}", flush=True)
     await server.wait_for_termination()

@@ -191,6 +191,32 @@ class ServerSettings(BaseSettings):
     metrics_address: str = Field("127.0.0.1", description="Prometheus /metrics bind host")
     metrics_port: int = Field(9464, ge=-1, description="Prometheus /metrics port; 0 picks a free one, -1 disables")
     drain_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, how long in-flight work may finish")
+    consume_source: str | None = Field(
+        None,
+        description="also forecast the events of this log: redis-stream://host:port/STREAM (?group=, consumer=, "
+        "start=0|$, db=) or nats://host:port/SUBJECT (?stream=, durable=, ack_wait_s=, start=); needs consume_sink",
+    )
+    consume_sink: str | None = Field(
+        None,
+        description="the log the consumed events' forecasts go to, each once: redis-stream://host:port/STREAM "
+        "(?dead_letter=, maxlen=, dedup_ttl_s=, db=) or nats://host:port/SUBJECT (?stream=, dead_letter=, "
+        "duplicate_window_s=)",
+    )
+    consume_member: str = Field(
+        "0/1", description="this consumer is member i of n (i/n): it applies the sessions whose id hashes to i"
+    )
+    consume_batch: int = Field(256, ge=1, le=8192, description="log messages read and applied at once")
+    consume_gap_wait_s: float = Field(
+        30.0, ge=0, description="how long an event after a seq gap waits for the gap to fill before it is a dead letter"
+    )
+    consume_format: Literal["same", "json", "protobuf"] = Field(
+        "same", description="the forecasts' encoding: that of their event (same), JSON or protobuf"
+    )
+    consume_target: str | None = Field(
+        None,
+        description="aaren consume only: send the events to the aaren server at this host:port (aaren.v1) instead "
+        "of loading a model in the consumer",
+    )
     log_level: str = Field("INFO", description="logging level")
 
     @field_validator("quantiles")

@@ -141,6 +141,41 @@ class Metrics:
             "Front-end processes started again after they died (multi-process layout).",
             registry=r,
         )
+        # The event-log consumer (aaren consume): "source" is a log's scheme and name, never its host.
+        self.log_messages = Counter(
+            "aaren_log_messages_total",
+            "Log messages done with, by source and outcome: forecast (published), duplicate (nothing new), "
+            "dead_letter, or skipped (another consumer member's session).",
+            ["source", "outcome"],
+            registry=r,
+        )
+        self.log_redeliveries = Counter(
+            "aaren_log_redeliveries_total",
+            "Log messages handed to the consumer more than once (after a crash, a restart or a hold).",
+            ["source"],
+            registry=r,
+        )
+        self.log_dead_letters = Counter(
+            "aaren_log_dead_letters_total", "Log messages sent to the dead-letter stream, by reason.",
+            ["source", "reason"], registry=r,
+        )  # fmt: skip
+        self.log_published = Counter(
+            "aaren_log_published_total",
+            "Forecasts offered to a sink, by result: new (appended) or repeat (dropped by the sink's guard).",
+            ["sink", "result"],
+            registry=r,
+        )
+        self.log_lag = Gauge("aaren_log_lag", "Log entries not yet read by this consumer.", ["source"], registry=r)
+        self.log_pending = Gauge(
+            "aaren_log_pending", "Log entries read and not yet acknowledged.", ["source"], registry=r
+        )
+        self.log_source_up = Gauge(
+            "aaren_log_source_up", "1 while the log source answers, else 0.", ["source"], registry=r
+        )
+        self.log_batch_messages = Histogram(
+            "aaren_log_batch_messages", "Messages the consumer read and handled in one batch.",
+            buckets=BATCH_BUCKETS, registry=r,
+        )  # fmt: skip
         for outcome in ("applied", "duplicate", "rejected"):
             self.events.labels(outcome)
         for phase in ("queue", "model", "store", "total"):

@@ -10,6 +10,7 @@ shared ``StreamLoop``; this class is its ``StreamCodec``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
@@ -249,6 +250,32 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
         return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))
+
+    # ------------------------------------------------------------------ outside a gRPC call
+
+    async def answer(self, request: pb.StreamRequest, tenant: str = "") -> pb.StreamResponse:
+        """One stream request answered without a call (the event-log consumer): decoded and checked,
+        applied by the core, encoded, as ``Stream`` answers it."""
+        if self._core is None or self._core.lost:
+            return self.refusal(request, Reasons.loading() if self._core is None else Reasons.core_unavailable())
+        if self._core.draining:
+            return self.refusal(request, Reasons.shutting_down())
+        try:
+            accepted = self.decode(request, tenant)
+        except RefusedError as exc:
+            return self.refusal(request, exc.info)
+        answer: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
+        accepted.submit(accepted.request, answer.set_result)
+        return accepted.encode(await answer)
+
+    async def latest(self, session_id: str, model: str = "", top_k: int = 0, tenant: str = "") -> pb.Forecast:
+        """The forecast of the session's stored state, as ``Stream`` answered its last applied event;
+        raises ``ServiceError`` (an unknown session or model)."""
+        if self._core is None:
+            raise Reasons.loading().exception()
+        view = self._view_or_abort(model)
+        future = await self._core.forecast(session_id, ForecastOptions(top_k=top_k), tenant, view.description.name)
+        return self._forecast_message(future, view)
 
     def close_streams(self) -> None:
         """Ask every open stream to end with UNAVAILABLE once its answered requests are sent."""
