@@ -100,8 +100,11 @@ def frozen_clock_env(at: float | None = None) -> dict[str, str]:
 class ServerProcess:
     """``aaren serve`` in its own process (so a test can SIGKILL it), on free ports."""
 
-    def __init__(self, log_path: Path, env: dict[str, str] | None = None, **settings: Any) -> None:
-        """``env``: variables added to this environment for the server (e.g. ``frozen_clock_env()``)."""
+    def __init__(
+        self, log_path: Path, env: dict[str, str] | None = None, command: str = "serve", **settings: Any
+    ) -> None:
+        """``env``: variables added to this environment for the server (e.g. ``frozen_clock_env()``);
+        ``command``: ``serve``, or ``consume`` (then ``consume_*`` settings say what it reads)."""
         defaults = {"address": "127.0.0.1:0", "metrics_port": 0, "device": "cpu", "drain_grace_s": 1.0, "frontends": 0}
         flags = []
         for name, value in {**defaults, **settings}.items():
@@ -109,15 +112,18 @@ class ServerProcess:
         self.log_path = log_path
         self._log = log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from aaren.cli.app import app; app()", "serve", *flags],
+            [sys.executable, "-c", "from aaren.cli.app import app; app()", command, *flags],
             stdout=subprocess.PIPE,
             stderr=self._log,
             env=None if env is None else {**os.environ, **env},
         )
         assert self.process.stdout is not None
-        # "aaren: listening on port N, metrics on port M", or "..., metrics off" (--metrics-port -1)
+        # "aaren: listening on port N, metrics on port M", or "..., metrics off" (--metrics-port -1),
+        # then "; consuming ..." when it consumes a log
         self.ready_line = self.process.stdout.readline().decode().rstrip("\n")
-        match = re.fullmatch(r"aaren: listening on port (\d+), (?:metrics on port (\d+)|metrics off)", self.ready_line)
+        match = re.fullmatch(
+            r"aaren: listening on port (\d+), (?:metrics on port (\d+)|metrics off)(?:; consuming .*)?", self.ready_line
+        )
         if match is None:
             self.kill()
             raise RuntimeError(

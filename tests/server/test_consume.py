@@ -73,27 +73,25 @@ def over_grpc(address: str, events: list[pb.Event]) -> dict[tuple[str, int], pb.
     return {(r.session_id, r.seq): r.forecast for r in response.results}
 
 
-def assert_same(got: pb.Forecast, want: pb.Forecast) -> None:
+def assert_same(got: pb.Forecast, want: pb.Forecast, tolerance: float = 1e-6) -> None:
+    """The same forecast: equal fields, numbers within ``tolerance`` (relative above 1)."""
     a = json_format.MessageToDict(got)
     b = json_format.MessageToDict(want)
-    assert a.keys() == b.keys()
-    assert a == pytest.approx(b, rel=1e-6) if False else _close(a, b), (a, b)
+    assert _close(a, b, tolerance), (a, b)
 
 
-def _close(a: object, b: object) -> bool:
+def _close(a: object, b: object, tolerance: float) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(_close(a[k], b[k], tolerance) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(_close(x, y, tolerance) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) or isinstance(b, float):
-        return abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(b)))  # type: ignore[arg-type]
+        return abs(float(a) - float(b)) <= tolerance * max(1.0, abs(float(b)))  # type: ignore[arg-type]
     return a == b
 
 
 @pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
-def test_every_event_answered_once_as_grpc_answers_it(
-    start_server: Callable, redis_server, content_type: str
-) -> None:
+def test_every_event_answered_once_as_grpc_answers_it(start_server: Callable, redis_server, content_type: str) -> None:
     events_stream, forecasts_stream = _names()
     base = f"redis-stream://127.0.0.1:{redis_server.port}"
     events = interleaved(sessions=7, per_session=12)

@@ -150,6 +150,12 @@ class LogConsumer:
                     self._opened = False  # reopen: what a lost reply handed out is pending again
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), 1.0)
+                except Exception:  # a bug must not stop the consumer: what it did not acknowledge comes again
+                    log.exception("log consumer: a batch failed; reading again from what is unacknowledged")
+                    self._opened = False
+                    self._held = []
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), 1.0)
         finally:
             stats.cancel()
             with contextlib.suppress(asyncio.CancelledError):

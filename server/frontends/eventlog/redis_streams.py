@@ -117,10 +117,10 @@ class RedisStreamSource:
                     raise
             cursor = b"0-0"
             while True:  # a dead predecessor's pending entries become ours
-                reply = await self._redis.execute_command(
-                    "XAUTOCLAIM", self.stream, self.group, self.consumer, 0, cursor, "COUNT", 1000, "JUSTID"
+                reply = await self._redis.xautoclaim(
+                    self.stream, self.group, self.consumer, min_idle_time=0, start_id=cursor, count=1000
                 )
-                cursor = reply[0]
+                cursor = reply[0]  # (redis-py's justid=True drops the cursor: the entries are read whole)
                 if cursor in (b"0-0", "0-0"):
                     break
         except _UNAVAILABLE as exc:
