@@ -11,12 +11,14 @@ import re
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import redis
 import yaml
 from prometheus_process import PrometheusProcess, promtool
 
@@ -131,7 +133,11 @@ def test_promtool_check_config() -> None:
     assert config["rule_files"] == ["alerts.yml"]
     (job,) = config["scrape_configs"]
     assert job["job_name"] == "aaren" and job["scrape_interval"] == "15s"
-    assert job["dns_sd_configs"] == [{"names": ["aaren"], "type": "A", "port": 9464, "refresh_interval": "15s"}]
+    # The server replicas and the event-log consumer: both compose services serve /metrics on 9464.
+    names = ["aaren", "consumer"]
+    assert job["dns_sd_configs"] == [{"names": names, "type": "A", "port": 9464, "refresh_interval": "15s"}]
+    services = yaml.safe_load((PROMETHEUS_DIR.parent.parent / "docker-compose.yml").read_text())["services"]
+    assert set(names) <= set(services), "a scraped name that is no compose service"
     result = promtool("check", "config", str(PROMETHEUS_DIR / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "is valid prometheus config file syntax" in result.stdout and "SUCCESS: 1 rule files found" in result.stdout
@@ -465,8 +471,18 @@ def scraping(metrics_port: int) -> dict[str, Any]:
     }
 
 
-def test_prometheus_scrapes_a_real_server_and_evaluates_every_expression(start_server, prometheus) -> None:
-    server = start_server()
+def test_prometheus_scrapes_a_real_server_and_evaluates_every_expression(
+    start_server, prometheus, redis_server
+) -> None:
+    # The server also consumes a log (a few events and one message that is not an event), so that the
+    # event-log panels have data too.
+    log = f"redis-stream://127.0.0.1:{redis_server.port}/prom-{uuid.uuid4().hex[:8]}"
+    with redis.Redis(port=redis_server.port) as client:
+        stream = log.rsplit("/", 1)[1]
+        for seq in range(1, 4):
+            client.xadd(stream, {"session_id": "log-1", "seq": seq, "time": float(seq), "values": "[0.5, 1.0]"})
+        client.xadd(stream, {"data": b"not an event"})
+    server = start_server(consume_source=log, consume_sink=f"{log}-forecasts")
     prom = prometheus(scraping(server.server.metrics_port))
     wait_for(lambda: values(prom.query('up{job="aaren"}')) == [1.0], "the first scrape", prom)
 
