@@ -9,9 +9,10 @@ One batch (at most ``ConsumerOptions.batch`` messages, what was held last time f
    sessions' events as columns: one batched step in the core), answered by the ``Answerer`` (the
    aaren.v1 codec over the engine core in this process, or a server at ``--target``);
 3. publish the layer's forecasts (``LogSink.publish``) before the next layer is sent;
-4. write the dead letters, acknowledge what is done, keep (``LogSource.hold``) what waits: a seq gap
-   (for at most ``gap_wait_s``: another message may fill it), a transient refusal (a busy server,
-   a state conflict) and every later event of its session.
+4. write the dead letters, acknowledge what is done, keep (``LogSource.hold``) what waits: a
+   transient refusal (a busy server, a state conflict) and every later event of its session; an
+   event after a seq gap, for at most ``gap_wait_s`` (a later message may fill the gap: a log
+   written out of order), after which it is a dead letter.
 
 Why it is exactly once (docs/architecture.md section 3, "From an event log"): the core applies an
 event once (the seq rule, one winner per write) and stores its state before it answers; a message
@@ -290,11 +291,14 @@ class LogConsumer:
         m = item.message
         now = time.monotonic()
         first = self._first_seen.setdefault(m.id, now)
-        waits = info.code in TRANSIENT or (info.reason == "seq_gap" and now - first < self.options.gap_wait_s)
-        if waits:
+        if info.code in TRANSIENT:
             batch.held.append(m)
-            blocked.add((item.model, item.event.session_id))
+            blocked.add((item.model, item.event.session_id))  # its session's later events wait behind it
             batch.pause_s = max(batch.pause_s, info.retry_after_s)
+            return
+        if info.reason == "seq_gap" and now - first < self.options.gap_wait_s:
+            # Not blocking: a message later in the log may be the one that fills the gap.
+            batch.held.append(m)
             return
         if info.reason == "seq_gap":
             info = Reasons.seq_gap_unfilled(info, self.options.gap_wait_s)
