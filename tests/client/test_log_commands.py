@@ -12,6 +12,8 @@ import asyncio
 import csv
 import json
 import random
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -118,15 +120,25 @@ def test_produce_appends_the_files_events_in_replay_order(
     assert [e.session_id for e, _, _ in entries[:PER_SESSION]] != [SESSIONS[0]] * PER_SESSION
 
 
-def test_produce_limit_and_password_out_of_the_summary(redis_server, tiny_checkpoint, events_csv) -> None:
+def test_produce_limit_server_schema_and_no_password(start_server, redis_server, tiny_checkpoint, events_csv) -> None:
+    srv = start_server()
     stream, _ = names()
     url = f"redis-stream://127.0.0.1:{redis_server.port}/{stream}"
     result = invoke("produce", str(events_csv), "--to", url, "--model-dir", str(tiny_checkpoint), "--limit", "5")
     assert result.exit_code == 0, result.output
     assert f"wrote 5 events of {events_csv}" in result.stdout and url in result.stdout
-    entries = decoded(redis.Redis(port=redis_server.port), stream)
+    client = redis.Redis(port=redis_server.port)
+    entries = decoded(client, stream)
     assert [(e.session_id, e.seq) for e, _, _ in entries] == [e[:2] for e in expected_events(events_csv)[:5]]
     assert all(m == "" and b"model" not in f for _, m, f in entries)  # no --model: the consumer's default
+
+    # The schema from a server instead of a folder: the same messages.
+    again, _ = names()
+    served = invoke(
+        "produce", str(events_csv), "--to", f"{url[: -len(stream)]}{again}", "-t", srv.address, "--limit", "5"
+    )
+    assert served.exit_code == 0, served.output
+    assert [f for _, _, f in decoded(client, again)] == [f for _, _, f in entries]
 
     secret = invoke(
         "produce", str(events_csv), "--to", f"redis-stream://user:hunter2@127.0.0.1:{free_port()}/x",
@@ -210,6 +222,82 @@ def test_consumed_sink_replays_to_the_rows_of_a_grpc_replay(
     limited = rows_of(described)
     assert len(limited) == 10
     assert_same_rows(limited, {k: v for k, v in rows_of(over_grpc).items() if k in limited})
+
+
+def consume_and_replay(start_server, redis_server, checkpoint: Path, path: Path, out_dir: Path, n: int):
+    """``path`` produced to a stream, consumed by a server of ``checkpoint``, read back with
+    ``replay --from-sink``; and replayed over gRPC to another server: both ``--json`` summaries and rows."""
+    events, forecasts = names()
+    base = f"redis-stream://127.0.0.1:{redis_server.port}"
+    produced = invoke("produce", str(path), "--to", f"{base}/{events}", "--model-dir", str(checkpoint))
+    assert produced.exit_code == 0, produced.output
+    start_server(checkpoint=checkpoint, consume_source=f"{base}/{events}", consume_sink=f"{base}/{forecasts}")
+    assert wait_for_entries(redis.Redis(port=redis_server.port), forecasts, n) == n
+    from_sink, over_grpc = out_dir / "from-sink.csv", out_dir / "grpc.csv"
+    sink_result = invoke(
+        "replay", str(path), "--from-sink", f"{base}/{forecasts}", "--model-dir", str(checkpoint),
+        "--out", str(from_sink), "--json",
+    )  # fmt: skip
+    assert sink_result.exit_code == 0, sink_result.output
+    reference = start_server(checkpoint=checkpoint)
+    grpc_result = invoke(
+        "replay", str(path), "-t", reference.address, "--out", str(over_grpc), "--no-progress", "--json"
+    )
+    assert grpc_result.exit_code == 0, grpc_result.output
+    return json.loads(sink_result.stdout), json.loads(grpc_result.stdout), rows_of(from_sink), rows_of(over_grpc)
+
+
+def test_a_files_history_is_produced_first_and_kept_as_replay_keeps_it(
+    start_server, redis_server, tiny_checkpoint, events_csv, tmp_path
+) -> None:
+    """A file with a ``context`` column: its history rows go to the log first (every one answered by
+    the consumer), and of them only each session's last forecast is a row, as replay writes it."""
+    with events_csv.open() as f:
+        header, *rows = list(csv.reader(f))
+    seen: dict[str, int] = {}
+    with_context = tmp_path / "context.csv"
+    with with_context.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*header, "context"])
+        for row in rows:
+            seen[row[0]] = seen.get(row[0], 0) + 1
+            writer.writerow([*row, int(seen[row[0]] <= 3)])
+    sink, over_grpc, sink_rows, grpc_rows = consume_and_replay(
+        start_server, redis_server, tiny_checkpoint, with_context, tmp_path, N
+    )
+    assert sink["with_forecast"] == N and sink["without_forecast"] == 0 and sink["unmatched_entries"] == 0
+    assert sink["rows"] == len(sink_rows) == N - 2 * len(SESSIONS)  # history: the last of three per session
+    assert "history" in over_grpc
+    # The consumer stepped through the history one event at a time, the server took it in one prefill.
+    assert_same_rows(sink_rows, grpc_rows)
+
+
+def test_a_class_models_sink_scores_as_its_replay(start_server, redis_server, tmp_path) -> None:
+    from generated import tiny_class_model, write_checkpoint
+
+    checkpoint = write_checkpoint(
+        tmp_path / "class-ckpt", tiny_class_model(), "tiny-class", task="class", channels=["a", "b"],
+        class_names=["x", "y", "z"],
+    )  # fmt: skip
+    rng = random.Random(2)
+    path = tmp_path / "trials.csv"
+    n = 0
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["session_id", "time", "a", "b", "label"])
+        for trial in range(6):
+            for step in range(rng.randrange(4, 9)):
+                writer.writerow(
+                    [f"t{trial}", step, round(rng.gauss(0, 1), 3), round(rng.gauss(0, 1), 3), "xyz"[trial % 3]]
+                )
+                n += 1
+    sink, over_grpc, sink_rows, grpc_rows = consume_and_replay(
+        start_server, redis_server, checkpoint, path, tmp_path, n
+    )
+    assert sink["with_forecast"] == n and sink["without_forecast"] == 0
+    assert sink["class"]["sequences"] == 6
+    assert sink["class"] == over_grpc["class"]
+    assert_same_rows(sink_rows, grpc_rows)
 
 
 def test_match_sink_counts_missing_unmatched_repeated_and_unreadable() -> None:
@@ -308,3 +396,22 @@ def test_replay_from_sink_errors_are_one_line_and_exit_1(tiny_checkpoint, events
         "replay", str(events_csv), "--from-sink", "redis-stream://127.0.0.1:1/x", "-t", f"127.0.0.1:{port}"
     )
     assert unreachable.exit_code == 1 and "UNAVAILABLE" in unreachable.stderr
+
+
+def test_produce_runs_without_torch(redis_server, tiny_checkpoint, events_csv) -> None:
+    """The command and the folder reader load neither torch nor the engine (nor numpy): a producer
+    machine needs only the client's dependencies and the log's."""
+    stream, _ = names()
+    url = f"redis-stream://127.0.0.1:{redis_server.port}/{stream}"
+    code = (
+        "import json, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from aaren.cli.app import app\n"
+        f"r = CliRunner().invoke(app, ['produce', {str(events_csv)!r}, '--to', {url!r}, "
+        f"'--model-dir', {str(tiny_checkpoint)!r}, '--no-progress'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'aaren_core', 'numpy', 'pandas'))\n"
+        "print(json.dumps([r.exit_code, heavy]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, []], out.stdout + out.stderr
+    assert redis.Redis(port=redis_server.port).xlen(stream) == N
