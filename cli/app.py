@@ -30,6 +30,7 @@ app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options"
 app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False)(
     server.consume
 )
+app.command()(log_commands.produce)
 app.command(cls=training.TrainCommand)(training.train)
 app.command()(training.evaluate)
 app.add_typer(training.split_app, name="split")
@@ -41,7 +42,6 @@ for command in (
     client_commands.model,
 ):
     app.command()(command)
-app.command()(log_commands.produce)
 app.command()(server.token)
 app.command()(client_commands.health)
 

@@ -141,7 +141,7 @@ def test_produce_limit_server_schema_and_no_password(start_server, redis_server,
     assert [f for _, _, f in decoded(client, again)] == [f for _, _, f in entries]
 
     secret = invoke(
-        "produce", str(events_csv), "--to", f"redis-stream://user:hunter2@127.0.0.1:{free_port()}/x",
+        "produce", str(events_csv), "--to", f"redis-stream://user:hunter2@127.0.0.1:{free_port()}/x?grop=1",
         "--model-dir", str(tiny_checkpoint), "--no-progress",
     )  # fmt: skip
     assert secret.exit_code == 1 and "hunter2" not in secret.output and ":***@" in secret.stderr
@@ -351,7 +351,15 @@ async def _describe(address: str):
 
 @pytest.mark.parametrize(
     "case",
-    ["unknown scheme", "unreachable redis", "missing file", "bad url", "unknown parameter", "bad model dir"],
+    [
+        "unknown scheme",
+        "unreachable redis",
+        "missing file",
+        "bad file",
+        "bad url",
+        "unknown parameter",
+        "bad model dir",
+    ],
 )
 def test_produce_errors_are_one_line_and_exit_1(tmp_path, tiny_checkpoint, events_csv, case: str) -> None:
     port = free_port()
@@ -360,6 +368,7 @@ def test_produce_errors_are_one_line_and_exit_1(tmp_path, tiny_checkpoint, event
         "unknown scheme": "unknown scheme 'kafka'; expected one of redis-stream://, nats://",
         "unreachable redis": f"the log redis-stream://127.0.0.1:{port}/events does not answer",
         "missing file": "no-such.csv: no such file",
+        "bad file": "bad.csv: line 3: unknown mark 'm9'",
         "bad url": "expected redis-stream://host:port/NAME",
         "unknown parameter": "unknown parameter(s) grop; redis-stream takes db",
         "bad model dir": "holds no config.json",
@@ -368,6 +377,9 @@ def test_produce_errors_are_one_line_and_exit_1(tmp_path, tiny_checkpoint, event
         url = "kafka://127.0.0.1:9092/events"
     elif case == "missing file":
         source = str(tmp_path / "no-such.csv")
+    elif case == "bad file":
+        source = str(tmp_path / "bad.csv")
+        Path(source).write_text("session_id,time,mark,a,b\nx,1,m0,1,1\nx,2,m9,1,1\n")
     elif case == "bad url":
         url = "redis-stream://127.0.0.1:6379/"
     elif case == "unknown parameter":
