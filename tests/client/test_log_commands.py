@@ -427,3 +427,24 @@ def test_produce_runs_without_torch(redis_server, tiny_checkpoint, events_csv) -
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [0, []], out.stdout + out.stderr
     assert redis.Redis(port=redis_server.port).xlen(stream) == N
+
+
+def test_read_all_reads_every_entry_in_order_across_pages(redis_server, monkeypatch) -> None:
+    from aaren.server.frontends.eventlog import redis_streams
+    from aaren.server.frontends.eventlog.addresses import read_all
+
+    monkeypatch.setattr(redis_streams, "READ_PAGE", 7)  # 20 entries: pages of 7, 7, 6
+    stream, _ = names()
+    client = redis.Redis(port=redis_server.port)
+    ids = [
+        client.xadd(stream, {"data": f"body-{i}", "content-type": JSON, "source-id": str(i)}).decode()
+        for i in range(20)
+    ]
+    client.xadd(stream, {"other": "no data"})
+    url = f"redis-stream://127.0.0.1:{redis_server.port}/{stream}?dead_letter=x&maxlen=100"  # a sink's URL as it is
+    entries = asyncio.run(read_all(url))
+    assert [e[0] for e in entries[:20]] == ids
+    assert [e[1] for e in entries[:20]] == [f"body-{i}".encode() for i in range(20)]
+    assert entries[3][2] == {"content-type": JSON, "source-id": "3"}
+    assert entries[20][1:] == (b"", {"other": "no data"})
+    assert asyncio.run(read_all(f"redis-stream://127.0.0.1:{redis_server.port}/never-written-{stream}")) == []
