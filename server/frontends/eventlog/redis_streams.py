@@ -278,3 +278,34 @@ def sink(url: str) -> RedisStreamSink:
 
 def writer(url: str) -> RedisEventWriter:
     return RedisEventWriter(url)
+
+
+#: Entries per XRANGE call of ``read_all``.
+READ_PAGE = 1000
+
+
+async def read_all(url: str) -> list[tuple[str, bytes, dict[str, str]]]:
+    """Every entry of the stream at ``url`` in log order, read in pages of ``READ_PAGE`` (XRANGE):
+    ``(entry id, its data field, its other fields)`` (b"" when it has no data; a sink's fields are
+    content-type, source-id, dedup-id). Raises ``LogUnavailableError`` when Redis does not answer."""
+    address = LogAddress.parse(url, DEFAULT_PORT)
+    stream = address.name
+    client = _client(address)
+    for key in ("dead_letter", "maxlen", "dedup_ttl_s"):  # a sink's URL reads as it is: its writing parameters
+        address.take(key, "")
+    address.done("db, dead_letter, maxlen, dedup_ttl_s")
+    out: list[tuple[str, bytes, dict[str, str]]] = []
+    start = "-"
+    try:
+        while True:
+            page = await client.xrange(stream, min=start, max="+", count=READ_PAGE)
+            for entry_id, fields in page:
+                data = fields.pop(b"data", b"")
+                out.append((entry_id.decode(), data, {k.decode(): v.decode() for k, v in fields.items()}))
+            if len(page) < READ_PAGE:
+                return out
+            start = "(" + page[-1][0].decode()  # exclusive: after the last entry read
+    except _UNAVAILABLE as exc:
+        raise LogUnavailableError(f"{address.label}: {exc}") from exc
+    finally:
+        await client.aclose()
