@@ -8,6 +8,9 @@ their catalogue reason, and nothing stops the consumer.
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -17,7 +20,9 @@ import pytest
 import redis
 from generated import random_events
 from google.protobuf import json_format
-from server_helpers import OpenStream, stub_for
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from redis_process import RedisProcess
+from server_helpers import OpenStream, get_session, metric, scrape, stub_for, wait_until
 
 from aaren.server.frontends.eventlog.base import JSON, PROTOBUF
 from aaren.server.frontends.eventlog.messages import decode_forecast, encode_event
@@ -112,3 +117,119 @@ def test_every_event_answered_once_as_grpc_answers_it(start_server: Callable, re
         time.sleep(0.05)
     assert client.xpending(events_stream, "aaren")["pending"] == 0
     srv.stop()
+
+
+def test_bad_messages_are_dead_letters_and_the_consumer_goes_on(start_server: Callable, redis_server) -> None:
+    events_stream, forecasts_stream = _names()
+    base = f"redis-stream://127.0.0.1:{redis_server.port}"
+    client = redis.Redis(port=redis_server.port)
+    good = random_events("good", 4)
+    write(f"{base}/{events_stream}", good[:2])
+    client.xadd(events_stream, {"data": b"{not json"})
+    client.xadd(events_stream, {"data": encode_event(random_events("other", 1)[0], JSON), "model": "no-such-model"})
+    write(f"{base}/{events_stream}", [pb.Event(session_id="wide", seq=1, time=1.0, values=[1.0, 2.0, 3.0])])
+    write(f"{base}/{events_stream}", [random_events("gap", 3)[2]])  # seq 3 of a session that has no seq 1
+    write(f"{base}/{events_stream}", good[2:])
+    srv = start_server(
+        consume_source=f"{base}/{events_stream}", consume_sink=f"{base}/{forecasts_stream}", consume_gap_wait_s=0.5
+    )
+    got = forecasts_of(sink_entries(client, forecasts_stream, len(good)))
+    assert set(got) == {("good", seq) for seq in range(1, 5)}
+    deadline = time.monotonic() + 30
+    while client.xlen(f"{forecasts_stream}.dead") < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dead = [fields for _, fields in client.xrange(f"{forecasts_stream}.dead")]
+    reasons = sorted(fields[b"reason"].decode() for fields in dead)
+    assert reasons == ["malformed_message", "model_unknown", "session_not_found", "values_wrong_width"]
+    by_reason = {fields[b"reason"]: fields for fields in dead}
+    assert by_reason[b"malformed_message"][b"data"] == b"{not json"  # the message as it came
+    assert b"no message filled the gap within 0.5 s" in by_reason[b"session_not_found"][b"error"]
+    assert by_reason[b"model_unknown"][b"model"] == b"no-such-model"
+    assert client.xpending(events_stream, "aaren")["pending"] == 0
+    samples = scrape(srv.metrics_url)
+    source = f"redis-stream:{events_stream}"
+    assert metric(samples, "aaren_log_messages_total", source=source, outcome="forecast") == len(good)
+    assert metric(samples, "aaren_log_messages_total", source=source, outcome="dead_letter") == 4
+    assert metric(samples, "aaren_log_dead_letters_total", source=source, reason="session_not_found") == 1
+
+
+def test_a_gap_filled_later_in_the_log_waits_for_it(start_server: Callable, redis_server) -> None:
+    """A log written out of order: seq 2 before seq 1. Seq 2 waits (within the gap wait) and is
+    applied once seq 1 is, both answered, nothing dead."""
+    events_stream, forecasts_stream = _names()
+    base = f"redis-stream://127.0.0.1:{redis_server.port}"
+    events = random_events("late", 3)
+    write(f"{base}/{events_stream}", [events[1], events[0], events[2]])
+    start_server(consume_source=f"{base}/{events_stream}", consume_sink=f"{base}/{forecasts_stream}")
+    client = redis.Redis(port=redis_server.port)
+    got = forecasts_of(sink_entries(client, forecasts_stream, 3))
+    assert set(got) == {("late", 1), ("late", 2), ("late", 3)}
+    assert not client.exists(f"{forecasts_stream}.dead")
+
+
+def test_target_mode_drives_a_running_server(start_server: Callable, redis_server, tmp_path) -> None:
+    """``aaren consume --target``: no model in the consumer; the server applies the events (its
+    sessions exist after) and the forecasts are the ones a gRPC stream gets."""
+    events_stream, forecasts_stream = _names()
+    base = f"redis-stream://127.0.0.1:{redis_server.port}"
+    events = interleaved(sessions=3, per_session=5)
+    write(f"{base}/{events_stream}", events, PROTOBUF)
+    server = start_server()
+    log = (tmp_path / "consumer.log").open("wb")
+    consumer = subprocess.Popen(
+        [sys.executable, "-c", "from aaren.cli.app import app; app()", "consume",
+         "--source", f"{base}/{events_stream}", "--sink", f"{base}/{forecasts_stream}",
+         "--target", server.address, "--metrics-port", "0", "--format", "json"],
+        stdout=subprocess.PIPE, stderr=log,
+    )  # fmt: skip
+    try:
+        assert consumer.stdout is not None
+        assert f"through {server.address}" in consumer.stdout.readline().decode()
+        client = redis.Redis(port=redis_server.port)
+        entries = sink_entries(client, forecasts_stream, len(events))
+        assert {fields[b"content-type"] for fields in entries} == {JSON.encode()}
+        got = forecasts_of(entries)
+        want = over_grpc(start_server().address, events)
+        assert set(got) == set(want)
+        for key, forecast in got.items():
+            assert_same(forecast, want[key])
+        with grpc.insecure_channel(server.address) as channel:
+            session = get_session(stub_for(channel), "s1")
+        assert session is not None and session.last_seq == 5
+    finally:
+        consumer.send_signal(signal.SIGTERM)
+        assert consumer.wait(30) == 0
+        log.close()
+
+
+def test_health_follows_the_source(start_server: Callable, tmp_path) -> None:
+    """Readiness: NOT_SERVING while the consumed log's Redis is down, SERVING again once it is back;
+    the events written before and after are all answered."""
+    source_redis = RedisProcess(tmp_path / "redis", aof=True).start()
+    try:
+        events_stream, forecasts_stream = _names()
+        base = f"redis-stream://127.0.0.1:{source_redis.port}"
+        events = random_events("h", 6)
+        write(f"{base}/{events_stream}", events[:3])
+        srv = start_server(
+            consume_source=f"{base}/{events_stream}",
+            consume_sink=f"{base}/{forecasts_stream}",
+            store_check_interval_s=0.1,
+        )
+        with grpc.insecure_channel(srv.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def status() -> int:
+                return health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+            wait_until(lambda: status() == health_pb2.HealthCheckResponse.SERVING, "SERVING")
+            source_redis.kill()
+            wait_until(lambda: status() == health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING")
+            source_redis.start()
+            wait_until(lambda: status() == health_pb2.HealthCheckResponse.SERVING, "SERVING again")
+        write(f"{base}/{events_stream}", events[3:])
+        client = redis.Redis(port=source_redis.port)
+        assert set(forecasts_of(sink_entries(client, forecasts_stream, 6))) == {("h", s) for s in range(1, 7)}
+        assert metric(scrape(srv.metrics_url), "aaren_log_source_up", source=f"redis-stream:{events_stream}") == 1
+    finally:
+        source_redis.kill()

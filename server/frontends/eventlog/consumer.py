@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 #: Codes of refusals that pass: the message waits in the log and is tried again.
 TRANSIENT = frozenset({Code.RESOURCE_EXHAUSTED, Code.ABORTED, Code.UNAVAILABLE, Code.INTERNAL})
+#: Reasons of an event that comes before the ones it follows: a seq gap, or a seq above 1 of a
+#: session that has none yet. A later message may fill the gap.
+GAPS = frozenset({"seq_gap", "session_not_found"})
 
 
 class Answerer(Protocol):
@@ -296,11 +299,11 @@ class LogConsumer:
             blocked.add((item.model, item.event.session_id))  # its session's later events wait behind it
             batch.pause_s = max(batch.pause_s, info.retry_after_s)
             return
-        if info.reason == "seq_gap" and now - first < self.options.gap_wait_s:
+        if info.reason in GAPS and now - first < self.options.gap_wait_s:
             # Not blocking: a message later in the log may be the one that fills the gap.
             batch.held.append(m)
             return
-        if info.reason == "seq_gap":
+        if info.reason in GAPS:
             info = Reasons.seq_gap_unfilled(info, self.options.gap_wait_s)
         batch.dead.append(DeadLetter(m, int(info.code), info.reason, info.message))
 
