@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Awaitable, Callable
 from typing import Self
 
 import numpy as np
@@ -129,6 +130,13 @@ class CoreRequest:
     tenant: str = ""
     #: The model the request is for ("": the default model).
     model: str = ""
+    #: Awaited before the states of the request's events are stored, once per batch that holds some
+    #: of them, with their positions in the request ``[m']`` and their outcomes as they will be once
+    #: stored (``Outcomes`` of those ``m'`` events). Raising stores none of those sessions: their events
+    #: are answered ``publish_failed``. The event-log consumer publishes its forecasts here, so a
+    #: stored state's forecasts are always out (docs/architecture.md section 3); in the engine
+    #: core's process only (it never crosses the IPC).
+    before_store: Callable[[np.ndarray, Outcomes], Awaitable[None]] | None = None
 
 
 @dataclasses.dataclass(slots=True)

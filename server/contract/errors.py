@@ -167,6 +167,15 @@ class Reasons:
         )
 
     @staticmethod
+    def publish_failed(sid: str, detail: str) -> ErrorInfo:
+        """The event-log consumer could not publish a batch's forecasts: nothing was stored."""
+        return ErrorInfo(
+            Code.UNAVAILABLE,
+            "publish_failed",
+            f"the forecasts of session {sid!r} could not be published ({detail}); nothing was applied: resend",
+        )
+
+    @staticmethod
     def seq_gap_unfilled(gap: ErrorInfo, waited_s: float) -> ErrorInfo:
         """A log's seq gap that no later message filled within the consumer's wait."""
         return ErrorInfo(gap.code, gap.reason, f"{gap.message}; no message filled the gap within {waited_s:g} s")

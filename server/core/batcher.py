@@ -617,8 +617,7 @@ class Batcher:
         events' outcomes (and the batch duplicates'). Returns the forecasts' outputs and how many
         rows they have."""
         pieces, cols, ids, sess, seq, times = work.pieces, work.cols, work.ids, work.sess, work.seq, work.times
-        verdict, stored, loaded, errors = work.verdict, work.stored, work.loaded, work.errors
-        kind, last_seq, forecast_row = work.kind, work.last_seq, work.forecast_row
+        stored, loaded = work.stored, work.loaded
         # Applied events grouped by session (stable: each session's in order).
         if len(applied) > 1 and (np.diff(sess[applied]) < 0).any():
             applied = applied[np.argsort(sess[applied], kind="stable")]
@@ -667,6 +666,13 @@ class Batcher:
         keep = np.ones(len(run_sess), dtype=bool) if finite is None else finite
         for r in np.flatnonzero(~keep).tolist():
             session_error[r] = Reasons.numeric_overflow(self.scope.shown(ids[int(run_sess[r])]))
+        run_of = np.repeat(np.arange(len(run_sess)), lengths)  # [A] the run of each applied event
+        shape = _Runs(applied, want, run_sess, run_of, ends)
+        hooked = [k for k, (a, _, _) in enumerate(pieces) if a.request.before_store is not None]
+        if hooked and keep.any():
+            for r, error in (await self._before_store(work, hooked, shape, session_error, outputs)).items():
+                session_error[r] = error
+                keep[r] = False
         if keep.any():
             kept = np.flatnonzero(keep)
             now = time.time()
@@ -711,8 +717,16 @@ class Batcher:
         self._latency["model"].observe(store_started - model_started)
         self._latency["store"].observe(time.perf_counter() - store_started)
 
-        # Outcomes of the applied events and of the batch duplicates.
-        run_of = np.repeat(np.arange(len(run_sess)), lengths)  # [A] the run of each applied event
+        self._mark(work, shape, session_error)
+        return outputs, len(want.nonzero()[0])
+
+    @staticmethod
+    def _mark(work: _BatchInFlight, shape: _Runs, session_error: dict[int, ErrorInfo]) -> None:
+        """Fill in the outcomes of the applied events and of the batch duplicates (``work.kind``,
+        ``last_seq``, ``forecast_row``, ``errors``), the runs of ``session_error`` failed."""
+        applied, want, run_sess, run_of, ends = shape.applied, shape.want, shape.run_sess, shape.run_of, shape.ends
+        kind, last_seq, forecast_row, errors = work.kind, work.last_seq, work.forecast_row, work.errors
+        seq, sess, verdict = work.seq, work.sess, work.verdict
         ok_run = np.ones(len(run_sess), dtype=bool)
         for r in session_error:
             ok_run[r] = False
@@ -736,7 +750,51 @@ class Batcher:
                     last_seq[i] = seq[applied[ends[r]]]
                 elif r is not None:
                     errors[i] = session_error[r]
-        return outputs, len(wanted_rows)
+
+    async def _before_store(
+        self,
+        work: _BatchInFlight,
+        hooked: list[int],
+        shape: _Runs,
+        session_error: dict[int, ErrorInfo],
+        outputs: OutputColumns,
+    ) -> dict[int, ErrorInfo]:
+        """Await the ``before_store`` of each piece ``hooked`` with its outcomes as they will be once
+        stored; the runs of a piece whose hook raised, with their error (``publish_failed``)."""
+        view = dataclasses.replace(
+            work,
+            kind=work.kind.copy(),
+            last_seq=work.last_seq.copy(),
+            forecast_row=work.forecast_row.copy(),
+            errors=dict(work.errors),
+        )
+        self._mark(view, shape, session_error)
+        run_at = np.full(len(work.sess), -1, dtype=np.int64)
+        run_at[shape.applied] = shape.run_of
+        bounds = np.cumsum([0] + [c for _, _, c in work.pieces])
+        failed: dict[int, ErrorInfo] = {}
+        for k in hooked:
+            accepted, start, count = work.pieces[k]
+            at, end = int(bounds[k]), int(bounds[k + 1])
+            rows = view.forecast_row[at:end]
+            has = rows >= 0
+            outcomes = Outcomes(
+                view.kind[at:end].copy(),
+                view.last_seq[at:end].copy(),
+                {i - at: e for i, e in view.errors.items() if at <= i < end},
+                np.flatnonzero(has),
+                outputs.take(rows[has]) if has.any() else None,
+            )
+            hook = accepted.request.before_store
+            assert hook is not None
+            try:
+                await hook(accepted.request.index[start : start + count], outcomes)
+            except Exception as exc:  # the forecasts are not out: none of these states may be stored
+                detail = str(exc) or type(exc).__name__
+                runs = run_at[at:end]
+                for r in set(runs[runs >= 0].tolist()):
+                    failed[r] = Reasons.publish_failed(self.scope.shown(work.ids[int(shape.run_sess[r])]), detail)
+        return failed
 
     def _settle(
         self,
@@ -882,6 +940,19 @@ class _BatchInFlight:
     kind: np.ndarray
     last_seq: np.ndarray
     forecast_row: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Runs:
+    """How a batch's applied events ``[A]`` (batch positions) fall into runs ``[R]``, one per session:
+    ``want [A]`` those that get a forecast, ``run_sess [R]`` each run's session, ``run_of [A]`` each
+    applied event's run, ``ends [R]`` each run's last applied event (an index into ``applied``)."""
+
+    applied: np.ndarray
+    want: np.ndarray
+    run_sess: np.ndarray
+    run_of: np.ndarray
+    ends: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -253,9 +253,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     # ------------------------------------------------------------------ outside a gRPC call
 
-    async def answer(self, request: pb.StreamRequest, tenant: str = "") -> pb.StreamResponse:
+    async def answer(
+        self,
+        request: pb.StreamRequest,
+        tenant: str = "",
+        before_store: Callable[[list[int], pb.StreamResponse], Awaitable[None]] | None = None,
+    ) -> pb.StreamResponse:
         """One stream request answered without a call (the event-log consumer): decoded and checked,
-        applied by the core, encoded, as ``Stream`` answers it."""
+        applied by the core, encoded, as ``Stream`` answers it. ``before_store(positions, response)``:
+        awaited before the states of those events (positions in ``request.events``) are stored, with
+        their results as they will be (``CoreRequest.before_store``; the core must be in this process)."""
         if self._core is None or self._core.lost:
             return self.refusal(request, Reasons.loading() if self._core is None else Reasons.core_unavailable())
         if self._core.draining:
@@ -264,6 +271,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             accepted = self.decode(request, tenant)
         except RefusedError as exc:
             return self.refusal(request, exc.info)
+        if before_store is not None:
+            view = self._view(request.model)
+            assert view is not None  # decode refused an unknown model
+
+            async def hook(positions: np.ndarray, outcomes: Outcomes) -> None:
+                chosen = positions.tolist()
+                part = pb.StreamRequest(events=[request.events[i] for i in chosen], top_k=request.top_k)
+                await before_store(chosen, self._response(part, outcomes, view))
+
+            accepted.request.before_store = hook
         answer: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
         accepted.submit(accepted.request, answer.set_result)
         return accepted.encode(await answer)

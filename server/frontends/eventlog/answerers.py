@@ -15,6 +15,7 @@ import grpc
 from aaren.server.contract.errors import Code, ServiceError
 from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
 from aaren.server.frontends.eventlog.base import LogUnavailableError
+from aaren.server.frontends.eventlog.consumer import BeforeStore
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 
@@ -27,12 +28,14 @@ _RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EX
 class CoreAnswerer:
     """The consumer's requests through the aaren.v1 codec attached to the engine core."""
 
+    publishes_before_store = True
+
     def __init__(self, servicer: ForecastServicer, tenant: str = "") -> None:
         self.servicer = servicer
         self.tenant = tenant
 
-    async def answer(self, request: pb.StreamRequest) -> pb.StreamResponse:
-        return await self.servicer.answer(request, self.tenant)
+    async def answer(self, request: pb.StreamRequest, before_store: BeforeStore | None = None) -> pb.StreamResponse:
+        return await self.servicer.answer(request, self.tenant, before_store)
 
     async def latest(self, session_id: str, model: str) -> pb.Forecast:
         return await self.servicer.latest(session_id, model, tenant=self.tenant)
@@ -54,7 +57,12 @@ class RemoteAnswerer:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._lock = asyncio.Lock()  # one request on the call at a time: answers pair with requests
 
-    async def answer(self, request: pb.StreamRequest) -> pb.StreamResponse:
+    #: A server elsewhere stores before it answers: the consumer sends layers instead.
+    publishes_before_store = False
+
+    async def answer(self, request: pb.StreamRequest, before_store: BeforeStore | None = None) -> pb.StreamResponse:
+        if before_store is not None:
+            raise ValueError("a remote server cannot wait for a publish before it stores")
         async with self._lock:
             try:
                 if self._call is None:

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from aaren.server.contract.errors import Code, ErrorInfo, Reasons, ServiceError
@@ -49,7 +49,7 @@ from aaren.server.frontends.eventlog.messages import decode_event, encode_foreca
 from aaren.server.observability.metrics import Metrics
 from aaren.v1 import aaren_pb2 as pb
 
-__all__ = ["Answerer", "ConsumerOptions", "LogConsumer"]
+__all__ = ["Answerer", "BeforeStore", "ConsumerOptions", "LogConsumer"]
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,18 @@ TRANSIENT = frozenset({Code.RESOURCE_EXHAUSTED, Code.ABORTED, Code.UNAVAILABLE, 
 GAPS = frozenset({"seq_gap", "session_not_found"})
 
 
-class Answerer(Protocol):
-    """What answers the consumer's requests: the aaren.v1 codec over a core, or a remote server."""
+#: Awaited with the positions of some of a request's events and their results, before their
+#: states are stored (``ForecastServicer.answer``).
+BeforeStore = Callable[[list[int], pb.StreamResponse], Awaitable[None]]
 
-    async def answer(self, request: pb.StreamRequest) -> pb.StreamResponse:
+
+class Answerer(Protocol):
+    """What answers the consumer's requests: the aaren.v1 codec over a core, or a remote server.
+    ``publishes_before_store``: ``answer`` takes a ``before_store`` (the core is in this process)."""
+
+    publishes_before_store: bool
+
+    async def answer(self, request: pb.StreamRequest, before_store: BeforeStore | None = None) -> pb.StreamResponse:
         """The response ``Stream`` would send; raises ``LogUnavailableError`` when there is no answer."""
         ...
 
@@ -201,6 +209,7 @@ class LogConsumer:
 
     async def _handle(self, messages: Sequence[LogMessage]) -> _Batch:
         batch = _Batch()
+        items: list[_Item] = []
         layers: list[list[_Item]] = []
         depth: dict[tuple[str, str], int] = defaultdict(int)
         for m in messages:
@@ -213,12 +222,52 @@ class LogConsumer:
                 batch.done.append(m)
                 self._messages["skipped"].inc()
                 continue
+            item = _Item(m, event, model)
+            items.append(item)
             key = (model, event.session_id)
             r = depth[key]
             depth[key] = r + 1
             if r == len(layers):
                 layers.append([])
-            layers[r].append(_Item(m, event, model))
+            layers[r].append(item)
+        if self.answerer.publishes_before_store:
+            await self._apply_runs(items, batch)
+        else:
+            await self._apply_layers(layers, batch)
+        order = {m.id: n for n, m in enumerate(messages)}
+        batch.held.sort(key=lambda m: order[m.id])
+        return batch
+
+    async def _apply_runs(self, items: list[_Item], batch: _Batch) -> None:
+        """The core is in this process: the batch's events in one request per model (a session's run
+        applied by the scan); each piece's forecasts are published before its states are stored
+        (``before_store``), so a stored state's forecasts are always out."""
+        groups = _by_model(items)
+
+        def publisher(group: list[_Item]) -> Callable[[list[int], pb.StreamResponse], Awaitable[None]]:
+            async def before_store(positions: list[int], response: pb.StreamResponse) -> None:
+                out = [
+                    self._publication(group[i], result.forecast)
+                    for i, result in zip(positions, response.results, strict=True)
+                    if result.WhichOneof("outcome") == "forecast"
+                ]
+                await self._publish(out)
+
+            return before_store
+
+        responses = await asyncio.gather(
+            *(self.answerer.answer(_request(g), before_store=publisher(g)) for g in groups)
+        )
+        again: list[tuple[Publication, _Item]] = []
+        blocked: set[tuple[str, str]] = set()
+        for group, response in zip(groups, responses, strict=True):
+            for item, _ in await self._sort(group, response, batch, blocked, again):
+                batch.done.append(item.message)  # published before its state was stored
+        await self._publish_or_hold(again, batch)
+
+    async def _apply_layers(self, layers: list[list[_Item]], batch: _Batch) -> None:
+        """The core is elsewhere (``--target``): layer by layer, each layer's forecasts published
+        before the next layer is sent (module docstring)."""
         blocked: set[tuple[str, str]] = set()  # sessions with an event that waits: their later ones wait too
         for index, layer in enumerate(layers):
             items = [i for i in layer if (i.model, i.event.session_id) not in blocked]
@@ -226,8 +275,13 @@ class LogConsumer:
             if not items:
                 continue
             try:
-                publications = await self._answer_layer(items, batch, blocked)
-                new = await self.sink.publish([p for p, _ in publications])
+                groups = _by_model(items)
+                responses = await asyncio.gather(*(self.answerer.answer(_request(g)) for g in groups))
+                publications: list[tuple[Publication, _Item]] = []
+                for group, response in zip(groups, responses, strict=True):
+                    for item, forecast in await self._sort(group, response, batch, blocked, publications):
+                        publications.append((self._publication(item, forecast), item))
+                await self._publish([p for p, _ in publications])
             except LogUnavailableError as exc:
                 # Nothing of this layer is published: every message from here on waits, so only a
                 # session's last applied event can be unpublished (module docstring).
@@ -237,57 +291,67 @@ class LogConsumer:
                 batch.held = _unique(batch.held)
                 batch.done = [m for m in batch.done if m not in set(batch.held)]
                 batch.pause_s = self.options.retry_s
-                if isinstance(exc, LogUnavailableError) and not await self.sink.healthy():
+                if not await self.sink.healthy():
                     raise
-                return batch
-            self._published["new"].inc(new)
-            self._published["repeat"].inc(len(publications) - new)
+                return
             for _, item in publications:
                 batch.done.append(item.message)
-        order = {m.id: n for n, m in enumerate(messages)}
-        batch.held.sort(key=lambda m: order[m.id])
-        return batch
 
-    async def _answer_layer(
-        self, items: list[_Item], batch: _Batch, blocked: set[tuple[str, str]]
-    ) -> list[tuple[Publication, _Item]]:
-        """Answer one layer (a request per model, concurrently); the forecasts to publish."""
-        by_model: dict[str, list[_Item]] = defaultdict(list)
-        for item in items:
-            by_model[item.model].append(item)
-        groups = list(by_model.values())
-        every = pb.FORECAST_MODE_EVERY_EVENT
-        requests = [
-            pb.StreamRequest(events=[i.event for i in g], model=g[0].model, forecast_mode=every) for g in groups
-        ]
-        responses = await asyncio.gather(*(self.answerer.answer(r) for r in requests))
-        publications: list[tuple[Publication, _Item]] = []
-        for group, response in zip(groups, responses, strict=True):
-            if response.HasField("request_error"):
-                for item in group:
-                    self._refused(item, _info(response.request_error), batch, blocked)
-                continue
-            for item, result in zip(group, response.results, strict=True):
-                outcome = result.WhichOneof("outcome")
-                if outcome == "forecast":
-                    publications.append((self._publication(item, result.forecast), item))
-                    self._messages["forecast"].inc()
-                elif outcome == "ack":
-                    forecast = None
-                    if item.event.seq == result.ack.last_seq:
-                        # Maybe applied before a crash and never published: offer its forecast again.
-                        try:
-                            forecast = await self.answerer.latest(item.event.session_id, item.model)
-                        except ServiceError as exc:  # ended or evicted since: nothing to offer
-                            log.warning("log consumer: no forecast for duplicate %s: %s", item.message.id, exc)
-                    if forecast is not None:
-                        publications.append((self._publication(item, forecast), item))
-                    else:
-                        batch.done.append(item.message)
-                    self._messages["duplicate"].inc()
+    async def _publish(self, publications: list[Publication]) -> None:
+        new = await self.sink.publish(publications)
+        self._published["new"].inc(new)
+        self._published["repeat"].inc(len(publications) - new)
+
+    async def _publish_or_hold(self, publications: list[tuple[Publication, _Item]], batch: _Batch) -> None:
+        """Publish what a batch offers again (duplicates); held for another try when the sink fails."""
+        if not publications:
+            return
+        try:
+            await self._publish([p for p, _ in publications])
+        except LogUnavailableError as exc:
+            log.warning("log consumer: %s; %d duplicates wait", exc, len(publications))
+            batch.held += [item.message for _, item in publications]
+            batch.pause_s = self.options.retry_s
+            return
+        batch.done += [item.message for _, item in publications]
+
+    async def _sort(
+        self,
+        group: list[_Item],
+        response: pb.StreamResponse,
+        batch: _Batch,
+        blocked: set[tuple[str, str]],
+        again: list[tuple[Publication, _Item]],
+    ) -> list[tuple[_Item, pb.Forecast]]:
+        """Where each event of one answered request goes: its forecast (returned), nothing new (done),
+        a forecast to offer again (``again``: a duplicate of the session's last applied event), a wait
+        or a dead letter (``_refused``)."""
+        forecasts: list[tuple[_Item, pb.Forecast]] = []
+        if response.HasField("request_error"):
+            for item in group:
+                self._refused(item, _info(response.request_error), batch, blocked)
+            return forecasts
+        for item, result in zip(group, response.results, strict=True):
+            outcome = result.WhichOneof("outcome")
+            if outcome == "forecast":
+                forecasts.append((item, result.forecast))
+                self._messages["forecast"].inc()
+            elif outcome == "ack":
+                forecast = None
+                if item.event.seq == result.ack.last_seq:
+                    # Maybe applied before a crash and never published: offer its forecast again.
+                    try:
+                        forecast = await self.answerer.latest(item.event.session_id, item.model)
+                    except ServiceError as exc:  # ended or evicted since: nothing to offer
+                        log.warning("log consumer: no forecast for duplicate %s: %s", item.message.id, exc)
+                if forecast is not None:
+                    again.append((self._publication(item, forecast), item))
                 else:
-                    self._refused(item, _info(result.error), batch, blocked)
-        return publications
+                    batch.done.append(item.message)
+                self._messages["duplicate"].inc()
+            else:
+                self._refused(item, _info(result.error), batch, blocked)
+        return forecasts
 
     def _refused(self, item: _Item, info: ErrorInfo, batch: _Batch, blocked: set[tuple[str, str]]) -> None:
         """An event the core did not apply: it waits (a transient refusal; a gap, for a while) or is a dead letter."""
@@ -341,6 +405,20 @@ class LogConsumer:
             except Exception:  # a log that cannot count must not stop the consumer
                 log.exception("reading the log's lag failed")
             await asyncio.sleep(self.options.stats_interval_s)
+
+
+def _by_model(items: list[_Item]) -> list[list[_Item]]:
+    """Items grouped by model, each group in log order."""
+    groups: dict[str, list[_Item]] = defaultdict(list)
+    for item in items:
+        groups[item.model].append(item)
+    return list(groups.values())
+
+
+def _request(group: list[_Item]) -> pb.StreamRequest:
+    return pb.StreamRequest(
+        events=[i.event for i in group], model=group[0].model, forecast_mode=pb.FORECAST_MODE_EVERY_EVENT
+    )
 
 
 def _info(error: pb.EventError) -> ErrorInfo:
