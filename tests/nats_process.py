@@ -21,12 +21,14 @@ class NatsProcess:
     """``start()`` / ``stop()`` or ``kill()`` / ``start()`` again on the same port and store dir (file-backed
     streams and consumers survive). ``url``: ``nats://127.0.0.1:PORT``, the base of a log URL."""
 
-    def __init__(self, directory: Path, *, port: int | None = None) -> None:
+    def __init__(self, directory: Path, *, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
+        """``extra``: more nats-server arguments (``--user``, ``--pass``)."""
         if not Path(NATS_BINARY).exists():
             pytest.fail("nats-server is not installed (make system-deps installs the Debian package nats-server)")
         self.directory = directory
         self.port = port or free_port()
         self.monitor_port = free_port()
+        self.extra = extra
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -48,6 +50,7 @@ class NatsProcess:
             "-m", str(self.monitor_port),
             "-sd", str(self.directory / "store"),
             "-l", str(self.log),
+            *self.extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20

@@ -84,6 +84,7 @@ def test_writer_and_source_round_trip_json_and_protobuf(nats_server: NatsProcess
         try:
             got = await read_until(source, 3)
             await source.ack(got)
+            await source.ack(got)  # acked already: nothing to do
             return got, source.stream
         finally:
             await source.close()
@@ -388,6 +389,68 @@ def test_source_sink_and_writer_survive_a_nats_restart(tmp_path: Any, subject: s
     assert seen["healthy after"] is True
     assert (seen["stats after"].lag, seen["stats after"].pending) == (0, 0)
     assert seen["stored"] == [b"before", b"after"]
+
+
+def test_a_server_crash_keeps_the_stream_and_its_dedup_ids(tmp_path: Any, subject: str) -> None:
+    """SIGKILL: the stream and the ids of its duplicate window survive; an unacked message comes
+    again (nats-server 2.9 writes consumer state lazily, so acks of its last moments may be lost
+    too: the consumer's seq rule and this dedup are what make that harmless)."""
+    server = NatsProcess(tmp_path / "nats").start()
+    url = f"{server.url}/{subject}?ack_wait_s=1"
+    out_url = f"{server.url}/{subject}.out"
+
+    async def body() -> tuple[list[str], int, list[bytes], list[bytes]]:
+        source, sink = open_source(url), open_sink(out_url)
+        await _write(url, [b"event"])
+        await source.open()
+        await sink.open()
+        try:
+            first = await read_until(source, 1)
+            assert await sink.publish([publication("m/a/1", b"forecast")]) == 1
+            server.kill()
+            server.start()
+            again = await retry(lambda: read_until(source, 1))
+            await source.ack(again)
+            repeat = await retry(lambda: sink.publish([publication("m/a/1", b"forecast")]))
+            return (
+                [m.id for m in first + again],
+                repeat,
+                [d for _, d, _ in await read_all(url)],
+                [d for _, d, _ in await read_all(out_url)],
+            )
+        finally:
+            await source.close()
+            await sink.close()
+
+    try:
+        ids, repeat, events, forecasts = run(body())
+    finally:
+        server.kill()
+    assert ids == ["1", "1"]
+    assert repeat == 0
+    assert events == [b"event"] and forecasts == [b"forecast"]
+
+
+def test_credentials_in_the_url(tmp_path: Any, subject: str) -> None:
+    server = NatsProcess(tmp_path / "nats", extra=("--user", "aaren", "--pass", "s3cret")).start()
+    host = f"127.0.0.1:{server.port}"
+
+    async def body(url: str) -> list[LogMessage]:
+        source = open_source(url)
+        try:
+            await source.open()
+            return await read_until(source, 1)
+        finally:
+            await source.close()
+
+    try:
+        run(_write(f"nats://aaren:s3cret@{host}/{subject}", [b"{}"]))
+        assert [m.id for m in run(body(f"nats://aaren:s3cret@{host}/{subject}"))] == ["1"]
+        for url in (f"nats://aaren:wrong@{host}/{subject}", f"nats://{host}/{subject}"):
+            with pytest.raises(ConfigError, match="refused the credentials"):
+                run(body(f"{url}?connect_timeout_s=1"))
+    finally:
+        server.kill()
 
 
 async def _write(url: str, bodies: list[bytes]) -> None:

@@ -14,8 +14,11 @@ stream sequence; its body the data; ``Content-Type`` and ``Aaren-Model`` headers
 and model (JSON and "" when absent). A message handed out and not acknowledged within
 ``ack_wait_s`` is handed out again (``deliveries`` counts), before new ones: JetStream has no
 claim, so a dead predecessor's messages come back only after their ack wait. ``ack`` waits for the
-server's answer to each ack (``ack_sync``): an ack that returned is recorded. ``hold`` sends
-"in progress" for each message and waits for the answer: its ack wait starts again.
+server's answer to each ack (``ack_sync``): an ack that returned is recorded, and a clean restart
+of the server keeps it; a crash of the server (SIGKILL) may lose the acks of its last moments, as
+nats-server 2.9 writes consumer state lazily: those messages come again, and the consumer's seq
+rule and the sink's dedup drop their repeats. ``hold`` sends "in progress" (``+WPI``) for each
+message and waits for the answer: its ack wait starts again.
 
 Sink: ``nats://host:port/SUBJECT?stream=S&dead_letter=SUBJ&duplicate_window_s=3600``. A forecast is
 published to SUBJECT (the body; headers ``Nats-Msg-Id`` the dedup id, ``Content-Type``,
@@ -40,13 +43,18 @@ import re
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
+from nats import errors as nats_errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import AuthorizationError
-from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
-from nats.js.errors import APIError, BadRequestError, NoStreamResponseError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
 
 from aaren.server.contract.errors import ConfigError
 from aaren.server.frontends.eventlog.addresses import EventWriter, LogAddress, Member
@@ -84,8 +92,24 @@ _DOWN_POLL_S = 0.05
 #: A header value is one line (NATS headers cannot hold CR or LF); an error text is cut to this.
 MAX_HEADER_CHARS = 4096
 # Errors of a server that is down, restarting or not yet ready: the caller waits and tries again.
-# A JetStream API error is one of these only when it is a 5xx (503: JetStream not ready yet).
-_UNAVAILABLE = (NatsError, OSError, TimeoutError)
+# Any other error (a body over the server's max payload, a bad subject, a 4xx of the JetStream
+# API) is raised as it is: trying again would not help.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,  # TimeoutError and the connection errors among them
+    nats_errors.TimeoutError,
+    nats_errors.NoRespondersError,
+    nats_errors.StaleConnectionError,
+    nats_errors.OutboundBufferLimitError,
+    nats_errors.ConnectionClosedError,
+    nats_errors.ConnectionReconnectingError,
+    nats_errors.ConnectionDrainingError,
+    nats_errors.NoServersError,
+    NoStreamResponseError,  # no stream answers the subject: JetStream is still recovering it
+    ServiceUnavailableError,  # 503: JetStream not ready
+    ServerError,
+)
+_SOURCE_ONLY = ("durable", "ack_wait_s", "start")
+_SINK_ONLY = ("dead_letter", "duplicate_window_s")
 _STREAM_NAME_IN_USE = 10058  # JetStream's err_code: a stream of that name exists, differently configured
 
 
@@ -97,8 +121,6 @@ def stream_name(subject: str) -> str:
 
 def _unavailable(label: str, exc: BaseException) -> BaseException:
     """``exc`` as ``LogUnavailableError`` when it says the server is unavailable; else ``exc`` itself."""
-    if isinstance(exc, APIError) and not isinstance(exc, NoStreamResponseError) and (exc.code or 0) < 500:
-        return exc
     if isinstance(exc, _UNAVAILABLE):
         return LogUnavailableError(f"{label}: {type(exc).__name__}: {exc}")
     return exc
@@ -163,7 +185,7 @@ class _Link:
         except _UNAVAILABLE as exc:
             await nc.close()
             cause = last_error[0] if last_error else exc
-            if isinstance(cause, AuthorizationError):
+            if isinstance(cause, nats_errors.AuthorizationError) or "authorization violation" in str(cause).lower():
                 raise ConfigError(f"{label}: NATS at {host}:{port} refused the credentials: {cause}") from None
             raise LogUnavailableError(
                 f"{label}: no NATS server answered at {host}:{port} within {self.connect_timeout_s:g} s "
@@ -237,7 +259,7 @@ class _Link:
                     + (f"(stream {owner!r} does); " if owner else "(no stream does); ")
                     + "expected stream= to name the stream that captures it, or no stream= parameter"
                 )
-        except (*_UNAVAILABLE,) as exc:
+        except _UNAVAILABLE as exc:
             raise _unavailable(self.label, exc) from exc
         if self.stream_param is None:
             self.stream = owner
@@ -257,13 +279,13 @@ class _Link:
         sent one after another on the connection, so the stream stores them in this order; their
         acks are awaited together."""
         js = self.check()
-        futures: list[Awaitable[object]] = []
+        futures: list[asyncio.Future[PubAck]] = []
         try:
             for subject, body, headers in messages:
                 futures.append(await js.publish_async(subject, body, headers=headers))
-        except _UNAVAILABLE as exc:
+        except BaseException as exc:
             for future in futures:
-                future.cancel()  # type: ignore[attr-defined]
+                future.cancel()
             raise _unavailable(self.label, exc) from exc
         return await self.gather(futures)  # type: ignore[return-value]
 
@@ -369,7 +391,8 @@ class NatsJetStreamSource:
 
     async def ack(self, messages: Sequence[LogMessage]) -> None:
         """Ack each message and wait for the server's answer (``ack_sync``, all at once): when this
-        returns, the server has recorded every ack, so none is handed out again."""
+        returns, the server has recorded every ack, so none is handed out again (but after a crash
+        of the server: module docstring). A message acked before is skipped."""
         todo = [m.handle for m in messages if isinstance(m.handle, Msg) and not m.handle.is_acked]
         if todo:
             self._link.check()
@@ -519,15 +542,15 @@ class NatsEventWriter(EventWriter):
 
 async def read_all(url: str, limit: int | None = None) -> list[tuple[str, bytes, dict[str, str]]]:
     """Every message on SUBJECT in its stream (the first ``limit``), in order: (stream sequence,
-    data, headers). ``url``: a sink URL (its sink parameters are accepted and not used) or a plain
-    ``nats://host:port/SUBJECT``. Reads through an ephemeral consumer without acks, deleted after;
+    data, headers). ``url``: a source's or a sink's (their own parameters are accepted and not
+    used), or a plain ``nats://host:port/SUBJECT``. Reads through an ephemeral consumer without acks, deleted after;
     what is published meanwhile is not read. Raises ``LogUnavailableError``; a ``ConfigError`` when
     no stream captures SUBJECT."""
     address = LogAddress.parse(url, DEFAULT_PORT)
     link = _Link(address)
-    address.take("dead_letter", "")
-    address.take("duplicate_window_s", "")
-    address.done("stream, connect_timeout_s (and a sink's dead_letter, duplicate_window_s)")
+    for unused in _SOURCE_ONLY + _SINK_ONLY:
+        address.take(unused, "")
+    address.done(", ".join(("stream", "connect_timeout_s", *_SOURCE_ONLY, *_SINK_ONLY)))
     js = await link.connect()
     try:
         stream = link.stream_param or await link.capturing(link.subject)
