@@ -122,8 +122,9 @@ def test_acked_messages_stay_acked_after_reconnect_unacked_come_back(nats_server
             await second.close()
 
     again, later = run(body())
-    assert [(m.id, m.deliveries) for m in again] == [("3", 2)]
-    assert later == []
+    assert [m.id for m in again] == ["3"]  # deliveries: 2, but nats-server 2.9 may say 1 (module docstring)
+    # the acked ones never come again; a second copy of 3 handed out at once (the same 2.9 quirk) may
+    assert {m.id for m in later} <= {"3"}
 
 
 def test_an_unacked_message_is_delivered_again_after_the_ack_wait(nats_server: NatsProcess, subject: str) -> None:
@@ -135,15 +136,19 @@ def test_an_unacked_message_is_delivered_again_after_the_ack_wait(nats_server: N
         await source.open()
         try:
             first = await read_until(source, 1)
-            second = await read_until(source, 1)
-            await source.ack(second)
-            return first, second
+            again: list[LogMessage] = []
+            for _ in range(4):  # nats-server 2.9 may hand a redelivery out with deliveries 1 (module docstring)
+                again += await read_until(source, 1)
+                if again and again[-1].deliveries >= 2:
+                    break
+            await source.ack(again)
+            return first, again
         finally:
             await source.close()
 
-    first, second = run(body())
+    first, again = run(body())
     assert [(m.id, m.deliveries, m.body) for m in first] == [("1", 1, b'{"x": 1}')]
-    assert [(m.id, m.deliveries, m.body) for m in second] == [("1", 2, b'{"x": 1}')]
+    assert {m.id for m in again} == {"1"} and again[-1].deliveries == 2 and again[-1].body == b'{"x": 1}'
 
 
 def test_hold_keeps_a_message_past_its_ack_wait(nats_server: NatsProcess, subject: str) -> None:
@@ -191,6 +196,34 @@ def test_two_members_have_durables_of_their_own_and_see_every_message(nats_serve
         return out
 
     assert run(body()) == [("fc-0-of-2", ["1", "2", "3", "4"]), ("fc-1-of-2", ["1", "2", "3", "4"])]
+
+
+def test_reopening_takes_the_urls_ack_wait_and_max_ack_pending_and_keeps_the_start(
+    nats_server: NatsProcess, subject: str
+) -> None:
+    async def body() -> tuple[list[str], Any]:
+        await _write(f"{nats_server.url}/{subject}", [b"{}"] * 3)
+        first = open_source(f"{nats_server.url}/{subject}?ack_wait_s=30")
+        await first.open()
+        await first.close()
+        again = open_source(f"{nats_server.url}/{subject}?ack_wait_s=7&max_ack_pending=2&start=$")
+        await again.open()
+        try:
+            assert isinstance(again, NatsJetStreamSource)
+            got = await again.read(10, 1)  # two handed out, unacked: no more until one is acked
+            more = await again.read(10, 0.5)
+            await again.ack(got)
+            got += await read_until(again, 1)
+            await again.ack(got)
+            assert again._link.js is not None
+            info = await again._link.js.consumer_info(again.stream, again.durable)
+            return [m.id for m in got + more], info.config
+        finally:
+            await again.close()
+
+    ids, config = run(body())
+    assert ids == ["1", "2", "3"]  # start=$ does not move an existing durable's start
+    assert (config.ack_wait, config.max_ack_pending) == (7.0, 2)
 
 
 def test_stats_count_undelivered_and_unacked(nats_server: NatsProcess, subject: str) -> None:
@@ -291,7 +324,9 @@ def test_bad_parameter_values_are_config_errors() -> None:
         open_sink("nats://127.0.0.1:4222/out?duplicate_window_s=0")
 
 
-def test_a_durable_reading_another_subject_is_a_config_error(nats_server: NatsProcess, subject: str) -> None:
+def test_a_named_stream_that_does_not_capture_the_subject_is_a_config_error(
+    nats_server: NatsProcess, subject: str
+) -> None:
     stream = stream_name(subject)
 
     async def body() -> None:
@@ -306,6 +341,23 @@ def test_a_durable_reading_another_subject_is_a_config_error(nats_server: NatsPr
             await other.close()
 
     with pytest.raises(ConfigError, match="does not capture subject"):
+        run(body())
+
+
+def test_a_durable_reading_another_subject_is_a_config_error(nats_server: NatsProcess, subject: str) -> None:
+    wildcard = subject.replace(".in", ".*")
+
+    async def body() -> None:
+        first = open_source(f"{nats_server.url}/{wildcard}")  # a stream and durable on t….*
+        await first.open()
+        await first.close()
+        other = open_source(f"{nats_server.url}/{subject}")  # the same stream captures t….in
+        try:
+            await other.open()
+        finally:
+            await other.close()
+
+    with pytest.raises(ConfigError, match=r"durable consumer 'aaren' .* reads subject"):
         run(body())
 
 

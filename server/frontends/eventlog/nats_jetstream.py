@@ -6,14 +6,20 @@ and ``connect_timeout_s`` (default 5: ``open`` gives up after it with ``LogUnava
 connected the client reconnects forever, and a call made while it is disconnected raises
 ``LogUnavailableError`` at once).
 
-Source: ``nats://host:port/SUBJECT?stream=S&durable=D&ack_wait_s=30&start=0``. A durable pull
-consumer (``durable``, default ``aaren``; per member ``D-i-of-n``, ``addresses.Member``) on SUBJECT
-with explicit acks, created when missing (an existing one keeps its configuration) to deliver from
-``start`` (``0``: the whole stream, the default; ``$``: new messages only). A message's id is its
+Source: ``nats://host:port/SUBJECT?stream=S&durable=D&ack_wait_s=30&start=0&max_ack_pending=N``.
+A durable pull consumer (``durable``, default ``aaren``; per member ``D-i-of-n``,
+``addresses.Member``) on SUBJECT with explicit acks, created when missing to deliver from
+``start`` (``0``: the whole stream, the default; ``$``: new messages only; an existing durable
+keeps its start, and takes the URL's ``ack_wait_s`` and ``max_ack_pending``). ``max_ack_pending``:
+how many messages may be handed out and not acknowledged (held ones too) before JetStream hands
+out no more; default the server's (1000 on nats-server 2.9), -1 no limit. A message's id is its
 stream sequence; its body the data; ``Content-Type`` and ``Aaren-Model`` headers say the encoding
 and model (JSON and "" when absent). A message handed out and not acknowledged within
 ``ack_wait_s`` is handed out again (``deliveries`` counts), before new ones: JetStream has no
-claim, so a dead predecessor's messages come back only after their ack wait. ``ack`` waits for the
+claim, so a dead predecessor's messages come back only after their ack wait. nats-server before
+2.10.14 may hand one redelivery out twice, counting it 1 the second time (when a pull request
+expires as it is delivered; nats-io/nats-server#5305): ``deliveries`` may under-count, and a
+message may come again while it is pending. ``ack`` waits for the
 server's answer to each ack (``ack_sync``): an ack that returned is recorded, and a clean restart
 of the server keeps it; a crash of the server (SIGKILL) may lose the acks of its last moments, as
 nats-server 2.9 writes consumer state lazily: those messages come again, and the consumer's seq
@@ -49,10 +55,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, PubAck, StorageType, StreamConfig
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     NoStreamResponseError,
     NotFoundError,
-    ServerError,
     ServiceUnavailableError,
 )
 
@@ -105,10 +111,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     nats_errors.ConnectionDrainingError,
     nats_errors.NoServersError,
     NoStreamResponseError,  # no stream answers the subject: JetStream is still recovering it
-    ServiceUnavailableError,  # 503: JetStream not ready
-    ServerError,
+    ServiceUnavailableError,  # 503: JetStream not ready (a 500 is not: 2.9 answers a bad update so)
 )
-_SOURCE_ONLY = ("durable", "ack_wait_s", "start")
+_SOURCE_ONLY = ("durable", "ack_wait_s", "start", "max_ack_pending")
 _SINK_ONLY = ("dead_letter", "duplicate_window_s")
 _STREAM_NAME_IN_USE = 10058  # JetStream's err_code: a stream of that name exists, differently configured
 
@@ -158,9 +163,12 @@ class _Link:
             return self.js
         label, host, port = self.label, self.address.host, self.address.port
         last_error: list[BaseException] = []
+        refused: list[BaseException] = []  # an attempt the server answered "Authorization Violation"
 
         async def error_cb(exc: Exception) -> None:
             last_error[:] = [exc]
+            if isinstance(exc, nats_errors.AuthorizationError) or "authorization violation" in str(exc).lower():
+                refused[:] = [exc]
             log.warning("%s: NATS connection at %s:%d: %s: %s", label, host, port, type(exc).__name__, exc)
 
         async def reconnected_cb() -> None:
@@ -185,8 +193,8 @@ class _Link:
         except _UNAVAILABLE as exc:
             await nc.close()
             cause = last_error[0] if last_error else exc
-            if isinstance(cause, nats_errors.AuthorizationError) or "authorization violation" in str(cause).lower():
-                raise ConfigError(f"{label}: NATS at {host}:{port} refused the credentials: {cause}") from None
+            if refused:  # later attempts may only see the server close the connection
+                raise ConfigError(f"{label}: NATS at {host}:{port} refused the credentials: {refused[0]}") from None
             raise LogUnavailableError(
                 f"{label}: no NATS server answered at {host}:{port} within {self.connect_timeout_s:g} s "
                 f"({type(cause).__name__}: {cause})"
@@ -233,8 +241,8 @@ class _Link:
             return None
 
     async def ensure_stream(self, subjects: list[str], duplicate_window_s: float | None = None) -> str:
-        """The stream of ``subjects[0]`` (``self.stream``), created capturing ``subjects`` when no stream
-        captures the first; a ``ConfigError`` when the named stream exists but captures another subject.
+        """The stream that captures ``subjects[0]`` (now ``self.stream``), created as ``self.stream``
+        capturing ``subjects`` when none does; a ``ConfigError`` when ``stream=`` names another.
         Raises ``LogUnavailableError``."""
         js = self.check()
         try:
@@ -253,7 +261,7 @@ class _Link:
                             f"{exc.description}"
                         ) from None
                 owner = await self.capturing(subjects[0])  # another process may have created it meanwhile
-            if owner != self.stream:
+            if owner is None or (self.stream_param is not None and owner != self.stream_param):
                 raise ConfigError(
                     f"{self.label}: stream {self.stream!r} does not capture subject {subjects[0]!r} "
                     + (f"(stream {owner!r} does); " if owner else "(no stream does); ")
@@ -261,8 +269,7 @@ class _Link:
                 )
         except _UNAVAILABLE as exc:
             raise _unavailable(self.label, exc) from exc
-        if self.stream_param is None:
-            self.stream = owner
+        self.stream = owner
         return owner
 
     async def gather(self, calls: Sequence[Awaitable[object]]) -> list[object]:
@@ -324,9 +331,12 @@ class NatsJetStreamSource:
         self.start = address.take("start", "0")
         if self.start not in ("0", "$"):
             raise ConfigError(f"nats source: start={self.start!r}; expected 0 (the whole stream) or $")
+        self.max_ack_pending: int | None = address.take("max_ack_pending", None, int)
+        if self.max_ack_pending is not None and self.max_ack_pending == 0:
+            raise ConfigError("nats source: max_ack_pending=0; expected a positive number, or -1 for no limit")
         self._link = _Link(address)
         self.label = self._link.label
-        address.done("stream, durable, ack_wait_s, start, connect_timeout_s")
+        address.done("stream, durable, ack_wait_s, start, max_ack_pending, connect_timeout_s")
         self._sub: JetStreamContext.PullSubscription | None = None
 
     @property
@@ -339,28 +349,47 @@ class NatsJetStreamSource:
         try:
             try:
                 info = await self._link.bounded(js.consumer_info(stream, self.durable))
-                if info.config.filter_subject != self.subject:
-                    raise ConfigError(
-                        f"{self.label}: durable consumer {self.durable!r} of stream {stream!r} reads subject "
-                        f"{info.config.filter_subject!r}; expected {self.subject!r} (another durable= for this subject)"
-                    )
             except NotFoundError:
-                add = js.add_consumer(
-                    stream,
-                    ConsumerConfig(
-                        name=self.durable,
-                        durable_name=self.durable,
-                        deliver_policy=DeliverPolicy.ALL if self.start == "0" else DeliverPolicy.NEW,
-                        ack_policy=AckPolicy.EXPLICIT,
-                        ack_wait=self.ack_wait_s,
-                        filter_subject=self.subject,
-                    ),
+                info = None
+            if info is not None and info.config.filter_subject != self.subject:
+                raise ConfigError(
+                    f"{self.label}: durable consumer {self.durable!r} of stream {stream!r} reads subject "
+                    f"{info.config.filter_subject!r}; expected {self.subject!r} (another durable= for this subject)"
                 )
-                await self._link.bounded(add)
+            if info is None:
+                wanted = ConsumerConfig(
+                    name=self.durable,
+                    durable_name=self.durable,
+                    deliver_policy=DeliverPolicy.ALL if self.start == "0" else DeliverPolicy.NEW,
+                    ack_policy=AckPolicy.EXPLICIT,
+                    ack_wait=self.ack_wait_s,
+                    max_ack_pending=self.max_ack_pending,
+                    filter_subject=self.subject,
+                )
+            else:  # the rest of an existing durable's configuration (its start) is fixed at its creation
+                wanted = info.config.evolve(
+                    ack_wait=self.ack_wait_s, max_ack_pending=self.max_ack_pending or info.config.max_ack_pending
+                )
+            if info is None or self._changed(info.config):
+                try:  # creates, or updates an existing durable's ack wait and max ack pending
+                    await self._link.bounded(js.add_consumer(stream, wanted))
+                except APIError as exc:
+                    if isinstance(exc, _UNAVAILABLE):
+                        raise
+                    raise ConfigError(
+                        f"{self.label}: cannot create or update durable consumer {self.durable!r} of stream "
+                        f"{stream!r}: {exc.description}"
+                    ) from None
             if self._sub is None:
                 self._sub = await js.pull_subscribe_bind(durable=self.durable, stream=stream)
         except _UNAVAILABLE as exc:
             raise _unavailable(self.label, exc) from exc
+
+    def _changed(self, config: ConsumerConfig) -> bool:
+        """Whether the durable's ack wait or max ack pending differs from the URL's."""
+        if abs((config.ack_wait or 0) - self.ack_wait_s) > 1e-6:
+            return True
+        return self.max_ack_pending is not None and config.max_ack_pending != self.max_ack_pending
 
     async def read(self, max_messages: int, wait_s: float) -> list[LogMessage]:
         self._link.check()
