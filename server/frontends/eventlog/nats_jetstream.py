@@ -572,9 +572,9 @@ class NatsEventWriter(EventWriter):
 async def read_all(url: str, limit: int | None = None) -> list[tuple[str, bytes, dict[str, str]]]:
     """Every message on SUBJECT in its stream (the first ``limit``), in order: (stream sequence,
     data, headers). ``url``: a source's or a sink's (their own parameters are accepted and not
-    used), or a plain ``nats://host:port/SUBJECT``. Reads through an ephemeral consumer without acks, deleted after;
-    what is published meanwhile is not read. Raises ``LogUnavailableError``; a ``ConfigError`` when
-    no stream captures SUBJECT."""
+    used), or a plain ``nats://host:port/SUBJECT``. Reads through an ephemeral consumer without
+    acks, deleted after; what is published meanwhile is not read. Raises ``LogUnavailableError``;
+    a ``ConfigError`` when no stream captures SUBJECT."""
     address = LogAddress.parse(url, DEFAULT_PORT)
     link = _Link(address)
     for unused in _SOURCE_ONLY + _SINK_ONLY:
