@@ -23,11 +23,18 @@ Per rep and per ``--batches`` size B, two cells, the order alternating per rep, 
 
 Reported: events/s and CPU µs per event of each, and consumer ÷ gRPC within each rep (min-max over reps).
 Every consumer cell checks that the sink ends with exactly one forecast per event, nothing
-unacknowledged and no dead letter; ``--check`` also reads the sink back, decodes every forecast
-(``messages.decode_forecast``) and checks each event is answered exactly once (by session and seq, and
-by source message id) and equal to the gRPC replay's forecast of the same rep and batch within
-``--tolerance`` (absolute, relative above 1). ``--profile B``: one more, untimed consumer cell at batch
-B under ``py-spy record``, summarised by function.
+unacknowledged and no dead letter. ``--check`` also reads the sink back, decodes every forecast
+(``messages.decode_forecast``) and checks that each event is answered exactly once (by session and seq,
+and by source message id). It then compares the forecasts, within ``--tolerance`` (absolute, relative
+above 1), with the gRPC replay of the same rep and batch, and with a reference gRPC replay that applies
+one event at a time (one event per message, one message in flight per stream), as the consumer's layers
+do: with 64 messages in flight, the core applies a session's queued events as a run, by the parallel
+scan, whose float32 results differ slightly from the single step's.
+
+``--profile B``: one more, untimed consumer cell at batch B under ``py-spy record``, summarised by
+function. The exit status is 1 when a cell misses an event or answers one twice, or (``--check``) when
+a forecast differs from the one-at-a-time reference by more than the tolerance; the difference from the
+default replay (window 64) is reported only.
 
 Writes ``OUT/consume.md`` and ``OUT/consume.json`` (default ``OUT`` = ``bench/out``). Only ratios within
 one run mean much on the shared machines: never compare absolute numbers across runs.
@@ -81,6 +88,17 @@ def load_events(limit: int | None) -> tuple[list[EventIn], str]:
     source = load_source("flights", ModelSchema(), split="test")
     events = list(source.events)
     return (events[:limit] if limit else events), source.name
+
+
+def events_per_layer(events: Sequence[EventIn], batch: int) -> float:
+    """Mean events per model call of the consumer over ``events`` read ``batch`` at a time: a batch is
+    cut into layers of one event per session (``consumer.LogConsumer``), so it takes as many calls as
+    its busiest session has events in it."""
+    layers = sum(
+        max(collections.Counter(e.session_id for e in events[i : i + batch]).values())
+        for i in range(0, len(events), batch)
+    )
+    return len(events) / layers if layers else 0.0
 
 
 def flatten(f: ForecastOut) -> dict[str, float]:
@@ -379,6 +397,10 @@ AREAS = (
 )
 
 
+#: Frames left out of the "on the stack" table: the entry point, the event loop, threads' bootstraps.
+ENTRY = ("typer/", "_click/", "<string>", "cli/server.py", "server/app.py", "asyncio/", "threading.py")
+
+
 def _area(frame: str) -> str:
     path = frame.partition(" (")[2]  # py-spy shortens paths: "redis/asyncio/client.py:12)"
     return next((name for piece, name in AREAS if path.startswith(piece) or f"/{piece}" in path), "other")
@@ -387,7 +409,7 @@ def _area(frame: str) -> str:
 def summarise_profile(path: Path, top: int = 15) -> list[str]:
     """A ``py-spy record --format raw`` file (collapsed stacks, ``frame;frame;... N``) in two tables:
     the samples by the area of their innermost frame (``AREAS``), and the functions most often on the
-    stack (leaving out those on nearly every stack: the entry point, the event loop)."""
+    stack (leaving out ``ENTRY``: the entry point and the event loop are on nearly every stack)."""
     inclusive: collections.Counter[str] = collections.Counter()
     areas: collections.Counter[str] = collections.Counter()
     total = 0
@@ -408,7 +430,7 @@ def summarise_profile(path: Path, top: int = 15) -> list[str]:
     lines += ["| where the innermost frame is | % of samples |", "|---|---:|"]
     lines += [f"| {a} | {100 * n / total:.1f} |" for a, n in areas.most_common()]
     lines += ["", "| on the stack % | function |", "|---:|---|"]
-    shown = [(f, n) for f, n in inclusive.most_common() if n < 0.9 * total][:top]
+    shown = [(f, n) for f, n in inclusive.most_common() if not any(e in f.partition(" (")[2] for e in ENTRY)][:top]
     lines += [f"| {100 * n / total:.1f} | `{f}` |" for f, n in shown]
     return [*lines, ""]
 
@@ -455,6 +477,7 @@ def report(b: Bench, batches: Sequence[int], checks: dict[tuple[int, int], dict[
         rows.append(
             [
                 batch,
+                f"{events_per_layer(b.events, batch):.2f}",
                 span([c["ev_per_s"] for c in con.values()]),
                 span([c["consumer_us"] for c in con.values()], "{:,.1f}"),
                 span([c["log_us"] for c in con.values()], "{:,.1f}"),
@@ -466,6 +489,7 @@ def report(b: Bench, batches: Sequence[int], checks: dict[tuple[int, int], dict[
     out += table(
         (
             "batch",
+            "consumer events per model call",
             "consumer events/s",
             "consumer CPU µs/event",
             f"{kind} CPU µs/event",
@@ -475,6 +499,12 @@ def report(b: Bench, batches: Sequence[int], checks: dict[tuple[int, int], dict[
         ),
         rows,
     )
+    out += [
+        "*Events per model call*: the consumer cuts each batch into layers of one event per session and "
+        "answers a layer with one model call, then publishes it before the next (computed from the events' "
+        "order, with every read a full batch).",
+        "",
+    ]
     out += ["### Consumer ÷ gRPC within each rep (min-max over reps)", ""]
     rows = []
     for batch in batches:
@@ -698,7 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "consume.json").write_text(json.dumps({"cells": saved, "checks": checks_json}, indent=1, default=str))
     print(f"wrote {a.out / 'consume.md'} and {a.out / 'consume.json'}")
     bad = [c for c in b.cells if not c.get("once_by_count")]
-    bad_checks = [k for k, v in checks.items() if not v["once"] or v["over_tolerance"]]
+    # Equality is required of the one-at-a-time reference (the same single step): the default replay's
+    # runs go through the parallel scan, whose float32 agreement with the step is reported, not required.
+    bad_checks = [k for k, v in checks.items() if not v["once"] or v["consumer_vs_step"]["over_tolerance"]]
     return 1 if bad or bad_checks else 0
 
 
