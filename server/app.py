@@ -50,6 +50,8 @@ __all__ = ["AarenServer", "resolve_frontends", "run"]
 log = logging.getLogger("aaren.server")
 
 FRONTEND_START_TIMEOUT_S = 60.0
+#: How long start-up waits for the consumed log to answer before the first health check.
+CONSUMER_OPEN_WAIT_S = 5.0
 RESTART_BACKOFF_S = 0.5
 
 
@@ -200,6 +202,9 @@ class AarenServer:
             self.consumer = consumer_of(s, CoreAnswerer(codec), self.metrics)
             self._consuming = asyncio.create_task(self.consumer.run(), name="aaren-log-consumer")
             log.info("%s", describe(s))
+            # The first health check after the log is reached (a source that is down stays NOT_SERVING).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.consumer.opened.wait(), CONSUMER_OPEN_WAIT_S)
         await self._set_serving(await self._healthy())
         self._tasks.append(asyncio.create_task(self._watch_store(), name="aaren-store-health"))
         d = task.description

@@ -21,9 +21,12 @@ import redis
 from generated import random_events
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from nats_process import nats_server_fixture  # noqa: F401 (the nats_server fixture)
 from redis_process import RedisProcess
 from server_helpers import OpenStream, get_session, metric, scrape, stub_for, wait_until
 
+from aaren.server.contract.errors import ConfigError
+from aaren.server.frontends.eventlog.addresses import Member, open_source, open_writer, read_all
 from aaren.server.frontends.eventlog.base import JSON, PROTOBUF
 from aaren.server.frontends.eventlog.messages import decode_forecast, encode_event
 from aaren.server.frontends.eventlog.redis_streams import RedisEventWriter
@@ -95,27 +98,90 @@ def _close(a: object, b: object, tolerance: float) -> bool:
     return a == b
 
 
+class Logs:
+    """One log system of the tests (Redis Streams or NATS JetStream): URLs of fresh names, and the
+    sink read back, through the project's own writer and reader."""
+
+    def __init__(self, kind: str, base: str) -> None:
+        self.kind, self.base = kind, base
+        self.tag = uuid.uuid4().hex[:8]
+
+    def url(self, name: str, **params: str) -> str:
+        name = f"{name}-{self.tag}" if self.kind == "redis" else f"{name}.{self.tag}"
+        query = "&".join(f"{k}={v}" for k, v in params.items())
+        return f"{self.base}/{name}" + (f"?{query}" if query else "")
+
+    def write(self, url: str, events: list[pb.Event], content_type: str = JSON) -> None:
+        async def go() -> None:
+            writer = open_writer(url)
+            await writer.write([encode_event(e, content_type) for e in events], content_type)
+            await writer.close()
+
+        asyncio.run(go())
+
+    def entries(self, url: str, n: int, timeout_s: float = 60) -> list[dict[bytes, bytes]]:
+        """The sink's first ``n`` messages as ``{b"data": ..., b"content-type": ...}``, waited for."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                read = asyncio.run(read_all(url))
+            except ConfigError:  # JetStream: the consumer has not created the sink's stream yet
+                read = []
+            if len(read) >= n or time.monotonic() > deadline:
+                return [_entry(data, fields) for _, data, fields in read]
+            time.sleep(0.1)
+
+    def pending(self, url: str, members: int = 1) -> int:
+        """Messages of the source handed out and not acknowledged, or not yet handed out, summed
+        over the groups (durables) of ``members`` consumer members."""
+
+        async def go() -> int:
+            total = 0
+            for index in range(members):
+                source = open_source(url, Member(index, members))
+                await source.open()
+                stats = await source.stats()
+                await source.close()
+                total += stats.pending + stats.lag
+            return total
+
+        return asyncio.run(go())
+
+
+def _entry(data: bytes, fields: dict) -> dict[bytes, bytes]:
+    content_type = fields.get("content-type") or fields.get("Content-Type") or fields.get(b"content-type") or JSON
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode()
+    return {b"data": data, b"content-type": content_type.encode()}
+
+
+@pytest.fixture(params=["redis", "nats"])
+def logs(request: pytest.FixtureRequest) -> Logs:
+    """Both log systems: a real redis-server and a real nats-server with JetStream."""
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        return Logs("redis", f"redis-stream://127.0.0.1:{server.port}")
+    server = request.getfixturevalue("nats_server")
+    return Logs("nats", server.url)
+
+
 @pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
-def test_every_event_answered_once_as_grpc_answers_it(start_server: Callable, redis_server, content_type: str) -> None:
-    events_stream, forecasts_stream = _names()
-    base = f"redis-stream://127.0.0.1:{redis_server.port}"
+def test_every_event_answered_once_as_grpc_answers_it(start_server: Callable, logs: Logs, content_type: str) -> None:
+    source, sink = logs.url("events"), logs.url("forecasts")
     events = interleaved(sessions=7, per_session=12)
-    write(f"{base}/{events_stream}", events, content_type)
-    srv = start_server(
-        consume_source=f"{base}/{events_stream}", consume_sink=f"{base}/{forecasts_stream}", consume_batch=32
-    )
-    client = redis.Redis(port=redis_server.port)
-    got = forecasts_of(sink_entries(client, forecasts_stream, len(events)))
+    logs.write(source, events, content_type)
+    srv = start_server(consume_source=source, consume_sink=sink, consume_batch=32)
+    got = forecasts_of(logs.entries(sink, len(events)))
     assert set(got) == {(e.session_id, e.seq) for e in events}
     reference = start_server()  # a second server, fed the same events over gRPC
     want = over_grpc(reference.address, events)
     for key, forecast in got.items():
         assert_same(forecast, want[key])
-    # Every entry is acknowledged once its forecast is out: the group has nothing pending.
+    # Every message is acknowledged once its forecast is out: nothing pending, nothing unread.
     deadline = time.monotonic() + 10
-    while client.xpending(events_stream, "aaren")["pending"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert client.xpending(events_stream, "aaren")["pending"] == 0
+    while logs.pending(source) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert logs.pending(source) == 0
     srv.stop()
 
 

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: Codes of refusals that pass: the message waits in the log and is tried again.
 TRANSIENT = frozenset({Code.RESOURCE_EXHAUSTED, Code.ABORTED, Code.UNAVAILABLE, Code.INTERNAL})
+#: The most messages the consumer holds, in batches: past it, it reads nothing new until some pass.
+HELD_BATCHES = 4
 #: Reasons of an event that comes before the ones it follows: a seq gap, or a seq above 1 of a
 #: session that has none yet. A later message may fill the gap.
 GAPS = frozenset({"seq_gap", "session_not_found"})
@@ -131,6 +133,8 @@ class LogConsumer:
         self.member = member or Member()
         self.options = options or ConsumerOptions()
         self.source_up = False
+        #: Set once the source and sink have been opened the first time.
+        self.opened = asyncio.Event()
         self._stopping = asyncio.Event()
         self._held: list[LogMessage] = []
         self._first_seen: dict[str, float] = {}  # held message id -> when it was first read
@@ -180,8 +184,9 @@ class LogConsumer:
             await self.sink.open()
             self._opened = True
             self._set_up(True)
-        room = self.options.batch - len(self._held)
-        fresh = await self.source.read(room, self.options.wait_s if not self._held else 0.0) if room > 0 else []
+            self.opened.set()
+        room = self._room()
+        fresh = await self.source.read(room, self.options.wait_s if not self._held else 0.0) if room else []
         self._set_up(True)
         held_ids = {m.id for m in self._held}
         messages = self._held + [m for m in fresh if m.id not in held_ids]
@@ -206,6 +211,15 @@ class LogConsumer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), max(self.options.retry_s, outcome.pause_s))
         return len(messages)
+
+    def _room(self) -> int:
+        """How many messages to read: a batch's worth beside what is held, and some even when held
+        messages fill a batch (the one that fills their gap may be next in the log), none past
+        ``HELD_BATCHES`` batches held."""
+        batch, held = self.options.batch, len(self._held)
+        if held >= HELD_BATCHES * batch:
+            return 0
+        return max(batch - held, -(-batch // 4))
 
     async def _handle(self, messages: Sequence[LogMessage]) -> _Batch:
         batch = _Batch()

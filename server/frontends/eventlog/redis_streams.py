@@ -23,6 +23,8 @@ import json
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -80,7 +82,10 @@ return 0
 """
 
 
-def _client(address: LogAddress) -> aioredis.Redis:
+def _client(address: LogAddress, *, retry: bool = True) -> aioredis.Redis:
+    """``retry=False``: a command whose connection broke fails instead of being sent again on a new
+    one (redis-py's default): an ``XREADGROUP`` sent again hands out the next entries, and the ones
+    its lost reply held would stay pending unseen, their sessions stuck behind a seq gap."""
     return aioredis.Redis(
         host=address.host,
         port=address.port,
@@ -89,6 +94,7 @@ def _client(address: LogAddress) -> aioredis.Redis:
         password=address.password,
         socket_connect_timeout=5,
         socket_timeout=30,
+        **({} if retry else {"retry": Retry(NoBackoff(), 0)}),
     )
 
 
@@ -104,7 +110,7 @@ class RedisStreamSource:
         if self.start not in ("0", "$"):
             raise ConfigError(f"redis-stream source: start={self.start!r}; expected 0 (the whole stream) or $")
         self.label = address.label
-        self._redis = _client(address)
+        self._redis = _client(address, retry=False)  # a lost reply must surface: open() reads the pending again
         address.done("group, consumer, start, db")
         self._backlog_after: bytes | None = b"0"  # reading own pending entries after this id; None: new ones
 
