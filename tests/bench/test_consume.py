@@ -75,11 +75,12 @@ def test_differences_are_relative_above_one():
     assert bc.difference({"mark3": 0.2}, {"mark4": 0.2})[0] == float("inf")  # other top marks
 
 
-def test_events_per_layer():
+def test_events_per_call():
     events = [EventIn("a", 1, 0), EventIn("a", 2, 1), EventIn("b", 1, 2), EventIn("a", 3, 3)]
-    assert bc.events_per_layer(events, 1) == 1.0
-    assert bc.events_per_layer(events, 4) == 4 / 3  # "a" has 3 events in the one batch: 3 layers
-    assert bc.events_per_layer(events, 2) == 4 / 3  # [a a] 2 layers, [b a] 1 layer
+    assert bc.events_per_call(events, 1) == 1.0
+    assert bc.events_per_call(events, 4) == 4.0  # one request: the core's one batch
+    assert bc.events_per_call(events, 4, max_events=3) == 2.0  # cut at 3 events: 2 calls
+    assert bc.events_per_call(events, 4, max_sessions=1) == 2.0  # 2 sessions, 1 a batch: 2 calls
 
 
 def test_profile_summary(tmp_path: Path):
