@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from redis_process import free_port
+from redis_process import end_process, free_port
 
 NATS_BINARY = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
@@ -71,19 +71,11 @@ class NatsProcess:
 
     def kill(self) -> None:
         """SIGKILL: what a crash does (what the server wrote to its store files stays)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        end_process(self.process, crash=True)
 
     def stop(self) -> None:
         """SIGTERM: a clean shutdown (streams flushed to the store)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        end_process(self.process)
 
 
 @pytest.fixture(scope="session", name="nats_server")

@@ -27,6 +27,23 @@ def free_port(below: int = 65536) -> int:
     raise RuntimeError("no free port")
 
 
+def end_process(process: subprocess.Popen[bytes] | None, *, crash: bool = False) -> None:
+    """End a server a test started: SIGKILL (``crash``: what a crash does), else SIGTERM and, after
+    10 s, SIGKILL."""
+    if process is None or process.poll() is not None:
+        return
+    if crash:
+        process.kill()
+    else:
+        process.terminate()
+        try:
+            process.wait(10)
+            return
+        except subprocess.TimeoutExpired:
+            process.kill()
+    process.wait(10)
+
+
 class RedisProcess:
     """``start()`` / ``kill()`` / ``start()`` again on the same port and directory (AOF survives)."""
 
@@ -105,18 +122,10 @@ class RedisProcess:
 
     def kill(self) -> None:
         """SIGKILL: what a crash does (with ``appendfsync always`` nothing acknowledged is lost)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        end_process(self.process, crash=True)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        end_process(self.process)
 
     def client(self) -> redis.Redis:
         if self.tls:

@@ -170,28 +170,18 @@ def test_consumer_killed_ten_times(logs, durable_redis, tmp_path, tiny_checkpoin
         server.stop()
 
 
-def test_redis_restarted_under_the_consumer(durable_redis, tmp_path, tiny_checkpoint, start_server: Callable) -> None:
-    run = Run(Logs("redis", f"redis-stream://127.0.0.1:{durable_redis.port}"), durable_redis, tmp_path, tiny_checkpoint)
+@pytest.mark.parametrize("logs", ["redis", "nats"], indirect=True)
+def test_log_restarted_under_the_consumer(request, logs, durable_redis, tmp_path, tiny_checkpoint, start_server):
+    """The log's server killed and started again twice while the consumer works (for Redis, the same
+    server holds the states: the store goes down with it)."""
+    server = durable_redis if logs.kind == "redis" else request.getfixturevalue("own_nats")
+    run = Run(logs, durable_redis, tmp_path, tiny_checkpoint, **({"ack_wait_s": "1"} if logs.kind == "nats" else {}))
     consumer = run.consumer()
     for _ in range(2):
         time.sleep(0.3)
-        durable_redis.kill()
+        server.kill()
         time.sleep(0.5)
-        durable_redis.start()
-    run.wait_done()
-    assert isinstance(consumer, ServerProcess)
-    run.check(consumer.address, start_server(frontends=0).address)
-    consumer.stop()
-
-
-def test_nats_restarted_under_the_consumer(own_nats, durable_redis, tmp_path, tiny_checkpoint, start_server) -> None:
-    run = Run(Logs("nats", own_nats.url), durable_redis, tmp_path, tiny_checkpoint, ack_wait_s="1")
-    consumer = run.consumer()
-    for _ in range(2):
-        time.sleep(0.3)
-        own_nats.kill()
-        time.sleep(0.5)
-        own_nats.start()
+        server.start()
     run.wait_done()
     assert isinstance(consumer, ServerProcess)
     run.check(consumer.address, start_server(frontends=0).address)

@@ -98,7 +98,23 @@ def _client(address: LogAddress, *, retry: bool = True) -> aioredis.Redis:
     )
 
 
-class RedisStreamSource:
+class _RedisLog:
+    """What a source and a sink of one stream share: the client, its health, closing it."""
+
+    label: str
+    _redis: aioredis.Redis
+
+    async def healthy(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except _UNAVAILABLE:
+            return False
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+class RedisStreamSource(_RedisLog):
     """One member's consumer of a stream's group (see the module docstring)."""
 
     def __init__(self, url: str, member: Member = SOLE) -> None:
@@ -184,17 +200,8 @@ class RedisStreamSource:
                 return SourceStats(int(lag or 0), int(group.get("pending", group.get(b"pending")) or 0))
         return SourceStats(0, 0)
 
-    async def healthy(self) -> bool:
-        try:
-            return bool(await self._redis.ping())
-        except _UNAVAILABLE:
-            return False
 
-    async def close(self) -> None:
-        await self._redis.aclose()
-
-
-class RedisStreamSink:
+class RedisStreamSink(_RedisLog):
     """Forecasts appended to a stream, at most once per (model, session, seq) (module docstring)."""
 
     def __init__(self, url: str) -> None:
@@ -238,15 +245,6 @@ class RedisStreamSink:
             await self._dead_letter(keys=[self.dead], args=args)
         except _UNAVAILABLE as exc:
             raise LogUnavailableError(f"{self.label}: {exc}") from exc
-
-    async def healthy(self) -> bool:
-        try:
-            return bool(await self._redis.ping())
-        except _UNAVAILABLE:
-            return False
-
-    async def close(self) -> None:
-        await self._redis.aclose()
 
 
 class RedisEventWriter(EventWriter):
