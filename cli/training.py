@@ -71,6 +71,11 @@ def _train_task(task: str, flags: dict[str, object], set_items: list[str] | None
         raise _fail("give the task with --task, not --set task=...")
     try:
         cfg = TaskTrainConfig(task=task).replace(**{"data": DEFAULT_DATA[task], **flags, **changes})
+        # Files are stored absolute, so `aaren evaluate` finds them from any directory.
+        if cfg.is_file_data:
+            cfg = cfg.replace(data=str(Path(cfg.data).expanduser().resolve()))
+        if cfg.test_data:
+            cfg = cfg.replace(test_data=str(Path(cfg.test_data).expanduser().resolve()))
         data = run.load_task_data(cfg)
         result = run.train_task(cfg, data)
         run.write_task_report(result.metrics, result.model, data, result.out_dir)
@@ -148,6 +153,18 @@ def train(
         typer.Option("--set", help="any other config key, KEY=VALUE (repeatable)", metavar="KEY=VALUE"),
     ] = None,
     resume: Annotated[bool, typer.Option(help="continue from <out_dir>/last")] = False,
+    time_column: Annotated[
+        str | None,
+        typer.Option(help="series file: the column of the times (ISO datetimes or Unix seconds) [default: time]"),
+    ] = None,
+    channels: Annotated[
+        str | None,
+        typer.Option(help="series file: the channels, comma-separated [default: every numeric column but the time]"),
+    ] = None,
+    test_data: Annotated[
+        str | None,
+        typer.Option(help="class: a test file of the same format as --data [default: a stratified 20% of --data]"),
+    ] = None,
     **flags: str | int | float | None,
 ) -> None:
     """Train a forecaster (also under `torchrun --nproc_per_node=N`, with DistributedDataParallel).
@@ -157,7 +174,9 @@ def train(
     """
     # The CONFIG_FLAGS options; unset (None) keeps the config's value.
     given = {k: v for k, v in flags.items() if v is not None}
+    task_flags = {"time_column": time_column, "channels": channels, "test_data": test_data}
     if task in ("series", "class"):
+        given |= {k: v for k, v in task_flags.items() if v is not None}
         for flag, value in (
             ("--config", config),
             ("--time-unit", flags.get("time_unit")),
@@ -170,6 +189,9 @@ def train(
         return
     if task != "event":
         raise _fail(f"--task {task!r}: expected event, series or class")
+    for key, value in task_flags.items():
+        if value is not None:
+            raise _fail(f"--{key.replace('_', '-')} is for --task series or class")
     from aaren_core.tasks.event.config import TrainConfig
     from aaren_core.tasks.event.data import DataError
     from aaren_core.tasks.event.train import train as run_training

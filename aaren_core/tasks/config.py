@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from aaren_core.config import ConfigRecord
@@ -34,7 +35,17 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 SET_KEYS: dict[str, str] = {
     "task": "series (forecast the next horizon steps) or class (class probabilities after every step)",
     "model": "backbone: aaren, transformer or gru (series also dlinear)",
-    "data": "a data set of aaren_core.datasets (series: power-hourly...; class: JapaneseVowels...)",
+    "data": "a data set of aaren_core.datasets (series: power-hourly...; class: JapaneseVowels...), or a file "
+    "(series: CSV/Parquet of a time column and channels; class: a .ts file or a CSV/Parquet of session_id, time, "
+    "channels..., label)",
+    "time_column": "series file: the column of the times (ISO datetimes or Unix seconds)",
+    "channels": "series file: the channels, comma-separated (default: every numeric column but the time)",
+    "step_seconds": "series file: the grid's step in seconds (0: the most common gap between times)",
+    "split": "series: ratio (TSLib's 70/10/20) or ett (12/4/4 months of 30 days); default: the data set's, "
+    "ratio for a file",
+    "split_at": "series: a time (ISO or Unix seconds); the test part starts there",
+    "max_gap_steps": "series: most missing steps a served stream may skip at once (0: one week of steps)",
+    "test_data": "class: a test file of the same format as --data (default: a stratified 20% of --data)",
     "d_model": "model width",
     "n_layers": "backbone layers",
     "n_heads": "attention heads",
@@ -81,6 +92,13 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     d_model: int = 32
     #: None: on for series Aaren (measured: it closes the streaming-vs-restricted gap), else off.
     time_decay: bool | None = None
+    time_column: str = "time"
+    channels: tuple[str, ...] = ()
+    step_seconds: float = 0.0
+    split: str = ""
+    split_at: str = ""
+    max_gap_steps: int = 0
+    test_data: str = ""
 
     horizon: int = 96
     lookback: int = 96
@@ -124,6 +142,8 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
             **self.knob_checks(),
             "steps_per_epoch >= 0": self.steps_per_epoch >= 0,
             "0 < val_fraction < 1": 0 < self.val_fraction < 1,
+            "split in ['', 'ratio', 'ett']": self.split in ("", "ratio", "ett"),
+            "step_seconds >= 0, max_gap_steps >= 0": self.step_seconds >= 0 and self.max_gap_steps >= 0,
             "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name or bool(NAME_PATTERN.fullmatch(self.name)),
         }
         self.require(checks)
@@ -138,8 +158,20 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
 
     @property
     def run_name(self) -> str:
-        """The served model name: ``name``, or ``aaren-<task>-<data>`` (``aaren-series-power-hourly``)."""
-        return self.name or f"aaren-{self.task}-{self.data}"
+        """The served model name: ``name``, or ``aaren-<task>-<data>`` (``aaren-series-power-hourly``;
+        for a file, its name without suffixes, other characters than ``[A-Za-z0-9._-]`` as ``-``)."""
+        if self.name:
+            return self.name
+        if self.is_file_data:
+            stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(self.data).name.split(".")[0]).strip("-._") or "file"
+            return f"aaren-{self.task}-{stem}"[:64]
+        return f"aaren-{self.task}-{self.data}"
+
+    @property
+    def is_file_data(self) -> bool:
+        """Whether ``data`` is a file rather than a name of the built-in sets."""
+        known = SERIES_DATASETS if self.task == "series" else CLASS_DATASETS
+        return self.data not in known
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> TaskTrainConfig:
@@ -164,13 +196,23 @@ DEFAULT_DATA = {"series": "power-hourly", "class": "JapaneseVowels"}
 
 
 def load_task_data(config: TaskTrainConfig) -> SeriesData | ClassData:
-    """Read ``config.data`` (a name of ``SERIES_DATASETS`` or ``CLASS_DATASETS``, by task) from the
-    wheel cache; ``DataError`` for an unknown name or a missing wheel."""
-    known = SERIES_DATASETS if config.task == "series" else CLASS_DATASETS
-    if config.data not in known:
-        raise DataError(f"unknown {config.task} data set {config.data!r}; expected one of {sorted(known)}")
+    """Read ``config.data``: a name of ``SERIES_DATASETS`` or ``CLASS_DATASETS`` (by task) from the
+    wheel cache, else a file (``aaren_core.tasks.series.files``, ``aaren_core.tasks.classify.files``);
+    ``DataError`` for a missing wheel or a bad file."""
+    if config.is_file_data:
+        if config.task == "series":
+            from aaren_core.tasks.series.files import load_series_file
+
+            return load_series_file(config)
+        from aaren_core.tasks.classify.files import load_class_files
+
+        return load_class_files(config)
+    if config.test_data:
+        raise DataError(f"test_data is for a class file; {config.data} has its own test part")
     cache = config.cache or None
-    return load_series(config.data, cache) if config.task == "series" else load_class(config.data, cache)
+    if config.task == "series":
+        return load_series(config.data, cache, split=config.split or None)
+    return load_class(config.data, cache)
 
 
 def checkpoint_metadata(config: TaskTrainConfig, data: SeriesData | ClassData) -> dict[str, Any]:
