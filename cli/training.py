@@ -72,7 +72,7 @@ def _train_task(task: str, flags: dict[str, object], set_items: list[str] | None
     try:
         cfg = TaskTrainConfig(task=task).replace(**{"data": DEFAULT_DATA[task], **flags, **changes})
         # Files are stored absolute, so `aaren evaluate` finds them from any directory.
-        if cfg.is_file_data:
+        if cfg.is_file_data and Path(cfg.data).expanduser().is_file():
             cfg = cfg.replace(data=str(Path(cfg.data).expanduser().resolve()))
         if cfg.test_data:
             cfg = cfg.replace(test_data=str(Path(cfg.test_data).expanduser().resolve()))

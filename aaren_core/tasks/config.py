@@ -200,6 +200,11 @@ def load_task_data(config: TaskTrainConfig) -> SeriesData | ClassData:
     wheel cache, else a file (``aaren_core.tasks.series.files``, ``aaren_core.tasks.classify.files``);
     ``DataError`` for a missing wheel or a bad file."""
     if config.is_file_data:
+        if not Path(config.data).expanduser().is_file():
+            known = SERIES_DATASETS if config.task == "series" else CLASS_DATASETS
+            raise DataError(
+                f"unknown {config.task} data set {config.data!r}: no such file, and not one of {sorted(known)}"
+            )
         if config.task == "series":
             from aaren_core.tasks.series.files import load_series_file
 
