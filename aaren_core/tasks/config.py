@@ -92,13 +92,6 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     d_model: int = 32
     #: None: on for series Aaren (measured: it closes the streaming-vs-restricted gap), else off.
     time_decay: bool | None = None
-    time_column: str = "time"
-    channels: tuple[str, ...] = ()
-    step_seconds: float = 0.0
-    split: str = ""
-    split_at: str = ""
-    max_gap_steps: int = 0
-    test_data: str = ""
 
     horizon: int = 96
     lookback: int = 96
@@ -126,6 +119,14 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     patience: int = 3
     steps_per_epoch: int = 0
     cache: str = ""
+    #: Keys for a file (``data`` a path); added after the others, so stored records keep their order.
+    time_column: str = "time"
+    channels: tuple[str, ...] = ()
+    step_seconds: float = 0.0
+    split: str = ""
+    split_at: str = ""
+    max_gap_steps: int = 0
+    test_data: str = ""
 
     CONFIG_NAME: ClassVar[str] = "task config"
     RECORD_LEADS: ClassVar[tuple[str, ...]] = ("task", "model", "data")

@@ -121,7 +121,17 @@ def test_set_items_need_an_equals_sign():
 MODELS = Path(__file__).resolve().parents[2] / "models"
 MODEL_CONFIGS = {"event_model": EventModelConfig, "series_model": SeriesModelConfig, "class_model": ClassModelConfig}
 #: Keys added since the bundled models were trained, with the values that reproduce their runs.
-ADDED = {"head": "quantile", "window_offsets": False}
+ADDED = {
+    "head": "quantile",
+    "window_offsets": False,
+    "time_column": "time",
+    "channels": [],
+    "step_seconds": 0.0,
+    "split": "",
+    "split_at": "",
+    "max_gap_steps": 0,
+    "test_data": "",
+}
 
 
 @pytest.mark.parametrize(
