@@ -22,6 +22,7 @@ from aaren.client.client import (
     RequestOptions,
     StreamResult,
 )
+from aaren.client.frames import DEFAULT_SESSION, apply_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,8 +154,20 @@ class SyncClient:
             stream.open()
         return await stream.apply(events, **options)
 
-    def apply_frame(self, events: pd.DataFrame, *, restart: bool = False, top_k: int = 0) -> pd.DataFrame:
-        """``aaren.client.frames.apply_frame``: a DataFrame of events in, one of outcomes and forecasts out."""
-        from aaren.client.frames import apply_frame
-
-        return self.run(apply_frame(self._client, events, restart=restart, top_k=top_k, apply=self._apply))
+    def apply_frame(
+        self,
+        events: pd.DataFrame,
+        *,
+        model: str = "",
+        restart: bool = False,
+        top_k: int = 0,
+        session_id: str = DEFAULT_SESSION,
+    ) -> pd.DataFrame:
+        """``aaren.client.frames.apply_frame``: a DataFrame of events (an event, series or class
+        model's, by ``model`` name; "" the default) in, one of outcomes and forecasts out."""
+        return self.run(
+            apply_frame(
+                self._client, events, model=model, restart=restart, top_k=top_k, session_id=session_id,
+                apply=self._apply,
+            )
+        )  # fmt: skip
