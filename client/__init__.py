@@ -2,8 +2,9 @@
 
 ``AarenClient`` (``aaren.client.client``) is the async client, ``SyncClient`` (alias ``Client``;
 ``aaren.client.sync``) the blocking one for scripts and notebooks; ``aaren.client.frames`` sends pandas
-DataFrames of events and returns DataFrames of forecasts; ``aaren.client.events_file`` reads event files
-and the built-in ``flights`` data; ``aaren.client.replay`` streams events through a server at scale.
+DataFrames of events (or of a series or class model's steps) and returns DataFrames of forecasts;
+``aaren.client.events_file`` reads event files and the built-in ``flights`` data;
+``aaren.client.replay`` streams events through a server at scale.
 """
 
 from aaren.client import client as _client

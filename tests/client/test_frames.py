@@ -370,6 +370,14 @@ def test_bad_series_and_class_frames_say_what_was_expected(start_models):
             client.apply_frame(utterance.assign(time=pd.Timestamp("2026-01-01")), model=CLASS)
         with pytest.raises(AarenError, match=r"model_unknown.*'nope'"):
             client.apply_frame(frame, model="nope")
+        # A missing cell (NaN, or None in a column of objects) is sent as NaN, for the server to judge.
+        gaps = frame.astype({"Voltage": object})
+        gaps.loc[0, "Voltage"], gaps.loc[1, "Sub_metering_1"] = None, float("nan")
+        sent = events_from_frame(gaps, series, session_id="gappy")
+        assert [e.session_id for e in sent] == ["gappy"] * 3 and [e.seq for e in sent] == [1, 2, 3]
+        assert np.isnan(sent[0].values[2]) and np.isnan(sent[1].values[4])
+        assert np.isfinite(np.delete(np.array([e.values for e in sent]), [2, 4], axis=1)).all()
+        assert sent[0].time == START.timestamp() and sent[2].time == START.timestamp() + 2 * HOUR
         # Nothing reached the server.
         for sid, name in (("frame", SERIES), ("u", CLASS)):
             with pytest.raises(AarenError, match="NOT_FOUND"):
