@@ -155,8 +155,11 @@ def events_from_frame(
     if "seq" in frame.columns:
         seqs = [int(s) for s in frame["seq"]]
     else:
-        start = sessions.map(lambda s: (last_seqs or {}).get(s, 0) + 1)
-        seqs = [int(s) for s in start + sessions.groupby(sessions, sort=False).cumcount()]
+        last = dict(last_seqs or {})
+        seqs = []
+        for sid in sessions.tolist():
+            last[sid] = last.get(sid, 0) + 1
+            seqs.append(last[sid])
     # Series and class models have one mark, the observation.
     use_marks = model.task == "event" and "mark" in frame.columns
     marks = _marks(frame["mark"], model) if use_marks else [0] * len(frame)

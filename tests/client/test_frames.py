@@ -370,6 +370,10 @@ def test_bad_series_and_class_frames_say_what_was_expected(start_models):
             client.apply_frame(utterance.assign(time=pd.Timestamp("2026-01-01")), model=CLASS)
         with pytest.raises(AarenError, match=r"model_unknown.*'nope'"):
             client.apply_frame(frame, model="nope")
+        # An empty frame is an empty answer with the task's columns.
+        empty = client.apply_frame(frame.iloc[:0], model=SERIES)
+        assert len(empty) == 0 and list(empty.columns)[5:8] == ["step", "target_time", "Global_active_power_mean"]
+        assert list(client.apply_frame(utterance.iloc[:0], model=CLASS).columns)[5:7] == ["predicted", "p_1"]
         # A missing cell (NaN, or None in a column of objects) is sent as NaN, for the server to judge.
         gaps = frame.astype({"Voltage": object})
         gaps.loc[0, "Voltage"], gaps.loc[1, "Sub_metering_1"] = None, float("nan")
