@@ -25,6 +25,7 @@ import dataclasses
 import numpy as np
 
 from aaren.formats.errors import DataError
+from aaren.formats.times import iso_utc
 
 __all__ = [
     "PARTS",
@@ -191,6 +192,11 @@ class SeriesData:
     def target_mask(self, steps: np.ndarray) -> np.ndarray | None:
         """``observed`` at ``steps [...]`` -> ``[..., C]`` bool, or None when everything is observed."""
         return None if self.observed is None else self.observed[steps]
+
+    @property
+    def test_from(self) -> str:
+        """The time of the test part's first step, ISO UTC (a replay scores from there)."""
+        return iso_utc(float(self.times[self.borders[1]]))
 
     @property
     def steps_per_day(self) -> int:
