@@ -24,6 +24,8 @@ __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "Rows", "open_text", "read_rows"]
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.xz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: What a damaged compressed file raises while it is read (``gzip.BadGzipFile`` is an ``OSError``).
+_BAD_STREAM = (OSError, EOFError, lzma.LZMAError)
 #: ``(where, cells)`` per row.
 Rows = Iterator[tuple[str, list[Any]]]
 
@@ -72,7 +74,7 @@ def _csv_rows(path: Path, expected_header: str) -> tuple[list[str], Rows]:
     reader = csv.reader(f)
     try:
         header = next(reader, None)
-    except (csv.Error, UnicodeDecodeError) as e:
+    except (csv.Error, UnicodeDecodeError, *_BAD_STREAM) as e:
         f.close()
         raise DataError(f"{path}: line 1: not readable as CSV ({e})") from None
     if header is None:
@@ -93,7 +95,7 @@ def _csv_rows(path: Path, expected_header: str) -> tuple[list[str], Rows]:
                             f"{path}: line {line} has {len(row)} fields; expected {len(header)} ({', '.join(header)})"
                         )
                     yield f"line {line}", row
-            except (csv.Error, UnicodeDecodeError) as e:
+            except (csv.Error, UnicodeDecodeError, *_BAD_STREAM) as e:
                 raise DataError(f"{path}: after line {line}: not readable as CSV ({e})") from None
 
     return header, rows()

@@ -129,6 +129,13 @@ def test_compressed_and_parquet_files_read_the_same(tmp_path):
     assert np.isnan(got.values[0, 1]) and np.array_equal(got.values[1:, 1], want.values[1:, 1])
 
 
+def test_a_damaged_compressed_file_is_a_data_error(tmp_path):
+    for name, data in (("x.csv.xz", lzma.compress(b"time,v\n0,1\n")[:-8]), ("x.csv.gz", b"\x1f\x8b not gzip")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(DataError, match="not readable as CSV"):
+            read_series_file(tmp_path / name)
+
+
 def test_splits_of_a_file(tmp_path):
     path = daily_file(tmp_path / "d.csv", 400)
     data = load_task_data(tiny(data=str(path)))
