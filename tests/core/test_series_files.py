@@ -24,7 +24,7 @@ from aaren_core.checkpoint import load_checkpoint
 from aaren_core.datasets import load_series
 from aaren_core.tasks.config import TaskTrainConfig, load_task_data
 from aaren_core.tasks.run import evaluate, train_task, write_task_report
-from aaren_core.tasks.series.data import SeriesData, ratio_borders
+from aaren_core.tasks.series.data import SeriesData, calendar_features, ratio_borders
 from aaren_core.tasks.series.metrics import ErrorSums
 from aaren_core.tasks.series.model import SeriesForecast, series_loss
 
@@ -190,6 +190,81 @@ def test_masked_entries_neither_score_nor_train():
     loss = series_loss(forecast, y, keep, levels)[0]
     assert torch.equal(loss, series_loss(forecast, torch.where(keep, y, 1e6), keep, levels)[0])
     assert not torch.equal(loss, series_loss(forecast, y, torch.ones(2, 5, dtype=torch.bool), levels)[0])
+
+
+def gappy_file(path: Path, n: int = 400, seed: int = 0) -> tuple[Path, np.ndarray, np.ndarray]:
+    """``daily_file``'s series less 3% of its rows (never the first or last) and with 5% NA in
+    channel ``b`` (the first rows' ``b`` too, so it starts with a train-mean fill); returns the
+    file, ``real [n]`` and ``observed [n, 2]`` as written."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    a, b = 10 + 3 * np.sin(2 * np.pi * t / 24), 5 + np.cos(2 * np.pi * t / 24) + 0.1 * rng.standard_normal(n)
+    real = np.ones(n, dtype=bool)
+    real[rng.choice(np.arange(1, n - 1), n * 3 // 100, replace=False)] = False
+    observed = np.stack([real, real & (rng.random(n) > 0.05)], axis=1)
+    observed[:3, 1] = False
+    rows = np.flatnonzero(real)
+    cells = {
+        "a": [f"{x:.6f}" for x in a[rows]],
+        "b": [f"{x:.6f}" if o else "" for x, o in zip(b[rows], observed[rows, 1], strict=True)],
+    }
+    return write_csv(path, [iso_utc(T0 + 3600 * i) for i in rows], cells), real, observed
+
+
+@pytest.mark.parametrize("model", ["aaren", "gru", "dlinear"])
+def test_a_gappy_file_trains_every_model_on_observed_targets(tmp_path, model):
+    path, real, observed = gappy_file(tmp_path / "g.csv")
+    config = tiny(data=str(path), model=model, out_dir=str(tmp_path / "run"))
+    data = load_task_data(config)
+    np.testing.assert_array_equal(data.observed, observed)
+    assert data.values[0, 1] == data.mean[1]  # before any value: the train mean
+    m = train_task(config, data, verbose=False).metrics
+    _, b, c = data.borders
+    origins = np.arange(max(b, L), c - H + 1)
+    origins = origins[real[origins - 1]]
+    targets = int(observed[origins[:, None] + np.arange(H)].sum())
+    assert m["test"]["restricted"]["targets"] == targets and m["test"]["restricted"]["windows"] == len(origins)
+    assert ("streaming_raw" in m["test"]) == (model != "dlinear") and np.isfinite(m["test"]["restricted"]["mse"])
+
+
+def test_streaming_raw_is_what_a_replay_of_the_rows_measures(tmp_path):
+    """The protocol's replay, row by row through ``SeriesModel.step``: k missing steps stepped with
+    the last filled values, NA filled likewise (the first rows: the train mean), a forecast after
+    each row scored from ``test_from`` against the later rows' observed cells, in raw units."""
+    path, _, _ = gappy_file(tmp_path / "g.csv", seed=1)
+    config = tiny(data=str(path), out_dir=str(tmp_path / "run"))
+    data = load_task_data(config)
+    result = train_task(config, data, verbose=False)
+    model, raw = result.model, result.metrics["test"]["streaming_raw"]
+    table = read_series_file(path)
+    rows = np.flatnonzero(table.real)
+    score_from = T0 + 3600.0 * data.borders[1]
+    assert iso_utc(score_from) == result.metrics["test_from"]
+    last_time = table.times[rows[-1]]
+    state, filled = model.init_state(1), data.mean.astype(np.float32).copy()
+    feats = torch.from_numpy(calendar_features(table.times))
+    se = ae = 0.0
+    n = 0
+    previous = -1
+    with torch.no_grad():
+        for i in rows:
+            for j in range(previous + 1, i):  # the missing steps, no forecast
+                _, state = model.step(torch.from_numpy(filled)[None], feats[j : j + 1], state)
+            cells = table.values[i]
+            filled = np.where(np.isnan(cells), filled, cells).astype(np.float32)
+            y, state = model.step(torch.from_numpy(filled)[None], feats[i : i + 1], state)
+            previous = i
+            t = table.times[i]
+            if t + 3600 >= score_from and t + H * 3600 <= last_time:
+                forecast = model.to_raw(model.heads(y)).mean[0].numpy()  # [H, C]
+                for h in range(H):
+                    k = i + h + 1
+                    for ch in range(2):
+                        if table.real[k] and not np.isnan(table.values[k, ch]):
+                            err = float(forecast[h, ch]) - table.values[k, ch]
+                            se, ae, n = se + err * err, ae + abs(err), n + 1
+    assert n == raw["targets"]
+    assert se / n == pytest.approx(raw["mse"], rel=1e-6) and ae / n == pytest.approx(raw["mae"], rel=1e-6)
 
 
 # --- power-hourly through a file ----------------------------------------------------------------
