@@ -360,7 +360,7 @@ def test_power_hourly_with_gaps_trains_and_scores_only_real_targets(tmp_path, po
     write_task_report(m, result.model, data, tmp_path / "run", plots=False)
     report = (tmp_path / "run" / "report.md").read_text()
     assert f"{len(dropped):,} steps had no row and {len(na):,} values of the rows were NA" in report
-    assert "split ett" in report and f"({targets:,} targets counted" in report and m["test_from"] in report
+    assert "split ett" in report and f", {targets:,} targets counted" in report and m["test_from"] in report
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -388,7 +388,7 @@ def test_cli_trains_from_a_file_and_evaluate_rereads_it(tmp_path, monkeypatch):
     meta = load_checkpoint(tmp_path / "run" / "best").metadata
     assert meta["data"] == str(tmp_path / "d.csv") and meta["channels"] == ["b", "a"]
     assert metrics["name"] == "aaren-series-d" and metrics["split"].startswith("ratio")
-    assert "File `" in (tmp_path / "run" / "report.md").read_text()
+    assert "A file: split ratio (70/10/20)" in (tmp_path / "run" / "report.md").read_text()
     monkeypatch.chdir(tmp_path / "run")  # the stored path is absolute
     again = runner.invoke(app, ["evaluate", "best", "--out", "again"])
     assert again.exit_code == 0, again.output

@@ -75,7 +75,7 @@ def _series_data_text(metrics: dict[str, Any], data: SeriesData) -> list[str]:
     if metrics["data"] not in SERIES_DATASETS:
         gaps = metrics.get("gaps", {"missing_steps": data.missing_steps, "missing_values": data.missing_values})
         lines += [
-            f"File `{metrics['data']}`, split {metrics.get('split') or data.split or 'ratio (70/10/20)'}; "
+            f"A file: split {metrics.get('split') or data.split or 'ratio (70/10/20)'}; "
             f"the test part starts at {metrics.get('test_from', data.test_from)}. "
             f"{gaps['missing_steps']:,} steps had no row and {gaps['missing_values']:,} values of the rows were NA: "
             "as inputs they were filled forward (the channel's last value, the train mean before any), and they "
@@ -107,7 +107,7 @@ def _series_scores(metrics: dict[str, Any], config: TaskTrainConfig, n_channels:
     windows_n = test["restricted"]["windows"]
     counted = ""
     if "targets" in test["restricted"]:
-        counted = f" ({test['restricted']['targets']:,} targets counted, only observed ones)"
+        counted = f", {test['restricted']['targets']:,} targets counted (only observed ones)"
     lines = [
         "## Test scores",
         "",
@@ -187,6 +187,8 @@ def _fan_chart(model: nn.Module, data: SeriesData, config: TaskTrainConfig, path
     channels = list(range(min(3, data.n_channels)))
     mean, quantiles, how = fan_forecasts(model, data, config, origins)
     history = min(3 * h, int(origins.min()))
+    # Filled values were never observed: the chart leaves them out of history and truth.
+    shown = data.values if data.observed is None else np.where(data.observed, data.values, np.nan)
     fig, axes = plt.subplots(
         len(origins), len(channels), figsize=(3.6 * len(channels), 2.4 * len(origins)), squeeze=False
     )
@@ -198,9 +200,9 @@ def _fan_chart(model: nn.Module, data: SeriesData, config: TaskTrainConfig, path
         stamp = np.datetime64(int(data.times[s]), "s").astype("datetime64[m]")
         for j, c in enumerate(channels):
             ax = axes[i, j]
-            ax.plot(hours[past], data.values[past, c], color="0.35", lw=1, label="history")
+            ax.plot(hours[past], shown[past, c], color="0.35", lw=1, label="history")
             truth = np.arange(s - 1, s + h)  # from the last observed step, so the lines join
-            ax.plot(hours[truth], data.values[truth, c], color="k", lw=1.2, label="truth")
+            ax.plot(hours[truth], shown[truth, c], color="k", lw=1.2, label="truth")
             if quantiles is not None:
                 ax.fill_between(
                     hours[future],
