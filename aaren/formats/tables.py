@@ -1,4 +1,4 @@
-"""The rows of a table file: CSV (plain, ``.gz``, or the one CSV inside a ``.zip``) or Parquet.
+"""The rows of a table file: CSV (plain, ``.gz``, ``.xz``, or the one CSV inside a ``.zip``) or Parquet.
 
 ``read_rows`` gives the header and an iterator of ``(where, cells)``: ``where`` names the row for
 messages (``line 7`` in a CSV, counting the header as line 1; ``row 6`` in Parquet, from 0). CSV
@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import lzma
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,14 +22,16 @@ from aaren.formats.times import Instant, epoch_seconds
 
 __all__ = ["CSV_SUFFIXES", "PARQUET_SUFFIXES", "Rows", "open_text", "read_rows"]
 
-CSV_SUFFIXES = (".csv", ".csv.gz")
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.xz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+#: What a damaged compressed file raises while it is read (``gzip.BadGzipFile`` is an ``OSError``).
+_BAD_STREAM = (OSError, EOFError, lzma.LZMAError)
 #: ``(where, cells)`` per row.
 Rows = Iterator[tuple[str, list[Any]]]
 
 
 def open_text(path: Path) -> TextIO:
-    """A text stream of a CSV file, a gzipped one, or the single CSV inside a zip."""
+    """A text stream of a CSV file, a gzipped or xz-compressed one, or the single CSV inside a zip."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     name = path.name.lower()
@@ -41,18 +44,20 @@ def open_text(path: Path) -> TextIO:
         return io.TextIOWrapper(archive.open(members[0]), encoding="utf-8-sig", newline="")
     if name.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    if name.endswith(".xz"):
+        return lzma.open(path, "rt", encoding="utf-8-sig", newline="")
     return path.open(encoding="utf-8-sig", newline="")
 
 
 def read_rows(path: Path, expected_header: str) -> tuple[list[str], Rows]:
-    """The header of ``path`` (``.csv``, ``.csv.gz``, ``.parquet``, ``.pq``) and its rows.
+    """The header of ``path`` (``.csv``, ``.csv.gz``, ``.csv.xz``, ``.parquet``, ``.pq``) and its rows.
 
     ``expected_header`` describes the columns for the message about an empty file. Duplicate column
     names, a CSV row with the wrong number of fields and unreadable bytes are ``DataError``s.
     """
     name = path.name.lower()
     if not name.endswith((*PARQUET_SUFFIXES, *CSV_SUFFIXES)):
-        raise DataError(f"{path}: unsupported file type; expected .csv, .csv.gz, .parquet or .pq")
+        raise DataError(f"{path}: unsupported file type; expected .csv, .csv.gz, .csv.xz, .parquet or .pq")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if name.endswith(PARQUET_SUFFIXES):
@@ -69,7 +74,7 @@ def _csv_rows(path: Path, expected_header: str) -> tuple[list[str], Rows]:
     reader = csv.reader(f)
     try:
         header = next(reader, None)
-    except (csv.Error, UnicodeDecodeError) as e:
+    except (csv.Error, UnicodeDecodeError, *_BAD_STREAM) as e:
         f.close()
         raise DataError(f"{path}: line 1: not readable as CSV ({e})") from None
     if header is None:
@@ -90,7 +95,7 @@ def _csv_rows(path: Path, expected_header: str) -> tuple[list[str], Rows]:
                             f"{path}: line {line} has {len(row)} fields; expected {len(header)} ({', '.join(header)})"
                         )
                     yield f"line {line}", row
-            except (csv.Error, UnicodeDecodeError) as e:
+            except (csv.Error, UnicodeDecodeError, *_BAD_STREAM) as e:
                 raise DataError(f"{path}: after line {line}: not readable as CSV ({e})") from None
 
     return header, rows()

@@ -15,7 +15,7 @@ from typing import Any
 
 from aaren.formats.errors import DataError
 
-__all__ = ["TIME_UNITS", "Instant", "epoch_seconds", "parse_time", "time_reader"]
+__all__ = ["TIME_UNITS", "Instant", "epoch_seconds", "iso_utc", "parse_time", "time_reader"]
 
 #: Seconds per unit; ISO datetimes are converted to this unit since the Unix epoch.
 TIME_UNITS: dict[str, float] = {"seconds": 1.0, "minutes": 60.0, "hours": 3600.0, "days": 86400.0}
@@ -86,3 +86,10 @@ def parse_time(text: str, time_unit: str) -> float:
         return time_reader(time_unit)(text)[0]
     except ValueError as e:
         raise DataError(str(e)) from None
+
+
+def iso_utc(seconds: float) -> str:
+    """Seconds since the epoch as an ISO-8601 UTC time, ``2020-01-01T00:00:00Z`` (fractions only
+    when there are any); ``parse_time`` reads it back."""
+    stamp = dt.datetime.fromtimestamp(seconds, dt.UTC)
+    return stamp.isoformat(timespec="microseconds" if stamp.microsecond else "seconds").replace("+00:00", "Z")

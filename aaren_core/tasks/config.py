@@ -226,7 +226,10 @@ def checkpoint_metadata(config: TaskTrainConfig, data: SeriesData | ClassData) -
     served model name), ``channels``, ``train_config``; series also ``horizon``, ``quantiles``,
     ``step_seconds`` (the regular step, ``SeriesData.period``) and ``time_unit`` (``"seconds"``:
     event times are seconds since the Unix epoch, the calendar features come from them); class
-    also ``class_names``."""
+    also ``class_names``. Series also store the gap rule the server follows: ``fill: "forward"``
+    (a missing value is the last one, before any the train mean), ``max_gap_steps`` (most missing
+    steps a stream may skip at once; config 0: one week of steps) and ``test_from`` (ISO UTC time of
+    the test part's first step)."""
     meta: dict[str, Any] = {"task": config.task, "data": config.data, "source": data.source, "name": config.run_name}
     if isinstance(data, SeriesData):
         meta |= {
@@ -235,6 +238,9 @@ def checkpoint_metadata(config: TaskTrainConfig, data: SeriesData | ClassData) -
             "quantiles": list(config.quantiles),
             "step_seconds": float(data.period),
             "time_unit": "seconds",
+            "fill": "forward",
+            "max_gap_steps": config.max_gap_steps or round(7 * 86_400 / data.period),
+            "test_from": data.test_from,
         }
     else:
         meta |= {"channels": list(data.channels), "class_names": list(data.class_names)}

@@ -103,11 +103,15 @@ def _model_text(metrics: dict[str, Any], config: TaskTrainConfig) -> str:
     )
 
 
+def _cell(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float | int) else str(x)
+
+
 def config_table(config: TaskTrainConfig) -> list[str]:
     """Every key that matters for the task (not the other task's keys, nor the wheel cache)."""
     other = "class:" if config.task == "series" else "series:"
     shown = {k: v for k, v in config.to_dict().items() if k != "cache" and not SET_KEYS.get(k, "").startswith(other)}
-    cells = [f"`{k}={','.join(f'{x:g}' for x in v) if isinstance(v, list) else v}`" for k, v in shown.items()]
+    cells = [f"`{k}={','.join(_cell(x) for x in v) if isinstance(v, list) else v}`" for k, v in shown.items()]
     return ["## Config", "", ", ".join(cells), ""]
 
 

@@ -10,6 +10,12 @@ train / val / test as the Time-Series-Library (TSLib) does:
 TSLib starts a held-out part's first input window ``L`` steps before its border, so the first
 forecast of val or test is made at the border; ``SeriesData.forecast_origins`` follows that.
 Standardization ``z = (x - mean) / std`` is fitted on the train part only.
+
+Gaps (``SeriesData.with_gaps``, the rule every part of aaren follows): ``real [T]`` says a row
+exists at a step, ``observed [T, C]`` that its channel has a value. ``values`` stay finite: a
+missing value is the channel's last observed one (forward fill), before any observation the train
+mean. Filled values are inputs only: origins follow real rows, and only observed targets count
+(in the loss and in every score). Without gaps both are None.
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ import dataclasses
 import numpy as np
 
 from aaren.formats.errors import DataError
+from aaren.formats.times import iso_utc
 
 __all__ = [
     "PARTS",
     "SeriesData",
     "calendar_features",
     "ett_borders",
+    "forward_fill",
     "ratio_borders",
 ]
 
@@ -69,6 +77,15 @@ def calendar_features(times: np.ndarray) -> np.ndarray:
     )
 
 
+def forward_fill(values: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """``values [T, C]`` with NaN -> each NaN replaced by the last finite value of its channel at or
+    before it, ``fallback [C]`` before the first one."""
+    t = np.arange(len(values))[:, None]
+    last = np.maximum.accumulate(np.where(np.isnan(values), -1, t), axis=0)  # [T, C] index of the last value
+    filled = np.take_along_axis(values, np.maximum(last, 0), axis=0)
+    return np.where(last >= 0, filled, np.broadcast_to(fallback, values.shape))
+
+
 @dataclasses.dataclass(frozen=True)
 class SeriesData:
     """One series with its split: ``times [T]`` float64 seconds, ``values [T, C]`` float32 raw,
@@ -85,6 +102,43 @@ class SeriesData:
     source: str = ""
     mean: np.ndarray = dataclasses.field(default=None, repr=False)  # type: ignore[assignment]
     std: np.ndarray = dataclasses.field(default=None, repr=False)  # type: ignore[assignment]
+    observed: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    real: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    split: str = ""
+
+    @classmethod
+    def with_gaps(
+        cls,
+        name: str,
+        times: np.ndarray,
+        values: np.ndarray,
+        real: np.ndarray,
+        channels: tuple[str, ...],
+        borders: tuple[int, int, int],
+        period: float,
+        source: str = "",
+        split: str = "",
+    ) -> SeriesData:
+        """A series whose ``values [T, C]`` hold NaN where missing and ``real [T]`` whether a row
+        exists: mean and std from the observed train values, then filled (module docstring).
+        ``DataError`` when a channel has no observed value in the train part."""
+        values = np.asarray(values, dtype=np.float64)
+        real = np.asarray(real, dtype=bool)
+        observed = ~np.isnan(values) & real[:, None]
+        train, seen = values[: borders[0]], observed[: borders[0]]
+        empty = [c for c, n in zip(channels, seen.sum(axis=0), strict=True) if n == 0]
+        if empty:
+            raise DataError(f"{name}: channel {empty[0]!r} has no value in the train part; leave it out (--channels)")
+        if observed.all():  # the statistics exactly as a series without gaps gets them
+            return cls(name, times, values, channels, borders, period, source, split=split)
+        n = seen.sum(axis=0)
+        mean = np.where(seen, train, 0.0).sum(axis=0) / n
+        std = np.sqrt(np.where(seen, np.square(train - mean), 0.0).sum(axis=0) / n)
+        filled = forward_fill(np.where(observed, values, np.nan), mean)
+        return cls(
+            name, times, filled, channels, borders, period, source,
+            mean.astype(np.float32), np.where(std > 1e-8, std, 1.0).astype(np.float32), observed, real, split,
+        )  # fmt: skip
 
     def __post_init__(self) -> None:
         # Copies: pandas hands out read-only arrays, and torch.from_numpy wants writable ones.
@@ -104,6 +158,14 @@ class SeriesData:
         object.__setattr__(self, "times", times)
         object.__setattr__(self, "values", values)
         object.__setattr__(self, "channels", tuple(self.channels))
+        if (self.observed is None) != (self.real is None):
+            raise DataError(f"{self.name}: give both observed [T, C] and real [T], or neither")
+        if self.observed is not None and self.real is not None:
+            observed, real = np.array(self.observed, dtype=bool), np.array(self.real, dtype=bool)
+            if observed.shape != values.shape or real.shape != times.shape or (observed & ~real[:, None]).any():
+                raise DataError(f"{self.name}: expected observed [T, C] and real [T] with observed only at real steps")
+            object.__setattr__(self, "observed", observed)
+            object.__setattr__(self, "real", real)
         if self.mean is None or self.std is None:
             train = values[:a].astype(np.float64)
             object.__setattr__(self, "mean", train.mean(axis=0).astype(np.float32))
@@ -114,6 +176,27 @@ class SeriesData:
     @property
     def n_channels(self) -> int:
         return self.values.shape[1]
+
+    @property
+    def missing_steps(self) -> int:
+        """Steps of the grid with no row (filled)."""
+        return 0 if self.real is None else int((~self.real).sum())
+
+    @property
+    def missing_values(self) -> int:
+        """NA cells of real rows (filled)."""
+        if self.observed is None or self.real is None:
+            return 0
+        return int((~self.observed & self.real[:, None]).sum())
+
+    def target_mask(self, steps: np.ndarray) -> np.ndarray | None:
+        """``observed`` at ``steps [...]`` -> ``[..., C]`` bool, or None when everything is observed."""
+        return None if self.observed is None else self.observed[steps]
+
+    @property
+    def test_from(self) -> str:
+        """The time of the test part's first step, ISO UTC (a replay scores from there)."""
+        return iso_utc(float(self.times[self.borders[1]]))
 
     @property
     def steps_per_day(self) -> int:
@@ -135,10 +218,13 @@ class SeriesData:
         """Steps ``s`` at which TSLib makes a forecast in part ``name``: the inputs are
         ``values[s - lookback : s]`` and the targets ``values[s : s + horizon]``, all targets
         inside the part, every input at or after step 0 (train: the first ``lookback`` steps are
-        inputs only). ``[n_windows]`` int64, in order."""
+        inputs only); with gaps only right after a real row (``real[s - 1]``). ``[n_windows]``
+        int64, in order."""
         start, end = self.part(name)
         first = max(start, lookback)
         origins = np.arange(first, end - horizon + 1, dtype=np.int64)
+        if self.real is not None:
+            origins = origins[self.real[origins - 1]]
         if origins.size == 0:
             raise DataError(
                 f"{self.name}: part {name!r} ({end - start} steps) has no window of lookback {lookback} "

