@@ -67,13 +67,12 @@ def _files_text(metrics: dict[str, Any]) -> list[str]:
     """Which files a run read and how its test part was chosen (``aaren_core.tasks.classify.files``)."""
     config = metrics["config"]
     if config.get("test_data"):
-        test = f"the test file `{config['test_data']}`"
-    else:
-        test = (
-            f"a stratified {TEST_FRACTION:.0%} of the train file's sequences (per class, seed {config['seed']}), "
-            "held out before training; no test file was given"
-        )
-    return [f"Files: train `{config['data']}`; test {test}.", ""]
+        return [f"Files: train `{config['data']}`, test `{config['test_data']}` (given with --test-data).", ""]
+    return [
+        f"Files: train `{config['data']}`. No test file was given: a stratified {TEST_FRACTION:.0%} of its "
+        f"sequences (per class, seed {config['seed']}) was held out as the test part before training.",
+        "",
+    ]
 
 
 def _class_scores(metrics: dict[str, Any]) -> list[str]:
