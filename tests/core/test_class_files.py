@@ -218,6 +218,7 @@ BAD_FILES = {
     "empty label": ([*GOOD, "e,0,1,2,"], None, "empty label"),
     "test label unknown": (GOOD, [*GOOD, "e,0,1,2,r"], "labels ['r'] are not classes of the train file"),
     "test of another format": (GOOD, ["@classLabel true p q", "@data", "1:1:p"], "expected both in one format"),
+    "unlabelled .ts": (["@classLabel false", "@data", "1,2", "3"], None, "no labels; expected @classLabel true"),
     "unsupported suffix": (GOOD, None, "unsupported file type; expected .ts, .csv, .csv.gz, .parquet or .pq"),
     "too few to hold out": (["session_id,time,x,label", "a,0,1,p", "b,0,2,q"], None, "too few sequences per class"),
 }
