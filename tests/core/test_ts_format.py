@@ -89,3 +89,15 @@ def test_one_data_error_for_formats_and_aaren_core():
         split_cutoffs([], 0.1, 0.1)
     with pytest.raises(DataError, match="no @data line"):
         parse_ts("@problemName x\n")
+
+
+def test_timestamped_values_are_aligned_on_the_union_of_their_stamps():
+    text = (
+        "@problemName S\n@timeStamps true\n@dimensions 2\n@classLabel true a b\n@data\n"
+        "(2007-01-02 00:00:00,2),(2007-01-01 00:00:00,1):(2007-01-03 00:00:00,?),(2007-01-02 00:00:00,5):b\n"
+        "(0,1):(0,2):a\n"
+    )
+    f = parse_ts(text)
+    assert f.labels == ["b", "a"] and f.n_channels == 2
+    np.testing.assert_array_equal(f.series[0], np.array([[1, np.nan], [2, 5], [np.nan, np.nan]], np.float32))
+    np.testing.assert_array_equal(f.series[1], [[1, 2]])
