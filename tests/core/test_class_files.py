@@ -219,6 +219,7 @@ BAD_FILES = {
     "test label unknown": (GOOD, [*GOOD, "e,0,1,2,r"], "labels ['r'] are not classes of the train file"),
     "test of another format": (GOOD, ["@classLabel true p q", "@data", "1:1:p"], "expected both in one format"),
     "unlabelled .ts": (["@classLabel false", "@data", "1,2", "3"], None, "no labels; expected @classLabel true"),
+    "no test file": (GOOD, "missing", "test.csv: no such file"),
     "unsupported suffix": (GOOD, None, "unsupported file type; expected .ts, .csv, .csv.gz, .parquet or .pq"),
     "too few to hold out": (["session_id,time,x,label", "a,0,1,p", "b,0,2,q"], None, "too few sequences per class"),
 }
@@ -231,7 +232,9 @@ def test_each_bad_file_is_one_error_line_and_writes_nothing(tmp_path, monkeypatc
     is_ts = train_lines[0].startswith("@")
     suffix = ".txt" if case == "unsupported suffix" else ".ts" if is_ts else ".csv"
     args = ["--data", _write(tmp_path / f"train{suffix}", train_lines)]
-    if test_lines is not None:
+    if test_lines == "missing":
+        args += ["--test-data", str(tmp_path / "test.csv")]
+    elif test_lines is not None:
         test_suffix = ".ts" if test_lines[0].startswith("@") else ".csv"
         args += ["--test-data", _write(tmp_path / f"test{test_suffix}", test_lines)]
     result = runner.invoke(app, ["train", *SHORT, *args, "--out-dir", str(tmp_path / "run")])

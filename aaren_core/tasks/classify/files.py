@@ -62,6 +62,8 @@ def read_class_file(path: str | Path) -> LabelledFile:
     (module docstring); ``DataError`` naming the file and what was expected otherwise."""
     path = Path(path).expanduser()
     name = path.name.lower()
+    if not path.is_file():
+        raise DataError(f"{path}: no such file; expected a .ts, .csv, .csv.gz, .parquet or .pq file")
     if name.endswith(TS_SUFFIX):
         return _read_ts(path)
     if name.endswith((*CSV_SUFFIXES, *PARQUET_SUFFIXES)):
