@@ -131,7 +131,12 @@ def test_without_a_test_file_a_stratified_seeded_fifth_is_held_out(vowels, vowel
     assert result.exit_code == 0, result.output
     report = (tmp_path / "r" / "report.md").read_text()
     assert "No test file was given: a stratified 20% of its sequences (per class, seed 0) was held out" in report
-    assert "held out (per class, seed 0)" in json.loads((tmp_path / "r" / "metrics.json").read_text())["source"]
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert "held out (per class, seed 0)" in metrics["source"]
+    # aaren evaluate holds out the same sequences again.
+    result = runner.invoke(app, ["evaluate", str(tmp_path / "r" / "best"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r" / "best" / "metrics.json").read_text())["test"] == metrics["test"]
 
 
 def test_class_names_channels_and_missing_values(tmp_path):
