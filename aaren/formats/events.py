@@ -16,7 +16,8 @@ the client (``aaren.client.events_file``) both read through it. What a file must
 - ``context`` (optional, as ``aaren split export`` writes it): 1 (or ``true``) for a session's
   history rows, which must come before its other rows, 0 for held-out rows. A model value named
   ``context`` makes it a value column instead.
-- ``label`` (class files, optional): the session's true class, one of the model's class names.
+- ``label`` (class files, optional): the session's true class, one of the model's class names (to
+  train, ``learn_labels``: any non-empty name).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class EventLayout:
     with ``select_values`` they are picked from the file, else the file's other columns must be
     exactly these. Marks: the model's ``mark_names`` / ``num_marks``, or ``learn_marks`` from the
     file. ``mark_optional`` / ``session_optional``: the column may be left out. ``class_names``
-    (not None): a ``label`` column may name one of them per session.
+    (not None): a ``label`` column may name one of them per session; ``learn_labels``: a ``label``
+    column may name any class (a train file's own classes), one per session.
     """
 
     time_unit: str = ""
@@ -72,6 +74,7 @@ class EventLayout:
     mark_optional: bool = False
     session_optional: bool = False
     class_names: tuple[str, ...] | None = None
+    learn_labels: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -137,7 +140,7 @@ def read_event_rows(path: Path | str, layout: EventLayout) -> EventRows:
         except ValueError as e:
             raise DataError(f"{path}: {where}: {e}") from None
         if i_label >= 0:
-            _check_label(row[i_label], sid, class_names, out.labels, path, where)
+            _check_label(row[i_label], sid, None if layout.learn_labels else class_names, out.labels, path, where)
         if time_kind is None:
             time_kind = (kind, where)
         elif kind != time_kind[0]:
@@ -180,7 +183,8 @@ def _has_context(columns: Sequence[str], value_names: Sequence[str]) -> bool:
 
 
 def _has_label(columns: Sequence[str], layout: EventLayout, value_names: Sequence[str]) -> bool:
-    return layout.class_names is not None and LABEL_COLUMN in columns and LABEL_COLUMN not in value_names
+    wanted = layout.class_names is not None or layout.learn_labels
+    return wanted and LABEL_COLUMN in columns and LABEL_COLUMN not in value_names
 
 
 def _value_columns(path: Path, columns: list[str], layout: EventLayout, required: list[str]) -> tuple[str, ...]:
@@ -216,10 +220,13 @@ def _value_columns(path: Path, columns: list[str], layout: EventLayout, required
 
 
 def _check_label(
-    cell: Any, sid: str, class_names: Sequence[str], labels: dict[str, str], path: Path, where: str
+    cell: Any, sid: str, class_names: Sequence[str] | None, labels: dict[str, str], path: Path, where: str
 ) -> None:
+    """``class_names`` None: any non-empty label."""
     label = "" if cell is None else str(cell).strip()
-    if label not in class_names:
+    if class_names is None and not label:
+        raise DataError(f"{path}: {where}: empty label; expected the sequence's class name")
+    if class_names is not None and label not in class_names:
         raise DataError(
             f"{path}: {where}: label {label!r} is not a class of the model; expected one of {list(class_names)}"
         )

@@ -14,16 +14,22 @@ per instance::
 Dimensions (channels) are separated by ``:``, the values of one dimension by ``,``; with
 ``@classLabel true`` the last field is the instance's label. ``?`` is a missing value (NaN).
 Instances may differ in length (``@equalLength false``); the dimensions of one instance may not.
-Timestamped data (``@timeStamps true``, values written ``(t,v)``) is not supported.
+
+With ``@timeStamps true`` each value is written ``(t,v)``: ``t`` a number or an ISO-8601 datetime
+(one kind per instance), ``v`` a number or ``?``. An instance's steps are the union of its
+dimensions' stamps in increasing order; a dimension without a value at a stamp is NaN there (as
+sktime aligns them). The stamps only order the steps: ``TSFile`` keeps the values.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
 from aaren.formats.errors import DataError
+from aaren.formats.times import time_reader
 
 __all__ = ["TSFile", "parse_ts"]
 
@@ -76,8 +82,7 @@ def parse_ts(text: str, source: str = "<ts>") -> TSFile:
         header[key] = value.strip()
     if start is None:
         raise DataError(f"{source}: no @data line; expected a .ts header ending in @data")
-    if _bool(header.get("timestamps", "false"), "timeStamps", source):
-        raise DataError(f"{source}: @timeStamps true is not supported; expected plain comma-separated values")
+    stamped = _bool(header.get("timestamps", "false"), "timeStamps", source)
     labelled = header.get("classlabel", "false").split()
     has_labels = bool(labelled) and _bool(labelled[0], "classLabel", source)
     class_names = tuple(labelled[1:]) if has_labels else ()
@@ -91,7 +96,7 @@ def parse_ts(text: str, source: str = "<ts>") -> TSFile:
         if not line or line.startswith("#"):
             continue
         where = f"{source}:{i + 1}"
-        fields = line.split(":")
+        fields = _outside_parentheses(line, where) if stamped else line.split(":")
         if has_labels:
             label = fields.pop().strip()
             if class_names and label not in class_names:
@@ -99,6 +104,9 @@ def parse_ts(text: str, source: str = "<ts>") -> TSFile:
             labels.append(label)
         if dims is not None and len(fields) != dims:
             raise DataError(f"{where}: {len(fields)} dimensions; @dimensions says {dims}")
+        if stamped:
+            series.append(_stamped_instance(fields, where))
+            continue
         channels = [_values(f, where, d) for d, f in enumerate(fields)]
         lengths = {len(c) for c in channels}
         if len(lengths) != 1:
@@ -113,6 +121,8 @@ def parse_ts(text: str, source: str = "<ts>") -> TSFile:
 
 
 def _values(field: str, where: str, dim: int) -> np.ndarray:
+    if not field.strip():
+        raise DataError(f"{where}: dimension {dim} has no values (a sequence of length 0); expected at least one")
     parts = field.split(",")
     try:
         return np.array(parts, dtype=np.float32)
@@ -131,3 +141,63 @@ def _is_float(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+_PAIR = re.compile(r"\(([^()]*)\)")
+
+
+def _outside_parentheses(line: str, where: str) -> list[str]:
+    """``line`` split at the ``:`` outside parentheses (a datetime stamp has colons of its own)."""
+    fields, depth, start = [], 0, 0
+    for k, ch in enumerate(line):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == ":" and depth == 0:
+            fields.append(line[start:k])
+            start = k + 1
+        if depth not in (0, 1):
+            raise DataError(f"{where}: unbalanced parentheses; expected values written (t,v)")
+    if depth:
+        raise DataError(f"{where}: unbalanced parentheses; expected values written (t,v)")
+    fields.append(line[start:])
+    return fields
+
+
+def _stamped_instance(fields: list[str], where: str) -> np.ndarray:
+    """The dimensions ``(t,v),(t,v)...`` of one instance as ``[n, C]`` on the union of their stamps."""
+    read_time = time_reader("seconds")
+    dims: list[dict[float, float]] = []
+    kinds: set[str] = set()
+    for d, field in enumerate(fields):
+        pairs = _PAIR.findall(field)
+        if not pairs:
+            raise DataError(
+                f"{where}: dimension {d} has no (t,v) values (a sequence of length 0); expected one or more"
+            )
+        if _PAIR.sub("", field).replace(",", "").strip():
+            raise DataError(f"{where}: dimension {d}: {field.strip()[:30]!r} is not a list of (t,v) pairs")
+        values: dict[float, float] = {}
+        for pair in pairs:
+            stamp, comma, value = pair.rpartition(",")
+            if not comma:
+                raise DataError(f"{where}: dimension {d}: ({pair[:20]}) is not (t,v); expected a time and a value")
+            try:
+                t, kind = read_time(stamp)
+            except ValueError as e:
+                raise DataError(f"{where}: dimension {d}: {e}") from None
+            kinds.add(kind)
+            if t in values:
+                raise DataError(f"{where}: dimension {d}: time {stamp.strip()!r} twice; expected one value per time")
+            values[t] = float(_values(value, where, d)[0])
+        dims.append(values)
+    if len(kinds) > 1:
+        raise DataError(f"{where}: times mix numbers and datetimes; expected one kind per instance")
+    stamps = sorted(set().union(*dims))
+    out = np.full((len(stamps), len(dims)), np.nan, dtype=np.float32)
+    at = {t: k for k, t in enumerate(stamps)}
+    for d, values in enumerate(dims):
+        for t, v in values.items():
+            out[at[t], d] = v
+    return out

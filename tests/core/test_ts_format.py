@@ -53,7 +53,10 @@ def test_unlabelled_univariate():
         ("@classLabel true a\n@data\n1,2:3:a\n", r"lengths \[1, 2\]"),
         ("@classLabel true a\n@data\n1,x:a\n", "'x' is not a number"),
         ("@classLabel true a b\n@data\n1,2:z\n", "label 'z' is not declared"),
-        ("@timeStamps true\n@data\n(1,2):a\n", "@timeStamps true is not supported"),
+        ("@timeStamps true\n@classLabel true a\n@data\n(1,2:a\n", "unbalanced parentheses"),
+        ("@timeStamps true\n@classLabel true a\n@data\n(1,2),(1,3):a\n", "time '1' twice"),
+        ("@timeStamps true\n@classLabel true a\n@data\n(1,2),(2024-01-01,3):a\n", "mix numbers and datetimes"),
+        ("@classLabel true a\n@data\n:a\n", "no values \\(a sequence of length 0\\)"),
         ("@classLabel true a\n@data\n", "no instances"),
         ("@classLabel maybe a\n@data\n1:a\n", "must be true or false"),
     ],
@@ -86,3 +89,15 @@ def test_one_data_error_for_formats_and_aaren_core():
         split_cutoffs([], 0.1, 0.1)
     with pytest.raises(DataError, match="no @data line"):
         parse_ts("@problemName x\n")
+
+
+def test_timestamped_values_are_aligned_on_the_union_of_their_stamps():
+    text = (
+        "@problemName S\n@timeStamps true\n@dimensions 2\n@classLabel true a b\n@data\n"
+        "(2007-01-02 00:00:00,2),(2007-01-01 00:00:00,1):(2007-01-03 00:00:00,?),(2007-01-02 00:00:00,5):b\n"
+        "(0,1):(0,2):a\n"
+    )
+    f = parse_ts(text)
+    assert f.labels == ["b", "a"] and f.n_channels == 2
+    np.testing.assert_array_equal(f.series[0], np.array([[1, np.nan], [2, 5], [np.nan, np.nan]], np.float32))
+    np.testing.assert_array_equal(f.series[1], [[1, 2]])

@@ -14,7 +14,19 @@ import numpy as np
 
 from aaren.formats.errors import DataError
 
-__all__ = ["ClassData", "ClassSet"]
+__all__ = ["ClassData", "ClassSet", "stratified_holdout"]
+
+
+def stratified_holdout(labels: np.ndarray, n_classes: int, fraction: float, seed: int) -> np.ndarray:
+    """A mask ``[n]`` of ``round(fraction * n_k)`` sequences of each class ``k`` (``labels [n]``),
+    drawn by one generator seeded with ``seed`` over the classes in order."""
+    rng = np.random.default_rng(seed)
+    held = np.zeros(len(labels), dtype=bool)
+    for k in range(n_classes):
+        members = np.flatnonzero(labels == k)
+        rng.shuffle(members)
+        held[members[: round(fraction * len(members))]] = True
+    return held
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,12 +90,5 @@ class ClassData:
     def validation_split(self, fraction: float = 0.2, seed: int = 0) -> tuple[ClassSet, ClassSet]:
         """The archive has no validation part: hold out ``fraction`` of each class of train
         (stratified, seeded) for model selection, so the test part is never used to choose."""
-        rng = np.random.default_rng(seed)
-        val: list[int] = []
-        for k in range(self.n_classes):
-            members = np.flatnonzero(self.train.labels == k)
-            rng.shuffle(members)
-            val.extend(members[: round(fraction * len(members))].tolist())
-        held = np.zeros(len(self.train), dtype=bool)
-        held[val] = True
+        held = stratified_holdout(self.train.labels, self.n_classes, fraction, seed)
         return self.train.subset(np.flatnonzero(~held)), self.train.subset(np.flatnonzero(held))

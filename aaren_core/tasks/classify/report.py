@@ -13,6 +13,7 @@ import numpy as np
 
 from aaren_core.datasets import CLASS_DATASETS
 from aaren_core.tasks.classify.data import ClassData
+from aaren_core.tasks.classify.files import TEST_FRACTION
 from aaren_core.tasks.config import TaskTrainConfig
 from aaren_core.tasks.report import config_table, f3, pyplot, save_figure, task_report_text
 
@@ -54,11 +55,24 @@ def _class_data_text(metrics: dict[str, Any], data: ClassData) -> list[str]:
         f"({', '.join(data.class_names)}). Source: {metrics['source']}"
         + (" (the UEA archive's own files and train / test split)." if official else "."),
         "",
-        f"The archive has no validation part: model selection used a stratified "
+        *([] if official else _files_text(metrics)),
+        f"{'The archive' if official else 'The data'} has no validation part: model selection used a stratified "
         f"{metrics['config']['val_fraction']:.0%} of train, never the test part.",
         "",
     ]
     return lines
+
+
+def _files_text(metrics: dict[str, Any]) -> list[str]:
+    """Which files a run read and how its test part was chosen (``aaren_core.tasks.classify.files``)."""
+    config = metrics["config"]
+    if config.get("test_data"):
+        return [f"Files: train `{config['data']}`, test `{config['test_data']}` (given with --test-data).", ""]
+    return [
+        f"Files: train `{config['data']}`. No test file was given: a stratified {TEST_FRACTION:.0%} of its "
+        f"sequences (per class, seed {config['seed']}) was held out as the test part before training.",
+        "",
+    ]
 
 
 def _class_scores(metrics: dict[str, Any]) -> list[str]:
@@ -92,7 +106,7 @@ def _accuracy_plot(metrics: dict[str, Any], path: Path) -> str:
     ax.set_xlim(0, 1.02)
     ax.set_xlabel("fraction of the sequence seen")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"{metrics['data']}: accuracy against fraction seen", fontsize=10)
+    ax.set_title(f"{Path(metrics['data']).name}: accuracy against fraction seen", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
