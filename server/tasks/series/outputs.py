@@ -14,7 +14,10 @@ __all__ = ["SeriesOutputs"]
 @dataclasses.dataclass(frozen=True)
 class SeriesOutputs(OutputColumns):
     """Per forecast (F of them), the next H steps of C channels in the data's raw units: means
-    ``series_mean [F, H, C]`` and quantiles ``series_quantiles [F, H, C, Q]`` (at the model's levels)."""
+    ``series_mean [F, H, C]`` and quantiles ``series_quantiles [F, H, C, Q]`` (at the model's levels);
+    ``filled_steps [F]`` int64: the missing steps the server filled before the forecast's event (0
+    when it was the next step, and for a forecast from a stored state)."""
 
     series_mean: np.ndarray
     series_quantiles: np.ndarray
+    filled_steps: np.ndarray
