@@ -341,3 +341,23 @@ def test_aaren_replay_sends_a_files_gaps_and_na_cells_and_scores_by_the_replay_r
         assert scores["targets"] + scores["targets_missing"] == origins * HORIZON * 2
         np.testing.assert_allclose(scores["mse"], float(np.mean(np.square(errors))), rtol=1e-5)
         np.testing.assert_allclose(scores["mae"], float(np.mean(np.abs(errors))), rtol=1e-5)
+
+
+def test_a_series_files_na_cells_read_as_nan_and_infinities_and_an_event_files_na_are_refused(tmp_path):
+    import math
+
+    from aaren.client.events_file import EventsFileError, ModelSchema, read_events
+
+    path = tmp_path / "meter.csv"
+    path.write_text("time,load,temperature\n0,1.5,NA\n3600,,2.0\n10800,NaN,3.0\n")
+    series = ModelSchema("seconds", ("observation",), tuple(CHANNELS), 1, "series")
+    got = read_events(path, series).events
+    assert [e.time for e in got] == [0.0, 3600.0, 10800.0]  # the skipped hour stays a gap: the server fills it
+    assert [[math.isnan(v) for v in e.values] for e in got] == [[False, True], [True, False], [True, False]]
+    event_file = tmp_path / "events.csv"
+    event_file.write_text("session_id,time,mark,load,temperature\na,0,0,1.5,NA\n")
+    with pytest.raises(EventsFileError, match="line 2: value column 'temperature' is missing"):
+        read_events(event_file, ModelSchema("seconds", (), tuple(CHANNELS), 1, "event"))
+    path.write_text("time,load,temperature\n0,1.5,inf\n")
+    with pytest.raises(EventsFileError, match="'inf'; expected a finite number"):
+        read_events(path, series)
