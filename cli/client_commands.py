@@ -40,6 +40,8 @@ from aaren.client.events_file import EventsFileError, EventSource, ModelSchema, 
 from aaren.client.replay import ForecastWriter, ReplayError, ReplayStats, schedule
 from aaren.client.replay import replay as replay_events
 from aaren.client.task_scores import TaskScorer
+from aaren.formats.errors import DataError
+from aaren.formats.times import parse_time
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 Target = Annotated[
@@ -159,6 +161,13 @@ def replay(
     model: Annotated[
         str, typer.Option(help="the served model by name (`aaren model` lists them) [default: the server's]")
     ] = "",
+    score_from: Annotated[
+        str | None,
+        typer.Option(
+            help="series: score only the forecasts whose first step is at or after this time (ISO-8601, or Unix "
+            "seconds); evaluate's test_from scores the test part as evaluate does [default: every forecast]"
+        ),
+    ] = None,
     from_sink: Annotated[
         str | None,
         typer.Option(
@@ -174,8 +183,10 @@ def replay(
     Events go out in time order across sessions (seq 1.. per session) over several streams. For a
     series model (--model) the file holds time and one column per channel (session_id optional);
     for a class model session_id, time, the channels and optionally label (or a .ts file, as
-    `aaren train --task class` reads it): the replay is then also
-    scored against the file (series MSE/MAE of the next H steps; class accuracy by fraction seen).
+    `aaren train --task class` reads it): the replay is then also scored against the file (series
+    MSE/MAE of the next H steps, raw units, NA targets skipped, from --score-from; class accuracy by
+    fraction seen). A series file's NA cells are sent as NaN and its skipped steps as gaps: the
+    server fills both.
 
     With --from-sink URL nothing is sent: the forecasts come from that log (what `aaren consume`
     published for the events `aaren produce` wrote), with the same --out rows and scores, and a count
@@ -186,6 +197,12 @@ def replay(
     if out is not None and out.suffix.lower() not in (".csv", ".jsonl", ".json"):
         raise typer.BadParameter(f"{out}: expected a .csv or .jsonl file", param_hint="--out")
     check_read_options(split, time_unit)
+    scored_from = None
+    if score_from is not None:
+        try:
+            scored_from = parse_time(score_from, "seconds")
+        except DataError as e:
+            raise typer.BadParameter(f"{score_from!r}: {e}", param_hint="--score-from") from None
     if from_sink is not None:
         from aaren.cli.log_commands import replay_from_sink
 
@@ -193,6 +210,7 @@ def replay(
         replay_from_sink(
             source, from_sink, target=target if given else None, model=model, model_dir=model_dir, out=out,
             split=split, time_unit=time_unit, sessions=sessions, limit=limit, top_k=top_k, as_json=as_json,
+            score_from=scored_from,
         )  # fmt: skip
         return
     if model_dir is not None:
@@ -204,7 +222,7 @@ def replay(
     async def run(client: AarenClient) -> int:
         served = await client.describe_model(model)
         data = load_source(source, ModelSchema.from_model(served, time_unit=time_unit), split=split)
-        scorer = TaskScorer(data, served) if served.task != "event" else None
+        scorer = TaskScorer(data, served, score_from=scored_from) if served.task != "event" else None
         if source == "flights" and not Path(source).exists():
             warning = _check_flights_fit(data.mark_names, data.value_names, served)
             if warning:

@@ -306,6 +306,7 @@ def replay_from_sink(
     limit: int | None,
     top_k: int,
     as_json: bool,
+    score_from: float | None = None,
 ) -> None:
     """``aaren replay SOURCE --from-sink URL``: the rows (``--out``) and scores of the sink's forecasts
     of the file's events, and how many events had one (module docstring)."""
@@ -318,7 +319,7 @@ def replay_from_sink(
     except Exception as exc:  # a bad URL, an unknown scheme, a log that does not answer: one line
         _fail(_log_error(sink, exc))
     result, match = match_sink(entries, data.history, events)
-    scorer = TaskScorer(data, info) if info.task != "event" else None
+    scorer = TaskScorer(data, info, score_from=score_from) if info.task != "event" else None
     if scorer is not None:
         scorer.see(result)
     rows = 0

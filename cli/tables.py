@@ -172,7 +172,9 @@ def scores_table(model: ModelInfoOut, scores: dict[str, Any]) -> Table:
     table.add_column(style="bold")
     table.add_column(justify="right")
     if model.task == "series":
-        table.add_row("forecast origins", f"{scores['origins']:,} (every step of the next {model.horizon} in the file)")
+        since = f", from {scores['score_from']:g}" if "score_from" in scores else ""
+        table.add_row("forecast origins", f"{scores['origins']:,} (the next {model.horizon} steps in the file{since})")
+        table.add_row("targets scored", f"{scores['targets']:,} ({scores['targets_missing']:,} missing or NA, skipped)")
         table.add_row("MSE / MAE (raw units)", f"{scores['mse']:.4g} / {scores['mae']:.4g}")
         table.add_row("last value MSE / MAE", f"{scores['last_value_mse']:.4g} / {scores['last_value_mae']:.4g}")
         for key, value in scores.items():

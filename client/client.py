@@ -160,7 +160,9 @@ class ForecastOut:
 class SeriesForecastOut:
     """A series model's forecast after observation ``seq`` (see ``aaren.v1.SeriesForecast``): the next
     H steps of every channel in the data's units. ``means[h][c]`` is step ``h + 1`` of channel ``c``
-    (at ``last_time + (h + 1) * step_seconds``); ``quantiles`` maps each level to such an ``[H][C]``."""
+    (at ``last_time + (h + 1) * step_seconds``); ``quantiles`` maps each level to such an ``[H][C]``.
+    ``filled_steps``: the missing steps the server filled before observation ``seq`` (it came
+    ``filled_steps + 1`` steps after the session's previous one; 0: the next step)."""
 
     session_id: str
     seq: int
@@ -169,11 +171,12 @@ class SeriesForecastOut:
     quantiles: dict[float, list[list[float]]]
     model_name: str
     model_version: str
+    filled_steps: int = 0
 
     @classmethod
     def from_values(
         cls, session_id: str, seq: int, last_time: float, h: int, c: int, levels: Sequence[float],
-        means: Sequence[float], quantiles: Sequence[float], model: pb.ModelRef,
+        means: Sequence[float], quantiles: Sequence[float], model: pb.ModelRef, filled_steps: int = 0,
     ) -> SeriesForecastOut:  # fmt: skip
         """From flat step-major ``means [H * C]`` and ``quantiles [H * C * Q]``."""
         q = len(levels)
@@ -182,14 +185,14 @@ class SeriesForecastOut:
             level: [[quantiles[(i * c + j) * q + k] for j in range(c)] for i in range(h)]
             for k, level in enumerate(levels)
         }
-        return cls(session_id, seq, last_time, grid, by_level, model.name, model.version)
+        return cls(session_id, seq, last_time, grid, by_level, model.name, model.version, filled_steps)
 
     @classmethod
     def from_proto(cls, f: pb.Forecast) -> SeriesForecastOut:
         s = f.series
         return cls.from_values(
             f.session_id, f.seq, f.last_time, s.horizon, s.channels, list(s.quantile_levels), list(s.means),
-            list(s.quantiles), f.model,
+            list(s.quantiles), f.model, s.filled_steps,
         )  # fmt: skip
 
 
@@ -257,6 +260,7 @@ def _task_forecasts_from_columns(block: pb.ForecastColumns) -> list[AnyForecast]
         h, c, levels = block.horizon, block.channels, list(block.quantile_levels)
         size, qsize = h * c, h * c * len(levels)
         means, quantiles = list(block.series_means), list(block.series_quantiles)
+        filled = list(block.series_filled_steps) or [0] * n  # an older server sends none
         return [
             SeriesForecastOut.from_values(
                 block.session_id[i],
@@ -268,6 +272,7 @@ def _task_forecasts_from_columns(block: pb.ForecastColumns) -> list[AnyForecast]
                 means[i * size : (i + 1) * size],
                 quantiles[i * qsize : (i + 1) * qsize],
                 block.model,
+                filled[i],
             )
             for i in range(n)
         ]

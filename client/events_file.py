@@ -16,7 +16,9 @@ training uses too (``aaren.formats.events``, torch- and numpy-free):
 For a series or class model (``ModelSchema.task``) the value columns are its channels and
 ``mark`` may be left out (every event is mark 0). A series file may also leave out
 ``session_id`` (the whole file is one series, named after the file); its times are the
-observations' times (ISO datetimes, or numbers in seconds since the Unix epoch). A class file
+observations' times (ISO datetimes, or numbers in seconds since the Unix epoch), and a missing
+value (an empty cell, ``NA``, ``NaN``) is read as NaN and sent so: the server fills it, and the
+steps a series skips, as training does (docs/tasks.md "A live series with gaps"). A class file
 may hold a ``label`` column: the sequence's true class name, one per session (kept in
 ``EventSource.labels``, never sent).
 
@@ -149,6 +151,8 @@ def read_events(path: Path | str, schema: ModelSchema) -> EventSource:
             mark_optional=schema.task != "event",
             session_optional=schema.task == "series",
             class_names=schema.class_names if schema.task == "class" else None,
+            # A series' gaps are sent as NaN: the server fills them as training does (docs/tasks.md).
+            missing_values=schema.task == "series",
         ),
     )
     history: list[EventIn] = []

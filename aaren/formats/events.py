@@ -12,7 +12,8 @@ the client (``aaren.client.events_file``) both read through it. What a file must
   Within a session, times must not decrease in file order.
 - ``mark``: a name or an integer id of the model's marks (``aaren.formats.marks.mark_reader``), or,
   to train, the file's own marks (``learn_marks``); series and class files may leave it out (mark 0).
-- value columns: the model's ``value_names`` exactly (any order; or chosen by name), finite numbers.
+- value columns: the model's ``value_names`` exactly (any order; or chosen by name), finite numbers
+  (with ``EventLayout.missing_values``, a missing cell reads as NaN).
 - ``context`` (optional, as ``aaren split export`` writes it): 1 (or ``true``) for a session's
   history rows, which must come before its other rows, 0 for held-out rows. A model value named
   ``context`` makes it a value column instead.
@@ -75,6 +76,9 @@ class EventLayout:
     session_optional: bool = False
     class_names: tuple[str, ...] | None = None
     learn_labels: bool = False
+    #: A missing value cell (empty, ``NA``, ``NaN``, a null or NaN) reads as NaN rather than being
+    #: refused (a series file's gaps: the server fills them); +-inf is still refused.
+    missing_values: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -136,7 +140,7 @@ def read_event_rows(path: Path | str, layout: EventLayout) -> EventRows:
                 mark = -1  # the ids come from all of the file's marks, once they are read
             else:
                 mark = read_mark(row[i_mark])
-            values = [_number(row[k], columns[k]) for k in i_values]
+            values = [_number(row[k], columns[k], layout.missing_values) for k in i_values]
         except ValueError as e:
             raise DataError(f"{path}: {where}: {e}") from None
         if i_label >= 0:
@@ -246,13 +250,15 @@ def _context_flag(cell: Any, path: Path, where: str) -> bool:
     raise DataError(f"{path}: {where}: column {CONTEXT_COLUMN!r} is {cell!r}; expected 1 (history) or 0")
 
 
-def _number(cell: Any, column: str) -> float:
+def _number(cell: Any, column: str, missing_values: bool = False) -> float:
     try:
         v = float(cell)
     except (TypeError, ValueError):
         v = math.nan
     if v - v == 0.0 and cell is not True and cell is not False:  # finite: the common case, first
         return v
-    if cell is None or (isinstance(cell, str) and cell.strip() in MISSING):
+    if cell is None or (isinstance(cell, str) and cell.strip() in MISSING) or (isinstance(cell, float) and v != v):
+        if missing_values:
+            return math.nan
         raise ValueError(f"value column {column!r} is missing; expected a finite number")
     raise ValueError(f"value column {column!r} is {cell!r}; expected a finite number")

@@ -250,6 +250,28 @@ class Reasons:
         )
 
     @staticmethod
+    def time_off_step_grid(sid: str, seq: int, time: float, last_time: float, step: float) -> ErrorInfo:
+        """A model of regular steps: ``time - last_time`` is not within 1 ms of a whole number >= 1 of steps."""
+        return ErrorInfo(
+            Code.INVALID_ARGUMENT,
+            "time_off_step_grid",
+            f"time {time} of session {sid!r} seq {seq} is off the model's step grid: {time - last_time:g} s after "
+            f"its previous event's time {last_time}; expected a whole number (at least 1) of steps of {step:g} s "
+            f"after it, e.g. {last_time + step}",
+        )
+
+    @staticmethod
+    def gap_too_long(sid: str, seq: int, time: float, last_time: float, missing: int, limit: int) -> ErrorInfo:
+        """A model of regular steps: the event leaves ``missing`` steps empty, more than it fills."""
+        return ErrorInfo(
+            Code.FAILED_PRECONDITION,
+            "gap_too_long",
+            f"time {time} of session {sid!r} seq {seq} leaves a gap of {missing} missing steps after its previous "
+            f"event's time {last_time}; the model fills at most {limit} (max_gap_steps): send the missing steps "
+            "(NaN values are filled), or end the session and start it afresh",
+        )
+
+    @staticmethod
     def numeric_overflow(sid: str) -> ErrorInfo:
         return ErrorInfo(
             Code.INVALID_ARGUMENT,

@@ -3,7 +3,8 @@
 Accepted requests wait in one FIFO queue. A batch takes events from its head (up to
 ``max_batch_events`` events of at most ``max_batch_size`` sessions; a request may be split over
 batches, in order), loads the sessions' state, checks every event against it (seq order, time
-order, model version) with array operations, applies each session's events in order in one
+order, model version; for a model of regular steps, ``step_seconds > 0``, the step grid and the
+longest gap it fills) with array operations, applies each session's events in order in one
 batched model call (``EventTask.apply``: one step for sessions with one event, the parallel scan for
 longer runs), writes the new state, and only then answers (docs/architecture.md: acknowledgement
 means durable). Batches run one after another, so a session is in one batch at a time and its
@@ -51,6 +52,10 @@ T = TypeVar("T")
 TENANT_COUNT_TTL_S = 5.0
 # Verdicts of the plan, per event of a batch.
 _APPLY, _DUP, _DUP_OF_BATCH, _ERR = 0, 1, 2, 3
+#: How far an event of a model of regular steps may be from its session's grid (seconds).
+GRID_TOLERANCE_S = 1e-3
+# What the grid check says of an event (``_grid``).
+_ON_GRID, _OFF_GRID, _GAP_TOO_LONG = 0, 1, 2
 
 
 PENDING_RETRY_S = 0.1
@@ -241,6 +246,9 @@ class Batcher:
         self._store_latency: dict[str, Any] = {}
         #: Every forecast ranks every mark (or class); front ends keep a request's top_k.
         self._top_k = task.description.ranked
+        #: A model of regular steps (``step_seconds > 0``): its step and the most missing steps it fills.
+        self._step_s = float(task.description.step_seconds)
+        self._max_gap_steps = int(task.description.max_gap_steps)
 
     def set_worker(self, run: Callable[..., Awaitable[object]]) -> None:
         """Run model calls with ``run(fn, *args)`` (a worker thread) instead of on the event loop."""
@@ -484,8 +492,15 @@ class Batcher:
         missing = single & ~foreign & ~stored.exists[sess] & ((seq > 1) | auto)
         gap = single & ~foreign & stored.exists[sess] & (seq > s_seq + 1)
         early = single & ~(foreign | duplicate | missing | gap) & (times < stored.last_time[sess])
-        verdict[duplicate] = _DUP
         bad = foreign | missing | gap | early
+        grid = np.zeros(n, dtype=np.int8)
+        if self._step_s > 0:
+            follows = single & ~(bad | duplicate) & stored.exists[sess]
+            if follows.any():
+                dt = times[follows] - stored.last_time[sess][follows]
+                grid[follows] = _grid(dt, self._step_s, self._max_gap_steps)
+                bad = bad | (grid != _ON_GRID)
+        verdict[duplicate] = _DUP
         verdict[bad] = _ERR
         if bad.any():
             shown, version = self.scope.shown, self.task.version
@@ -497,6 +512,10 @@ class Batcher:
                     errors[i] = Reasons.session_missing(shown(key), int(seq[i]), self.store.was_evicted(key))
                 elif gap[i]:
                     errors[i] = Reasons.seq_gap(shown(key), int(seq[i]), int(s_seq[i]))
+                elif grid[i] != _ON_GRID:
+                    errors[i] = self._grid_error(
+                        int(grid[i]), shown(key), int(seq[i]), float(times[i]), float(stored.last_time[u])
+                    )
                 else:
                     errors[i] = Reasons.time_before_last(
                         shown(key), int(seq[i]), float(times[i]), float(stored.last_time[u])
@@ -534,6 +553,7 @@ class Batcher:
             return
         stored_seq = last_seq = int(stored.last_seq[u])
         last_time = float(stored.last_time[u])
+        step, most = self._step_s, self._max_gap_steps
         for i in positions.tolist():
             s, t = int(seq[i]), float(times[i])
             if s == NEXT_SEQ and last_seq:
@@ -551,9 +571,18 @@ class Batcher:
                 verdict[i], errors[i] = _ERR, Reasons.seq_gap(shown, s, last_seq)
             elif t < last_time:
                 verdict[i], errors[i] = _ERR, Reasons.time_before_last(shown, s, t, last_time)
+            elif last_seq and self._step_s > 0 and (g := int(_grid(np.array([t - last_time]), step, most)[0])):
+                verdict[i], errors[i] = _ERR, self._grid_error(g, shown, s, t, last_time)
             else:
                 verdict[i] = _APPLY
                 last_seq, last_time = s, t
+
+    def _grid_error(self, kind: int, shown: str, seq: int, time: float, last_time: float) -> ErrorInfo:
+        """The refusal of an event the grid check (``_grid``) found ``kind``."""
+        if kind == _OFF_GRID:
+            return Reasons.time_off_step_grid(shown, seq, time, last_time, self._step_s)
+        missing = round((time - last_time) / self._step_s) - 1
+        return Reasons.gap_too_long(shown, seq, time, last_time, missing, self._max_gap_steps)
 
     async def _session_allowance(
         self, ids: list[str], stored: _StoredColumns, sess: np.ndarray, verdict: np.ndarray
@@ -1005,6 +1034,16 @@ def _groups(codes: np.ndarray, positions: np.ndarray) -> list[tuple[int, np.ndar
     codes, positions = codes[order], positions[order]
     cuts = np.flatnonzero(np.diff(codes)) + 1
     return [(int(g[0]), p) for g, p in zip(np.split(codes, cuts), np.split(positions, cuts), strict=True)]
+
+
+def _grid(dt: np.ndarray, step: float, max_gap_steps: int) -> np.ndarray:
+    """The grid check of events ``dt [n]`` seconds after their sessions' previous ones, for a model
+    of step D = ``step``: with ``k = round(dt / D) - 1`` missing steps, ``_OFF_GRID`` where
+    ``|dt - (k + 1) D| > GRID_TOLERANCE_S`` or ``k < 0``, else ``_GAP_TOO_LONG`` where
+    ``k > max_gap_steps``, else ``_ON_GRID`` (``[n]`` int8)."""
+    steps = np.rint(dt / step)
+    off = (steps < 1) | (np.abs(dt - steps * step) > GRID_TOLERANCE_S)
+    return np.where(off, _OFF_GRID, np.where(steps - 1 > max_gap_steps, _GAP_TOO_LONG, _ON_GRID)).astype(np.int8)
 
 
 def _finite_rows(rows: dict[str, torch.Tensor]) -> np.ndarray | None:

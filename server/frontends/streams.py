@@ -4,7 +4,8 @@ an open bidirectional call that every front end's streaming method is.
 ``EventChecker`` runs the checks that need no state on a whole request at once, before anything
 reaches the engine core (docs/architecture.md section 3, "Validation"): a non-empty session id of
 bounded UTF-8 length, seq >= 1, a finite time, a mark in the model's range, exactly the model's
-number of finite values.
+number of finite values (for a model that takes missing values, ``ModelDescription.missing_values``:
+finite or NaN).
 
 ``StreamLoop.serve`` runs one call: it admits the stream (``CoreAPI.open_stream``), reads requests,
 has the protocol's ``StreamCodec`` decode each into a ``CoreRequest`` (or a refusal), submits it to
@@ -37,7 +38,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from aaren.server.contract.columns import MAX_SEQ, NEXT_SEQ, CoreRequest, EventColumns, Outcomes
+from aaren.server.contract.columns import MAX_SEQ, NEXT_SEQ, CoreRequest, EventColumns, ModelDescription, Outcomes
 from aaren.server.contract.core_api import CoreAPI, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.contract.validation import session_id_error
@@ -89,13 +90,22 @@ class RefusedError(Exception):
 class EventChecker:
     """Builds a ``CoreRequest`` from a request's fields, refusing the events that fail a check."""
 
-    def __init__(self, num_marks: int, value_names: Sequence[str], max_session_id_bytes: int) -> None:
+    def __init__(
+        self, num_marks: int, value_names: Sequence[str], max_session_id_bytes: int, *, missing_values: bool = False
+    ) -> None:
+        """``missing_values``: NaN values pass (the model takes them); +-inf never does."""
         self.num_marks = num_marks
+        self.missing_values = missing_values
         self.value_names = tuple(value_names)
         self.width = len(self.value_names)
         self.max_id_bytes = max_session_id_bytes
         # Ids of at most this many characters fit the byte limit whatever they hold (UTF-8: <= 4 bytes each).
         self._fast_id_chars = max_session_id_bytes // 4
+
+    @classmethod
+    def for_model(cls, d: ModelDescription, max_session_id_bytes: int) -> EventChecker:
+        """The checks of ``d``'s events (its marks, value names, and whether it takes missing values)."""
+        return cls(d.num_marks, d.value_names, max_session_id_bytes, missing_values=d.missing_values)
 
     def session_id_error(self, sid: str) -> ErrorInfo | None:
         return session_id_error(sid, self.max_id_bytes)
@@ -132,7 +142,7 @@ class EventChecker:
             and min(marks) >= 0
             and max(marks) < self.num_marks
             and math.isfinite(math.fsum(times) if n > 1 else times[0])
-            and (not flat or math.isfinite(sum(flat)))
+            and (not flat or math.isfinite(sum(flat)) or (self.missing_values and not any(map(math.isinf, flat))))
             and all(0 < len(sid) <= fast for sid in session_ids)
         )
         if valid:
@@ -177,7 +187,7 @@ class EventChecker:
         if len(values) != self.width:
             return Reasons.values_wrong_width(sid, seq, len(values), self.value_names)
         for j, v in enumerate(values):
-            if not math.isfinite(v):
+            if not math.isfinite(v) and not (self.missing_values and math.isnan(v)):
                 return Reasons.values_not_finite(sid, seq, j, self.value_names[j], v)
         return None
 

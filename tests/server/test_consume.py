@@ -316,11 +316,12 @@ def test_a_forecast_computed_again_is_the_one_first_sent(start_server: Callable)
         for model in served:
             d = stub.DescribeModel(pb.DescribeModelRequest(model=model))
             width = len(d.value_names)
+            gap = d.step_seconds or 10.0  # a series model's events are on its step grid
             stream = OpenStream(stub)
 
-            def events(seq: int, n: int, model: str = model, width: int = width) -> list[pb.Event]:
+            def events(seq: int, n: int, model: str = model, width: int = width, gap: float = gap) -> list[pb.Event]:
                 return [
-                    pb.Event(session_id=f"{model}-{i}", seq=s, time=10.0 * s + i, mark=0, values=[0.1 * s] * width)
+                    pb.Event(session_id=f"{model}-{i}", seq=s, time=gap * s + i, mark=0, values=[0.1 * s] * width)
                     for i in range(4)
                     for s in range(seq, seq + n)
                 ]

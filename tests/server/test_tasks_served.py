@@ -505,10 +505,11 @@ def test_oip_metadata_and_config_of_the_series_and_class_models(start_server):
         )  # fmt: skip
         assert [(t.name, t.datatype, list(t.shape)) for t in series.outputs] == [
             ("SEQ", "INT64", [1]), ("SERIES_MEAN", "FP64", [3, 2]), ("SERIES_QUANTILES", "FP64", [3, 2, 3]),
+            ("FILLED_STEPS", "INT64", [1]),
         ]  # fmt: skip
         config = client.get_model_config("tiny-series").config
         assert [(o.name, list(o.dims)) for o in config.output] == [
-            ("SEQ", [1]), ("SERIES_MEAN", [3, 2]), ("SERIES_QUANTILES", [3, 2, 3]),
+            ("SEQ", [1]), ("SERIES_MEAN", [3, 2]), ("SERIES_QUANTILES", [3, 2, 3]), ("FILLED_STEPS", [1]),
         ]  # fmt: skip
         p = {k: v.string_value for k, v in config.parameters.items()}
         assert (p["task"], p["horizon"], float(p["step_seconds"])) == ("series", "3", HOUR)

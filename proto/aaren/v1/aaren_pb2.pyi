@@ -94,7 +94,7 @@ class StreamRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., forecast_mode: _Optional[_Union[ForecastMode, str]] = ..., top_k: _Optional[int] = ..., layout: _Optional[_Union[ResponseLayout, str]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ForecastColumns(_message.Message):
-    __slots__ = ("event_index", "session_id", "seq", "last_time", "mean_gap", "expected_time", "quantile_levels", "gap_quantiles", "top_k", "marks", "mark_probabilities", "value_means", "value_stds", "model", "horizon", "channels", "series_means", "series_quantiles", "class_top_k", "classes", "class_probabilities", "class_names")
+    __slots__ = ("event_index", "session_id", "seq", "last_time", "mean_gap", "expected_time", "quantile_levels", "gap_quantiles", "top_k", "marks", "mark_probabilities", "value_means", "value_stds", "model", "horizon", "channels", "series_means", "series_quantiles", "series_filled_steps", "class_top_k", "classes", "class_probabilities", "class_names")
     EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class ForecastColumns(_message.Message):
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     SERIES_MEANS_FIELD_NUMBER: _ClassVar[int]
     SERIES_QUANTILES_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FILLED_STEPS_FIELD_NUMBER: _ClassVar[int]
     CLASS_TOP_K_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     CLASS_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
@@ -135,11 +136,12 @@ class ForecastColumns(_message.Message):
     channels: int
     series_means: _containers.RepeatedScalarFieldContainer[float]
     series_quantiles: _containers.RepeatedScalarFieldContainer[float]
+    series_filled_steps: _containers.RepeatedScalarFieldContainer[int]
     class_top_k: int
     classes: _containers.RepeatedScalarFieldContainer[int]
     class_probabilities: _containers.RepeatedScalarFieldContainer[float]
     class_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, event_index: _Optional[_Iterable[int]] = ..., session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., last_time: _Optional[_Iterable[float]] = ..., mean_gap: _Optional[_Iterable[float]] = ..., expected_time: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., gap_quantiles: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., marks: _Optional[_Iterable[int]] = ..., mark_probabilities: _Optional[_Iterable[float]] = ..., value_means: _Optional[_Iterable[float]] = ..., value_stds: _Optional[_Iterable[float]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., horizon: _Optional[int] = ..., channels: _Optional[int] = ..., series_means: _Optional[_Iterable[float]] = ..., series_quantiles: _Optional[_Iterable[float]] = ..., class_top_k: _Optional[int] = ..., classes: _Optional[_Iterable[int]] = ..., class_probabilities: _Optional[_Iterable[float]] = ..., class_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, event_index: _Optional[_Iterable[int]] = ..., session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., last_time: _Optional[_Iterable[float]] = ..., mean_gap: _Optional[_Iterable[float]] = ..., expected_time: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., gap_quantiles: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., marks: _Optional[_Iterable[int]] = ..., mark_probabilities: _Optional[_Iterable[float]] = ..., value_means: _Optional[_Iterable[float]] = ..., value_stds: _Optional[_Iterable[float]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., horizon: _Optional[int] = ..., channels: _Optional[int] = ..., series_means: _Optional[_Iterable[float]] = ..., series_quantiles: _Optional[_Iterable[float]] = ..., series_filled_steps: _Optional[_Iterable[int]] = ..., class_top_k: _Optional[int] = ..., classes: _Optional[_Iterable[int]] = ..., class_probabilities: _Optional[_Iterable[float]] = ..., class_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
     __slots__ = ("request_id", "results", "request_error", "forecast_columns")
@@ -230,18 +232,20 @@ class ValueForecast(_message.Message):
     def __init__(self, mean: _Optional[float] = ..., std: _Optional[float] = ...) -> None: ...
 
 class SeriesForecast(_message.Message):
-    __slots__ = ("horizon", "channels", "means", "quantiles", "quantile_levels")
+    __slots__ = ("horizon", "channels", "means", "quantiles", "quantile_levels", "filled_steps")
     HORIZON_FIELD_NUMBER: _ClassVar[int]
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     MEANS_FIELD_NUMBER: _ClassVar[int]
     QUANTILES_FIELD_NUMBER: _ClassVar[int]
     QUANTILE_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    FILLED_STEPS_FIELD_NUMBER: _ClassVar[int]
     horizon: int
     channels: int
     means: _containers.RepeatedScalarFieldContainer[float]
     quantiles: _containers.RepeatedScalarFieldContainer[float]
     quantile_levels: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, horizon: _Optional[int] = ..., channels: _Optional[int] = ..., means: _Optional[_Iterable[float]] = ..., quantiles: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ...) -> None: ...
+    filled_steps: int
+    def __init__(self, horizon: _Optional[int] = ..., channels: _Optional[int] = ..., means: _Optional[_Iterable[float]] = ..., quantiles: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., filled_steps: _Optional[int] = ...) -> None: ...
 
 class ClassProbability(_message.Message):
     __slots__ = ("class_index", "class_name", "probability")

@@ -100,7 +100,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         """Serve through ``core``: an ``EngineCore`` or the IPC client of one."""
         views = {}
         for d in core.descriptions:
-            checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+            checker = EventChecker.for_model(d, self.settings.max_session_id_bytes)
             encoder = spec_of(d.task).load("aaren_v1")(d, self.settings.default_top_k)
             ref = pb.ModelRef(name=d.name, version=d.version)
             views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked, core.submitter(d.name))

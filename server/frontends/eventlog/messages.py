@@ -5,7 +5,8 @@ An event message holds the fields of an aaren.v1 ``Event`` and the model it is f
 - JSON (``application/json``, the default): ``{"session_id": "N123", "seq": 7, "time": 1.7e9,
   "mark": 2, "values": [0.5, -1.0], "model": "flights"}``; ``mark``, ``values`` and ``model`` may be
   left out (0, none, the default model); numbers may come as strings (as protobuf's JSON mapping
-  writes 64-bit integers, and as Redis stream fields always are);
+  writes 64-bit integers, and as Redis stream fields always are); a missing value is ``NaN`` or
+  ``null`` (for a model that takes missing values: a series' gap cells);
 - protobuf (``application/x-protobuf``): the ``Event`` message's bytes; the model beside it (a
   ``model`` field or header), as ``Event`` has no model field.
 
@@ -72,7 +73,7 @@ def _event_of(fields: dict[str, Any]) -> pb.Event:
         seq=_integer("seq", fields["seq"]),
         time=_number("time", fields["time"]),
         mark=_integer("mark", fields.get("mark", 0)),
-        values=[_number("values", v) for v in values],
+        values=[_value(v) for v in values],
     )
 
 
@@ -92,6 +93,16 @@ def _number(name: str, value: object) -> float:
     if not math.isfinite(number) and not isinstance(value, str):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return number
+
+
+def _value(value: object) -> float:
+    """A value: a number, or NaN / ``null`` for a missing one (the model's checks decide whether it
+    takes missing values: ``ModelDescription.missing_values``); +-inf is refused there too."""
+    if value is None:
+        return math.nan
+    if isinstance(value, float) and math.isnan(value):
+        return value
+    return _number("values", value)
 
 
 def encode_event(event: pb.Event, content_type: str, model: str = "") -> bytes:

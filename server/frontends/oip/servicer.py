@@ -151,7 +151,7 @@ class OipServicer:
         models = {}
         for d in core.descriptions:
             codec = spec_of(d.task).load("oip")(d, self.settings.default_top_k)
-            checker = EventChecker(d.num_marks, d.value_names, self.settings.max_session_id_bytes)
+            checker = EventChecker.for_model(d, self.settings.max_session_id_bytes)
             models[d.name] = _Model(d, codec, checker, core.submitter(d.name))
         self._models = models
         self._core = core

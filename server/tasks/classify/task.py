@@ -44,6 +44,7 @@ class ClassTask(RecurrentTask):
             mark_names=("step",),
             time_unit=str(metadata.get("time_unit", "steps")),
             class_names=classes,
+            missing_values=True,  # NaN reads as 0 after standardization (ClassModel._embed), as offline
         )
 
     def _step(self, values: Tensor, times: Tensor | None, state: State) -> tuple[Tensor, State]:

@@ -1,5 +1,6 @@
 """The series task's aaren.v1 encoder (``aaren.server.tasks.aaren_v1.Encoder``; torch-free): a
-forecast's ``series`` holds the H x C means and H x C x Q quantiles, flat, in the data's units."""
+forecast's ``series`` holds the H x C means and H x C x Q quantiles, flat, in the data's units, and
+the steps the server filled before the event (``filled_steps``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class SeriesEncoder(TaskEncoder):
             series.means.extend(mean.reshape(-1).tolist())
             series.quantiles.extend(quantiles.reshape(-1).tolist())
             series.quantile_levels.extend(levels)
+            series.filled_steps = int(o.filled_steps[f])
 
         return write
 
@@ -34,3 +36,4 @@ class SeriesEncoder(TaskEncoder):
         block.quantile_levels.extend(self.description.quantiles)
         block.series_means.extend(mean.reshape(-1).tolist())
         block.series_quantiles.extend(o.series_quantiles.reshape(-1).tolist())
+        block.series_filled_steps.extend(o.filled_steps.tolist())

@@ -3,7 +3,8 @@
 Inputs: ``TIME`` FP64 [1] (the observation's time, Unix seconds: it gives the calendar features),
 ``VALUES`` FP32 [C] (the channels, ``value_names``). Outputs, per forecast: ``SEQ`` INT64 [1],
 ``SERIES_MEAN`` FP64 [H, C] and ``SERIES_QUANTILES`` FP64 [H, C, Q] (the next H steps in the data's
-units, at ``quantile_levels``)."""
+units, at ``quantile_levels``), ``FILLED_STEPS`` INT64 [1] (the missing steps the server filled before
+the event: docs/tasks.md "A live series with gaps"). ``VALUES`` may hold NaN (a missing value)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ class SeriesCodec(TensorCodec):
         super().__init__(d, default_top_k)
         h, c, q = d.horizon, d.value_width, len(d.quantiles)
         self.inputs = [("TIME", "FP64", [1]), ("VALUES", "FP32", [c])]
-        self.outputs = [("SEQ", "INT64", [1]), ("SERIES_MEAN", "FP64", [h, c]), ("SERIES_QUANTILES", "FP64", [h, c, q])]
+        self.outputs = [
+            ("SEQ", "INT64", [1]),
+            ("SERIES_MEAN", "FP64", [h, c]),
+            ("SERIES_QUANTILES", "FP64", [h, c, q]),
+            ("FILLED_STEPS", "INT64", [1]),
+        ]
         self._ready()
 
     def encode(self, k: int, seq: int, time: float, outputs: SeriesOutputs) -> list[bytes]:
@@ -28,6 +34,7 @@ class SeriesCodec(TensorCodec):
             INT64.pack(seq),
             o.series_mean[0].astype("<f8").tobytes(),
             o.series_quantiles[0].astype("<f8").tobytes(),
+            INT64.pack(int(o.filled_steps[0])),
         ]
 
     def parameters(self) -> dict[str, str]:

@@ -1,7 +1,22 @@
-"""The series task on the engine core: ``SeriesTask`` (see ``aaren.server.tasks.recurrent``)."""
+"""The series task on the engine core: ``SeriesTask`` (see ``aaren.server.tasks.recurrent``).
+
+A live stream has the gaps a file has, and the server fills them as training does (the one rule,
+docs/tasks.md "A live series with gaps"). For a model of step ``D`` (``step_seconds > 0``) an event
+``dt`` after its session's previous one leaves ``k = round(dt / D) - 1`` missing steps (the core's
+checks keep ``dt`` on the grid and ``k <= max_gap_steps``). Before the event the task steps the
+``k`` filled steps: values ``x_fill`` (the last filled values), times ``t_prev + j D`` (``j = 1..k``),
+no forecast; then the event, its NaN values replaced by ``x_fill``:
+
+    x_fill[c] <- x[c] where x[c] is not NaN           (per event, in order)
+    x_fill    =  value_mean                           (a session's first: the train mean, z = 0)
+
+``x_fill [C]`` is a row of the session's layout (``FILLED``), stored with its state. The filled
+steps are rows of the run's columns (``_expand``), so ``RunTask.apply`` is still the one loop.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +32,17 @@ from aaren_core.checkpoint import Checkpoint
 from aaren_core.tasks.series.data import calendar_features
 from aaren_core.tasks.series.model import SeriesModel
 
-__all__ = ["SeriesTask", "from_checkpoint"]
+__all__ = ["FILLED", "SeriesTask", "default_max_gap_steps", "from_checkpoint"]
+
+#: The row of a session's last filled values ``[C]`` (raw units).
+FILLED = "filled"
+#: The longest gap a checkpoint that names none fills: one week.
+DEFAULT_MAX_GAP_S = 7 * 86400.0
+
+
+def default_max_gap_steps(step_seconds: float) -> int:
+    """The ``max_gap_steps`` of a checkpoint without one: a week of steps, ``round(7 * 86400 / D)``."""
+    return round(DEFAULT_MAX_GAP_S / step_seconds) if step_seconds > 0 else 0
 
 
 class SeriesTask(RecurrentTask):
@@ -37,6 +62,8 @@ class SeriesTask(RecurrentTask):
         channels = tuple(metadata.get("channels") or (f"value_{i}" for i in range(c.n_channels)))
         if len(channels) != c.n_channels:
             raise ValueError(f"the checkpoint names {len(channels)} channels; its model has {c.n_channels}")
+        step = float(metadata.get("step_seconds", 0.0))
+        self.state_bytes += 4 * c.n_channels  # the FILLED row
         self.description = self._describe(
             name,
             channels,
@@ -44,8 +71,80 @@ class SeriesTask(RecurrentTask):
             time_unit="seconds",
             quantiles=tuple(c.quantiles),
             horizon=c.horizon,
-            step_seconds=float(metadata.get("step_seconds", 0.0)),
+            step_seconds=step,
+            missing_values=True,
+            max_gap_steps=int(metadata.get("max_gap_steps") or 0) or default_max_gap_steps(step),
         )
+
+    def layout_rows(self) -> dict[str, Tensor]:
+        """The backbone's rows and ``FEATURES``, plus ``FILLED [C]``: the train mean (what a
+        session's first event's NaN values become)."""
+        rows = super().layout_rows()
+        rows[FILLED] = self.model.value_mean.detach().to(self.device, torch.float32).clone()
+        return rows
+
+    @torch.inference_mode()
+    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], SeriesOutputs]:
+        """``RunTask.apply`` on the runs with their gaps filled (``_expand``): the filled steps
+        get no forecast; each forecast says how many steps were filled before its event."""
+        expanded, filled_steps, last_filled = self._expand(rows, runs)
+        new, outputs = super().apply(rows, expanded, top_k)
+        new = {**new, FILLED: last_filled}
+        assert isinstance(outputs, SeriesOutputs)
+        return new, dataclasses.replace(outputs, filled_steps=filled_steps[runs.want])
+
+    def _expand(self, rows: dict[str, Tensor], runs: RunColumns) -> tuple[RunColumns, np.ndarray, Tensor]:
+        """The runs with ``k_i`` filled steps before each event ``i`` and NaN values filled (module
+        docstring): the expanded columns (``A + sum k`` events), ``k [A]`` int64, and each session's
+        last filled values ``[R, C]`` on the device (its new ``FILLED`` row)."""
+        step = self.description.step_seconds
+        n, values = len(runs.dt), runs.values
+        starts, lengths = runs.starts, runs.lengths
+        ends = starts + lengths - 1
+        k = np.maximum(np.rint(runs.dt / step).astype(np.int64) - 1, 0) if step > 0 else np.zeros(n, np.int64)
+        missing = np.isnan(values)
+        gaps = bool(k.any())
+        if not missing.any() and not gaps:
+            return runs, k, torch.from_numpy(np.ascontiguousarray(values[ends])).to(self.device, torch.float32)
+        stored = rows[FILLED].float().cpu().numpy()  # [R, C]
+        run_of = np.repeat(np.arange(len(lengths)), lengths)  # [A]
+        filled = values
+        if missing.any():
+            # Forward fill within each run: the last position at or before i where channel c was
+            # observed; one before the run's start means none in the run, so the stored row.
+            seen = np.where(missing, -1, np.arange(n)[:, None])
+            np.maximum.accumulate(seen, axis=0, out=seen)
+            own = seen >= starts[run_of][:, None]
+            filled = np.where(own, np.take_along_axis(values, np.maximum(seen, 0), axis=0), stored[run_of])
+            filled = filled.astype(np.float32)
+        last_filled = torch.from_numpy(np.ascontiguousarray(filled[ends])).to(self.device, torch.float32)
+        if not gaps:
+            return dataclasses.replace(runs, values=filled), k, last_filled
+        before = np.empty_like(filled)  # [A, C] the filled values before each event
+        before[1:] = filled[:-1]
+        before[starts] = stored
+        total = n + int(k.sum())
+        at = np.arange(n) + np.cumsum(k)  # [A] each event's position in the expanded columns
+        owner = np.repeat(np.arange(n), k)  # [S] the event each filled step precedes
+        j = np.arange(len(owner)) - np.repeat(np.cumsum(k) - k, k) + 1  # [S] 1..k_i
+        slot = at[owner] - k[owner] + j - 1  # [S]
+        dt = np.full(total, step)
+        dt[at] = runs.dt - k * step
+        marks = np.empty(total, runs.marks.dtype)
+        marks[at], marks[slot] = runs.marks, runs.marks[owner]
+        out = np.empty((total, values.shape[1]), np.float32)
+        out[at], out[slot] = filled, before[owner]
+        want = np.zeros(total, bool)
+        want[at] = runs.want
+        times = None
+        if runs.times is not None:
+            times = np.empty(total)
+            times[at] = runs.times
+            times[slot] = runs.times[owner] - runs.dt[owner] + j * step
+        new_lengths = lengths + np.add.reduceat(k, starts)
+        new_starts = np.concatenate(([0], np.cumsum(new_lengths)[:-1]))
+        expanded = RunColumns(dt, marks, out, new_starts, new_lengths, want, times)
+        return expanded, k, last_filled
 
     def _time_inputs(self, runs: RunColumns) -> Tensor | None:
         if not self.model.config.time_features:
@@ -65,6 +164,7 @@ class SeriesTask(RecurrentTask):
         return SeriesOutputs(
             np.zeros((0, c.horizon, c.n_channels), np.float32),
             np.zeros((0, c.horizon, c.n_channels, len(c.quantiles)), np.float32),
+            np.zeros(0, np.int64),
         )
 
     @torch.inference_mode()
@@ -73,7 +173,7 @@ class SeriesTask(RecurrentTask):
         if not len(features):
             return self.empty_outputs(top_k)
         raw = self.model.to_raw(self.model.heads(features))
-        return SeriesOutputs(raw.mean.cpu().numpy(), raw.quantiles.cpu().numpy())
+        return SeriesOutputs(raw.mean.cpu().numpy(), raw.quantiles.cpu().numpy(), np.zeros(len(features), np.int64))
 
 
 def from_checkpoint(ckpt: Checkpoint, device: torch.device, quantiles: Sequence[float], **_: Any) -> SeriesTask:
