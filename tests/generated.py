@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from aaren.formats.times import iso_utc
 from aaren.v1 import aaren_pb2 as pb
 from aaren_core.checkpoint import save_checkpoint
 from aaren_core.nn.backbones import BackboneConfig
@@ -133,3 +135,34 @@ def random_events(
         t += rng.expovariate(0.5)
         out.append(ev(session_id, seq, t, rng.randrange(num_marks), [rng.gauss(0, 1), rng.gauss(0, 1)]))
     return out
+
+
+# --- series files (issue 22) ----------------------------------------------------------------
+
+T0 = 1_577_836_800.0  # 2020-01-01T00:00:00Z
+
+
+def write_csv(path: Path, times: list[str], columns: dict[str, list[str]]) -> Path:
+    lines = [",".join(["time", *columns])]
+    lines += [",".join([t, *(c[i] for c in columns.values())]) for i, t in enumerate(times)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def gappy_file(path: Path, n: int = 400, seed: int = 0) -> tuple[Path, np.ndarray, np.ndarray]:
+    """``daily_file``'s series less 3% of its rows (never the first or last) and with 5% NA in
+    channel ``b`` (the first rows' ``b`` too, so it starts with a train-mean fill); returns the
+    file, ``real [n]`` and ``observed [n, 2]`` as written."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    a, b = 10 + 3 * np.sin(2 * np.pi * t / 24), 5 + np.cos(2 * np.pi * t / 24) + 0.1 * rng.standard_normal(n)
+    real = np.ones(n, dtype=bool)
+    real[rng.choice(np.arange(1, n - 1), n * 3 // 100, replace=False)] = False
+    observed = np.stack([real, real & (rng.random(n) > 0.05)], axis=1)
+    observed[:3, 1] = False
+    rows = np.flatnonzero(real)
+    cells = {
+        "a": [f"{x:.6f}" for x in a[rows]],
+        "b": [f"{x:.6f}" if o else "" for x, o in zip(b[rows], observed[rows, 1], strict=True)],
+    }
+    return write_csv(path, [iso_utc(T0 + 3600 * i) for i in rows], cells), real, observed

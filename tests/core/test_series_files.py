@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from generated import T0, gappy_file, write_csv
 from typer.testing import CliRunner
 
 from aaren.cli.app import app
@@ -28,7 +29,6 @@ from aaren_core.tasks.series.data import SeriesData, calendar_features, ratio_bo
 from aaren_core.tasks.series.metrics import ErrorSums
 from aaren_core.tasks.series.model import SeriesForecast, series_loss
 
-T0 = 1_577_836_800.0  # 2020-01-01T00:00:00Z
 H, L = 6, 24
 
 
@@ -38,13 +38,6 @@ def tiny(**changes) -> TaskTrainConfig:
         loss_stride=4, epochs=1, steps_per_epoch=3, threads=1, seed=3,
     )  # fmt: skip
     return base.replace(**changes)
-
-
-def write_csv(path: Path, times: list[str], columns: dict[str, list[str]]) -> Path:
-    lines = [",".join(["time", *columns])]
-    lines += [",".join([t, *(c[i] for c in columns.values())]) for i, t in enumerate(times)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def daily_file(path: Path, n: int = 400) -> Path:
@@ -190,25 +183,6 @@ def test_masked_entries_neither_score_nor_train():
     loss = series_loss(forecast, y, keep, levels)[0]
     assert torch.equal(loss, series_loss(forecast, torch.where(keep, y, 1e6), keep, levels)[0])
     assert not torch.equal(loss, series_loss(forecast, y, torch.ones(2, 5, dtype=torch.bool), levels)[0])
-
-
-def gappy_file(path: Path, n: int = 400, seed: int = 0) -> tuple[Path, np.ndarray, np.ndarray]:
-    """``daily_file``'s series less 3% of its rows (never the first or last) and with 5% NA in
-    channel ``b`` (the first rows' ``b`` too, so it starts with a train-mean fill); returns the
-    file, ``real [n]`` and ``observed [n, 2]`` as written."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(n)
-    a, b = 10 + 3 * np.sin(2 * np.pi * t / 24), 5 + np.cos(2 * np.pi * t / 24) + 0.1 * rng.standard_normal(n)
-    real = np.ones(n, dtype=bool)
-    real[rng.choice(np.arange(1, n - 1), n * 3 // 100, replace=False)] = False
-    observed = np.stack([real, real & (rng.random(n) > 0.05)], axis=1)
-    observed[:3, 1] = False
-    rows = np.flatnonzero(real)
-    cells = {
-        "a": [f"{x:.6f}" for x in a[rows]],
-        "b": [f"{x:.6f}" if o else "" for x, o in zip(b[rows], observed[rows, 1], strict=True)],
-    }
-    return write_csv(path, [iso_utc(T0 + 3600 * i) for i in rows], cells), real, observed
 
 
 @pytest.mark.parametrize("model", ["aaren", "gru", "dlinear"])
