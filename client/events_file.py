@@ -152,7 +152,7 @@ def read_events(path: Path | str, schema: ModelSchema) -> EventSource:
             session_optional=schema.task == "series",
             class_names=schema.class_names if schema.task == "class" else None,
             # A series' gaps are sent as NaN: the server fills them as training does (docs/tasks.md).
-            missing_values=schema.task == "series",
+            missing_values=schema.task in ("series", "class"),
         ),
     )
     history: list[EventIn] = []

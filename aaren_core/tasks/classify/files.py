@@ -86,7 +86,9 @@ def _read_ts(path: Path) -> LabelledFile:
 
 
 def _read_table(path: Path) -> LabelledFile:
-    layout = EventLayout(time_unit="seconds", mark_optional=True, learn_marks=True, learn_labels=True)
+    layout = EventLayout(
+        time_unit="seconds", mark_optional=True, learn_marks=True, learn_labels=True, missing_values=True
+    )
     rows = read_event_rows(path, layout)
     if not rows.labels:
         raise DataError(
