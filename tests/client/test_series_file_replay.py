@@ -41,6 +41,7 @@ def test_replay_of_the_file_scores_what_evaluate_does(start_server, trained, tmp
     result = runner.invoke(app, ["evaluate", str(trained["run"] / "best"), "--out", str(tmp_path), "--no-plots"])
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert f"aaren replay --score-from {metrics['test_from']}" in result.output  # evaluate says how to compare
     offline = metrics["test"]["streaming_raw"]
     srv = start_server(checkpoint=trained["run"] / "best")
     replay = runner.invoke(app, [

@@ -56,10 +56,18 @@ def series_summary(metrics: dict[str, Any]) -> str:
     seasonal = next(k for k in base if k.startswith("seasonal_naive_"))
     stream = test.get("streaming")
     streaming = f", streaming {stream['mse']:.4f}/{stream['mae']:.4f}" if stream else ""
+    raw = test.get("streaming_raw")
+    # What a replay of the file is compared with: its command and the number it should print.
+    replay = (
+        f"; raw streaming MSE {raw['mse']:.6g} (aaren replay --score-from {metrics['test_from']})"
+        if raw and metrics.get("test_from")
+        else ""
+    )
     return (
         f"{metrics['name']} on test: MSE/MAE restricted {test['restricted']['mse']:.4f}/"
         f"{test['restricted']['mae']:.4f}{streaming}; last value {base['last_value']['mse']:.4f}/"
         f"{base['last_value']['mae']:.4f}, seasonal naive {base[seasonal]['mse']:.4f}/{base[seasonal]['mae']:.4f}"
+        f"{replay}"
     )
 
 
