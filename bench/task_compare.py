@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from aaren_core.config import parse_sets
 from aaren_core.datasets import SERIES_DATASETS, load_class, load_series
 from aaren_core.tasks.classify.data import ClassData
 from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
@@ -229,9 +230,12 @@ def plan(args: argparse.Namespace, data: DataCache) -> list[Run]:
 
     widths: dict[tuple[str, int, str], int] = {}
 
+    changes = parse_sets(args.set)
+
     def add(group: str, base: TaskTrainConfig, kinds: Sequence[str], out: Path) -> None:
+        base = base.replace(**changes)
         dataset = data.get(base.task, base.data)
-        for kind in kinds:
+        for kind in (k for k in kinds if k in args.kinds):
             d = base.d_model
             if kind in ("transformer", "gru"):
                 key = (base.data, base.horizon, kind)
@@ -250,7 +254,7 @@ def plan(args: argparse.Namespace, data: DataCache) -> list[Run]:
 
     if "class" in args.groups:
         for seed in args.seeds:
-            for name in CLASS_SETS:
+            for name in args.class_data:
                 b = CLASS_BUDGETS[name]
                 base = TaskTrainConfig(
                     task="class", data=name, seed=seed, threads=1, epochs=b.epochs, patience=b.patience,
@@ -643,9 +647,14 @@ def class_report(runs: Sequence[Run], command: str, budget_minutes: float, seeds
             "",
             "Seen in the table: the prediction after half of each sequence beats the final one for "
             + "; ".join(earlier)
-            + ". Only the final prediction is trained (aux_weight 0) and used for selection; why an earlier one "
-            "does better was not investigated here (training the early predictions, aux_weight > 0, is the first "
-            "thing to measure).",
+            + (
+                ". Only the final prediction is trained (aux_weight 0) and used for selection; why an earlier one "
+                "does better was not investigated here (training the early predictions, aux_weight > 0, is the first "
+                "thing to measure)."
+                if not class_runs[0].config.aux_weight
+                else f". The early predictions are trained here (aux_weight {class_runs[0].config.aux_weight:g}); "
+                "selection uses the final one."
+            ),
         ]
     lines += ["", *_published(names), *_class_setup(class_runs, missing), *_per_seed_class(records)]
     return "\n".join(lines) + "\n"
@@ -664,6 +673,7 @@ def _published(names: Sequence[str]) -> list[str]:
 
 
 def _class_setup(class_runs: Sequence[Run], missing: Sequence[str]) -> list[str]:
+    aux = class_runs[0].config.aux_weight if class_runs else 0.0
     budgets = "; ".join(
         f"{n}: at most {b.epochs} epochs, patience {b.patience}, cap {b.max_minutes:g} min per run"
         for n, b in CLASS_BUDGETS.items()
@@ -676,8 +686,12 @@ def _class_setup(class_runs: Sequence[Run], missing: Sequence[str]) -> list[str]
         "GRU (2 layers) and the Transformer take the width whose whole model is closest in parameters to Aaren's "
         "(`match_d_model`). Aaren's extra parameters are its learned query tokens.",
         "- Training (`aaren_core.tasks.run`): AdamW lr 1e-3, batch 32, loss CE of the final prediction "
-        "(aux_weight 0: the early predictions are not trained directly), gradient clip 1. "
-        f"{budgets}.",
+        + (
+            f"plus {aux:g} x the mean CE over every step (aux_weight {aux:g}: the early predictions are trained), "
+            if aux
+            else "(aux_weight 0: the early predictions are not trained directly), "
+        )
+        + f"gradient clip 1. {budgets}.",
         "- Selection: best accuracy (ties: lower train loss) on a stratified 20% of the archive's train part "
         "(seeded by the run's seed), never on the test part. The test part is scored once, at the end.",
         "- Ties in validation accuracy go to the lower train loss, so a run whose validation accuracy has stopped "
@@ -768,6 +782,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--extra-data", nargs="+", default=["electricity"], choices=sorted(SERIES_DATASETS))
     parser.add_argument("--extra-horizons", type=int, nargs="+", default=[96, 720], help="extra group, first")
     parser.add_argument("--later-horizons", type=int, nargs="*", default=[192, 336], help="extra group, then these")
+    parser.add_argument("--class-data", nargs="+", default=list(CLASS_SETS), choices=CLASS_SETS)
+    parser.add_argument("--kinds", nargs="+", default=list(SERIES_KINDS), choices=SERIES_KINDS, help="models to run")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a task config key for every run (repeatable)"
+    )
+    parser.add_argument(
+        "--worker", default="0/1", help="I/N: run only every N-th planned run from the I-th (N processes side by side)"
+    )
     parser.add_argument("--series-out", default="bench/results/tasks_series.md")
     parser.add_argument("--class-out", default="bench/results/tasks_class.md")
     parser.add_argument(
@@ -796,8 +818,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.report_only:
         return
     budget = args.budget_minutes * 60
-    todo = [r for r in runs if not r.done]
-    print(f"{len(runs)} runs planned, {len(runs) - len(todo)} done, {spent_seconds(runs):.0f}s spent", flush=True)
+    index, workers = (int(x) for x in args.worker.split("/"))
+    todo = [r for i, r in enumerate(runs) if not r.done and i % workers == index]
+    done = sum(r.done for r in runs)
+    print(
+        f"{len(runs)} runs planned, {done} done, {len(todo)} to run here, {spent_seconds(runs):.0f}s spent", flush=True
+    )
     for run in todo:
         spent = spent_seconds(runs)
         if spent >= budget:
