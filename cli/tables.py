@@ -124,6 +124,8 @@ def model_table(m: ModelInfoOut) -> Table:
             f"{m.value_width}" + (f": {', '.join(m.value_names)}" if m.value_names else ""),
         ),
         *([("horizon", f"{m.horizon} steps of {m.step_seconds:g} s")] if m.task == "series" else []),
+        *([("gaps filled", f"up to {m.max_gap_steps} missing steps")] if m.max_gap_steps else []),
+        *([("missing values", "NaN allowed (filled or read as offline)")] if m.missing_values else []),
         *([("classes", f"{len(m.class_names)}: {', '.join(m.class_names)}")] if m.task == "class" else []),
         ("time unit", m.time_unit or "-"),
         ("quantiles", ", ".join(f"{q:g}" for q in m.quantile_levels)),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aaren.client.client import LimitsOut, ModelInfoOut
+from aaren.formats.models import default_max_gap_steps
 
 __all__ = ["CONFIG_FILE", "ModelFolderError", "checkpoint_folder", "describe_model_folder"]
 
@@ -146,6 +147,9 @@ def _series(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any
         task="series",
         horizon=int(cfg["horizon"]),
         step_seconds=float(metadata.get("step_seconds", 0.0)),
+        missing_values=True,
+        max_gap_steps=int(metadata.get("max_gap_steps") or 0)
+        or default_max_gap_steps(float(metadata.get("step_seconds", 0.0))),
         quantile_levels=tuple(float(q) for q in cfg.get("quantiles") or ()),
         **common,
     )
@@ -166,6 +170,7 @@ def _class(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any]
         time_unit=str(metadata.get("time_unit", "steps")),
         task="class",
         class_names=classes,
+        missing_values=True,
         quantile_levels=(),
         **common,
     )

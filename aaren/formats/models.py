@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["ModelFacts"]
+__all__ = ["ModelFacts", "default_max_gap_steps"]
+
+#: The longest gap a series checkpoint that names none fills: one week.
+DEFAULT_MAX_GAP_S = 7 * 86_400.0
+
+
+def default_max_gap_steps(step_seconds: float) -> int:
+    """The ``max_gap_steps`` of a series model that names none: a week of steps, ``round(7 * 86400 / D)``
+    (0 without a step)."""
+    return round(DEFAULT_MAX_GAP_S / step_seconds) if step_seconds > 0 else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,3 +50,10 @@ class ModelFacts:
     step_seconds: float = 0.0
     #: Class models: the class names by index (empty for other tasks).
     class_names: tuple[str, ...] = ()
+    #: The model takes missing values: a NaN value is allowed (the task fills it, or its model reads
+    #: it as it does offline); +-inf is still refused. Series and class models set it.
+    missing_values: bool = False
+    #: Models with ``step_seconds > 0``: the most missing steps between two events of a session (an
+    #: event ``k + 1`` steps after the last one has ``k`` missing steps, which the task fills); more
+    #: is refused (``gap_too_long``).
+    max_gap_steps: int = 0

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from aaren.formats.models import default_max_gap_steps
 from aaren_core.config import ConfigRecord
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS, load_class, load_series
@@ -239,7 +240,7 @@ def checkpoint_metadata(config: TaskTrainConfig, data: SeriesData | ClassData) -
             "step_seconds": float(data.period),
             "time_unit": "seconds",
             "fill": "forward",
-            "max_gap_steps": config.max_gap_steps or round(7 * 86_400 / data.period),
+            "max_gap_steps": config.max_gap_steps or default_max_gap_steps(data.period),
             "test_from": data.test_from,
         }
     else:

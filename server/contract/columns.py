@@ -169,17 +169,10 @@ class Outcomes:
 @dataclasses.dataclass(frozen=True)
 class ModelDescription(ModelFacts):
     """What a front end needs to know of a served model (it crosses the IPC as plain data): the
-    ``ModelFacts``, the quantile levels its forecasts carry, and what the checks of its events need
-    beyond the facts: whether it takes missing values and how long a gap it fills."""
+    ``ModelFacts`` (among them what the checks of its events need: whether it takes missing values,
+    how long a gap it fills) and the quantile levels its forecasts carry."""
 
     quantiles: tuple[float, ...] = ()
-    #: The model takes missing values: a NaN value is allowed (the task fills it, or its model reads
-    #: it as it does offline); +-inf is still refused. Series and class models set it.
-    missing_values: bool = False
-    #: Models with ``step_seconds > 0``: the most missing steps between two events of a session (an
-    #: event ``k + 1`` steps after the last one has ``k`` missing steps, which the task fills); more
-    #: is refused (``Reasons.gap_too_long``).
-    max_gap_steps: int = 0
 
     @property
     def ranked(self) -> int:

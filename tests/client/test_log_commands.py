@@ -338,15 +338,24 @@ def test_model_folder_describes_the_model_as_its_server_does(start_server, tiny_
     assert (series.task, series.horizon, series.step_seconds) == ("series", 24, 3600.0)
     assert series.quantile_levels == (0.1, 0.5, 0.9)
     assert describe_model_folder(repo, model="class-vowels", quantiles=(), limits=limits).task == "class"
+    # The series and class models' facts too, the gap bound and missing values among them.
+    bundled = start_server(checkpoint=None, models_dir=str(repo))
+    for name in ("aaren-series-power", "aaren-class-vowels"):
+        served = asyncio.run(_describe(bundled.address, name))
+        read = describe_model_folder(repo, model=name, quantiles=served.quantile_levels, limits=limits)
+        for field in ("name", "task", "value_names", "horizon", "step_seconds", "class_names", "missing_values"):
+            assert getattr(read, field) == getattr(served, field), (name, field)
+        assert read.max_gap_steps == served.max_gap_steps == (168 if name == "aaren-series-power" else 0)
+        assert served.missing_values
     with pytest.raises(ModelFolderError, match="no model named 'nope'"):
         describe_model_folder(repo, model="nope", quantiles=(), limits=limits)
 
 
-async def _describe(address: str):
+async def _describe(address: str, model: str = ""):
     from aaren.client.client import AarenClient
 
     async with AarenClient(address) as client:
-        return await client.describe_model()
+        return await client.describe_model(model)
 
 
 @pytest.mark.parametrize(

@@ -418,7 +418,7 @@ class ServiceLimits(_message.Message):
     def __init__(self, max_events_per_request: _Optional[int] = ..., max_session_id_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_horizon: _Optional[int] = ..., max_num_samples: _Optional[int] = ..., default_num_samples: _Optional[int] = ..., default_top_k: _Optional[int] = ..., idle_ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits", "task", "horizon", "step_seconds", "class_names", "served_models")
+    __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits", "task", "horizon", "step_seconds", "class_names", "served_models", "max_gap_steps", "missing_values")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKBONE_FIELD_NUMBER: _ClassVar[int]
@@ -440,6 +440,8 @@ class DescribeModelResponse(_message.Message):
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CLASS_NAMES_FIELD_NUMBER: _ClassVar[int]
     SERVED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_GAP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_VALUES_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     backbone: str
@@ -461,4 +463,6 @@ class DescribeModelResponse(_message.Message):
     step_seconds: float
     class_names: _containers.RepeatedScalarFieldContainer[str]
     served_models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backbone: _Optional[str] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., num_marks: _Optional[int] = ..., value_width: _Optional[int] = ..., state_bytes_per_session: _Optional[int] = ..., parameters: _Optional[int] = ..., mark_names: _Optional[_Iterable[str]] = ..., value_names: _Optional[_Iterable[str]] = ..., time_unit: _Optional[str] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., device: _Optional[str] = ..., limits: _Optional[_Union[ServiceLimits, _Mapping]] = ..., task: _Optional[str] = ..., horizon: _Optional[int] = ..., step_seconds: _Optional[float] = ..., class_names: _Optional[_Iterable[str]] = ..., served_models: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_gap_steps: int
+    missing_values: bool
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backbone: _Optional[str] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., num_marks: _Optional[int] = ..., value_width: _Optional[int] = ..., state_bytes_per_session: _Optional[int] = ..., parameters: _Optional[int] = ..., mark_names: _Optional[_Iterable[str]] = ..., value_names: _Optional[_Iterable[str]] = ..., time_unit: _Optional[str] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., device: _Optional[str] = ..., limits: _Optional[_Union[ServiceLimits, _Mapping]] = ..., task: _Optional[str] = ..., horizon: _Optional[int] = ..., step_seconds: _Optional[float] = ..., class_names: _Optional[_Iterable[str]] = ..., served_models: _Optional[_Iterable[str]] = ..., max_gap_steps: _Optional[int] = ..., missing_values: bool = ...) -> None: ...

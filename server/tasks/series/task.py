@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aaren.formats.models import default_max_gap_steps
 from aaren.server.tasks.recurrent import RecurrentTask
 from aaren.server.tasks.runs import RunColumns
 from aaren.server.tasks.series.outputs import SeriesOutputs
@@ -32,17 +33,10 @@ from aaren_core.checkpoint import Checkpoint
 from aaren_core.tasks.series.data import calendar_features
 from aaren_core.tasks.series.model import SeriesModel
 
-__all__ = ["FILLED", "SeriesTask", "default_max_gap_steps", "from_checkpoint"]
+__all__ = ["FILLED", "SeriesTask", "from_checkpoint"]
 
 #: The row of a session's last filled values ``[C]`` (raw units).
 FILLED = "filled"
-#: The longest gap a checkpoint that names none fills: one week.
-DEFAULT_MAX_GAP_S = 7 * 86400.0
-
-
-def default_max_gap_steps(step_seconds: float) -> int:
-    """The ``max_gap_steps`` of a checkpoint without one: a week of steps, ``round(7 * 86400 / D)``."""
-    return round(DEFAULT_MAX_GAP_S / step_seconds) if step_seconds > 0 else 0
 
 
 class SeriesTask(RecurrentTask):
