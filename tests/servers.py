@@ -84,6 +84,19 @@ def layouts_of(start: Callable[..., Any], frontends: int) -> Callable[..., Any]:
     return start_in_layout
 
 
+def repository_of(start: Callable[..., Any], frontends: int, repository: Path) -> Callable[..., Any]:
+    """``layouts_of(start, frontends)`` serving the model repository ``repository`` (no single
+    checkpoint) unless a test names its own."""
+    started = layouts_of(start, frontends)
+
+    def start_repository(**settings: Any) -> Any:
+        settings.setdefault("checkpoint", None)
+        settings.setdefault("models_dir", repository)
+        return started(**settings)
+
+    return start_repository
+
+
 def frozen_clock_env(at: float | None = None) -> dict[str, str]:
     """Environment that freezes a process's wall clock (``time.time()``) at ``at`` (default: now)
     with Debian's libfaketime; monotonic clocks keep running, so timeouts and the event loop work.

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as triton
-from server_helpers import OpenStream, assert_event_error, layouts_of, outcome, stub_for
+from server_helpers import OpenStream, assert_event_error, outcome, stub_for
+from servers import repository_of
 from typer.testing import CliRunner
 
 from aaren.cli.app import app
@@ -81,14 +82,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) 
 
 @pytest.fixture
 def start_server(start_server, frontends, repository):
-    started = layouts_of(start_server, frontends)
-
-    def start(**settings):
-        settings.setdefault("checkpoint", None)
-        settings.setdefault("models_dir", repository)
-        return started(**settings)
-
-    return start
+    return repository_of(start_server, frontends, repository)
 
 
 def _values(seed: int, n: int = len(STEPS)) -> np.ndarray:

@@ -22,13 +22,13 @@ from server_helpers import (
     OpenStream,
     assert_event_error,
     assert_rpc_error,
-    layouts_of,
     metric,
     outcome,
     rpc_error,
     scrape,
     stub_for,
 )
+from servers import repository_of
 from tritonclient.utils import InferenceServerException
 from typer.testing import CliRunner
 
@@ -91,14 +91,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory, tiny_checkpoint: Path) 
 
 @pytest.fixture
 def start_server(start_server, frontends, repository):
-    started = layouts_of(start_server, frontends)
-
-    def start(**settings):
-        settings.setdefault("checkpoint", None)
-        settings.setdefault("models_dir", repository)
-        return started(**settings)
-
-    return start
+    return repository_of(start_server, frontends, repository)
 
 
 def _series_events(session: str, n: int, seed: int, first_seq: int = 1, t0: float = START) -> list[pb.Event]:
