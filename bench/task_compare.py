@@ -601,7 +601,8 @@ def class_report(runs: Sequence[Run], command: str, budget_minutes: float, seeds
     names = list(dict.fromkeys(r.config.data for r in class_runs))
     missing = [r.label() for r in class_runs if not r.done]
     lines = [
-        "# Class task: Aaren vs Transformer vs GRU on three UEA sets (issue 13)",
+        f"# Class task: {' vs '.join(TITLES[k] for k in NEURAL if any(r.config.model == k for r in class_runs))} "
+        f"on {', '.join(names)}",
         "",
         f"Produced by `{command}` (budget {budget_minutes:g} min of one-thread compute for the whole campaign, "
         f"seeds {', '.join(map(str, seeds))}). Test accuracy (%) on the archive's test part, mean ± std (sample "
@@ -674,9 +675,10 @@ def _published(names: Sequence[str]) -> list[str]:
 
 def _class_setup(class_runs: Sequence[Run], missing: Sequence[str]) -> list[str]:
     aux = class_runs[0].config.aux_weight if class_runs else 0.0
+    firsts = {r.config.data: r.config for r in reversed(class_runs)}  # each set's first run, as planned
     budgets = "; ".join(
-        f"{n}: at most {b.epochs} epochs, patience {b.patience}, cap {b.max_minutes:g} min per run"
-        for n, b in CLASS_BUDGETS.items()
+        f"{n}: at most {c.epochs} epochs, patience {c.patience}, cap {c.max_minutes:g} min per run"
+        for n, c in reversed(firsts.items())
     )
     lines = [
         "## Setup",
