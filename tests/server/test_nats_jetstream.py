@@ -148,7 +148,8 @@ def test_an_unacked_message_is_delivered_again_after_the_ack_wait(nats_server: N
 
     first, again = run(body())
     assert [(m.id, m.deliveries, m.body) for m in first] == [("1", 1, b'{"x": 1}')]
-    assert {m.id for m in again} == {"1"} and again[-1].deliveries == 2 and again[-1].body == b'{"x": 1}'
+    # At least the second delivery: on a loaded machine the 1 s ack wait may run out twice before the read.
+    assert {m.id for m in again} == {"1"} and again[-1].deliveries >= 2 and again[-1].body == b'{"x": 1}'
 
 
 def test_hold_keeps_a_message_past_its_ack_wait(nats_server: NatsProcess, subject: str) -> None:
