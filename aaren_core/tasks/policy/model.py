@@ -276,14 +276,26 @@ class PolicyModel(nn.Module):
         rtg = torch.where(first, rewards, state.return_to_go - rewards)
         inner = self._inner(state)
         later = ~first
-        zero = torch.zeros(b, device=rtg.device)
-        if bool(later.any()):
-            prev = self._embed_action(state.action, self._time(t - 1))
-            _, inner = self._feed(prev, inner, zero, None if bool(later.all()) else later)
         time = self._time(t)
-        # R_t's gap: one environment step after an earlier step (a fresh state has nothing to age).
-        _, inner = self._feed(self._embed_return(rtg, time), inner, later.to(zero.dtype))
-        y, inner = self._feed(self._embed_obs(observations, time), inner, zero)
+        now = [self._embed_return(rtg, time), self._embed_obs(observations, time)]
+        if bool(later.all()) or not bool(later.any()):
+            # Every row in the same phase: the step's 2 or 3 tokens in one prefill (the same numbers as
+            # token by token; one pass through the layers).
+            gaps = [0.0, 0.0]
+            if bool(later.all()):
+                now.insert(0, self._embed_action(state.action, self._time(t - 1)))
+                gaps = [0.0, 1.0, 0.0]  # R_t's gap: one environment step after the last one
+            x = torch.stack(now, dim=1)  # [B, 2|3, d]
+            dt = torch.tensor(gaps, device=x.device).expand(b, -1) if self._decays else None
+            y_all, inner = self.backbone.prefill(x, inner, dt)
+            y = y_all[:, -1]
+        else:
+            zero = torch.zeros(b, device=rtg.device)
+            prev = self._embed_action(state.action, self._time(t - 1))
+            _, inner = self._feed(prev, inner, zero, later)
+            # R_t's gap: one environment step after an earlier step (a fresh state has nothing to age).
+            _, inner = self._feed(now[0], inner, later.to(zero.dtype))
+            y, inner = self._feed(now[1], inner, zero)
         action = self.head(y).to(state.action.dtype)
         return action, rtg, self._outer(inner, action, rtg, t + 1)
 

@@ -127,9 +127,9 @@ class PolicyTrainConfig(ConfigRecord):
     batch_size: int = 64
     lr: float = 1e-4
     weight_decay: float = 1e-4
-    warmup_steps: int = 200
+    warmup_steps: int = 50
     grad_clip: float = 0.25
-    steps_per_epoch: int = 100
+    steps_per_epoch: int = 25
     epochs: int = 100_000
     patience: int = 100_000
     time_budget_s: float = 60.0
