@@ -263,6 +263,12 @@ class ClassProbability(_message.Message):
     probability: float
     def __init__(self, class_index: _Optional[int] = ..., class_name: _Optional[str] = ..., probability: _Optional[float] = ...) -> None: ...
 
+class ClassForecast(_message.Message):
+    __slots__ = ("classes",)
+    CLASSES_FIELD_NUMBER: _ClassVar[int]
+    classes: _containers.RepeatedCompositeFieldContainer[ClassProbability]
+    def __init__(self, classes: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ...) -> None: ...
+
 class PolicyForecast(_message.Message):
     __slots__ = ("action", "return_to_go")
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -270,12 +276,6 @@ class PolicyForecast(_message.Message):
     action: _containers.RepeatedScalarFieldContainer[float]
     return_to_go: float
     def __init__(self, action: _Optional[_Iterable[float]] = ..., return_to_go: _Optional[float] = ...) -> None: ...
-
-class ClassForecast(_message.Message):
-    __slots__ = ("classes",)
-    CLASSES_FIELD_NUMBER: _ClassVar[int]
-    classes: _containers.RepeatedCompositeFieldContainer[ClassProbability]
-    def __init__(self, classes: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ...) -> None: ...
 
 class Forecast(_message.Message):
     __slots__ = ("session_id", "seq", "last_time", "next_time", "marks", "values", "model", "series", "classes", "policy")
