@@ -1,6 +1,7 @@
-"""``aaren rollout`` as a subprocess against a served tiny Hopper-v5 policy: its episodes' returns and
-actions equal the offline rollout's (``aaren_core.tasks.policy.rollout.rollout``, same seeds); the
-table form prints every episode and the mean ± std; a model that is no policy is refused."""
+"""``aaren rollout`` as a subprocess against a served tiny Hopper-v5 policy: its episodes' returns
+and actions equal the offline rollout's (``aaren_core.tasks.policy.rollout.rollout``, same seeds);
+the table form prints every episode and the mean ± std; ``aaren model`` states the policy's facts;
+a model that is no policy is refused."""
 
 from __future__ import annotations
 
@@ -64,6 +65,12 @@ def test_rollout_prints_each_episode_and_refuses_a_model_that_is_no_policy(serve
     assert done.returncode == 0, done.stderr
     assert "episode 0: return" in done.stderr and "length 20" in done.stderr
     assert f"{ENV} on '{NAME}', target return 100, 1 episodes: return" in done.stdout and "±" in done.stdout
+    described = subprocess.run(
+        [sys.executable, "-c", "from aaren.cli.app import app; app()", "model", "-t", served.address, "--model", NAME],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert described.returncode == 0, described.stderr
+    assert f"{ENV}: 3 actions, target return 360" in described.stdout
     refused = _rollout(served.address, "--model", "tiny", "--episodes", "1")
     assert refused.returncode == 2
     assert "model 'tiny' serves task 'event'; a rollout needs a policy model" in refused.stderr

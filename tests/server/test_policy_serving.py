@@ -21,6 +21,7 @@ from server_helpers import CALL_TIMEOUT_S, OpenStream, assert_event_error, outco
 from servers import ServerProcess, repository_of
 
 from aaren.client.client import AarenError
+from aaren.client.model_folder import describe_model_folder
 from aaren.client.rollout import make_env, play, policy_event
 from aaren.client.sync import SyncClient
 from aaren.v1 import aaren_pb2 as pb
@@ -58,6 +59,9 @@ def test_a_served_rollout_equals_the_offline_rollout(start_server, layout, repos
         info = client.describe_model(NAME)
         assert (info.task, info.action_width, info.env, info.target_return) == ("policy", 3, ENV, TARGET_RETURN)
         assert info.value_names[:2] == ("reward", "obs_0") and info.value_width == 12
+        folder = describe_model_folder(repository / "policy", quantiles=(), limits=info.limits)
+        facts = ("task", "value_names", "mark_names", "time_unit", "action_width", "env", "target_return")
+        assert [getattr(folder, f) for f in facts] == [getattr(info, f) for f in facts]  # read without a server
         served = client.run(play(client.aio, ENV, episodes=EPISODES, seed=SEED, max_steps=MAX_STEPS, model=NAME))
         for e in served.episodes:  # every episode's session was ended
             with pytest.raises(AarenError) as gone:
