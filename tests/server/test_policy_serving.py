@@ -182,12 +182,18 @@ def test_tritonclient_drives_an_episode_over_oip(start_server, repository, offli
             assert int(result.as_numpy("SEQ")[0]) == t + 1
             action = result.as_numpy("ACTION")
             got.append(action)
+            if t == 5:  # the sequence is the aaren.v1 session of the same id
+                with SyncClient(srv.address) as v1:
+                    assert v1.get_session("episode-0", model=NAME).last_seq == 6
             obs, reward, terminated, truncated, _ = env.step(np.clip(action, -1, 1))
             first = float(reward)
         client.stop_stream()
     env.close()
     assert terminated or truncated or n == MAX_STEPS
     np.testing.assert_allclose(np.array(got), offline.actions[0], atol=1e-5, rtol=0)
+    with SyncClient(srv.address) as v1, pytest.raises(AarenError) as gone:  # END ended the episode's session
+        v1.get_session("episode-0", model=NAME)
+    assert gone.value.reason == "session_not_found"
 
 
 def test_a_redis_backed_server_killed_mid_episode_continues_it_exactly(tmp_path, repository, redis_url, offline):
