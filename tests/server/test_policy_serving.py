@@ -18,7 +18,7 @@ import torch
 import tritonclient.grpc as triton
 from policy_served import ENV, NAME, TARGET_RETURN, offline_rollout, policy_repository, tiny_policy
 from server_helpers import CALL_TIMEOUT_S, OpenStream, assert_event_error, outcome, stub_for
-from servers import ServerProcess, repository_of
+from servers import ServerProcess, ServerThread, repository_of
 
 from aaren.client.client import AarenError
 from aaren.client.model_folder import describe_model_folder
@@ -229,3 +229,26 @@ def test_a_redis_backed_server_killed_mid_episode_continues_it_exactly(tmp_path,
         env.close()
     assert len(expected) > kill_at + 5
     np.testing.assert_allclose(np.array(actions), expected, atol=1e-5, rtol=0)
+
+
+def test_a_gru_policy_is_served_and_a_transformer_policy_refused(tmp_path, offline):
+    from aaren.server.contract.errors import ConfigError
+    from aaren_core.checkpoint import save_checkpoint
+    from aaren_core.tasks.policy.rollout import rollout
+
+    gru = tiny_policy(kind="gru")
+    save_checkpoint(tmp_path / "gru" / "p", gru, {"name": "gru-policy", "env": ENV})
+    expected = rollout(gru, ENV, 1, 3600.0, seed=SEED, max_steps=60)
+    with (
+        ServerThread(checkpoint=None, models_dir=tmp_path / "gru", metrics_port=-1) as srv,
+        SyncClient(srv.address) as c,
+    ):
+        assert c.describe_model().target_return == 3600.0  # none in the checkpoint: DT's for the Hopper
+        served = c.run(play(c.aio, ENV, episodes=1, seed=SEED, max_steps=60))
+    np.testing.assert_allclose(np.array(served.episodes[0].actions), expected.actions[0], atol=1e-5, rtol=0)
+
+    save_checkpoint(tmp_path / "kv" / "p", tiny_policy(kind="transformer"), {"name": "kv-policy", "env": ENV})
+    refused = ServerThread(checkpoint=None, models_dir=tmp_path / "kv", metrics_port=-1)
+    with pytest.raises(ConfigError, match="the 'transformer' backbone's state grows with every event"):
+        refused.__enter__()
+    refused.stop()
