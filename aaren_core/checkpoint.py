@@ -30,6 +30,7 @@ from torch import nn
 from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 from aaren_core.tasks.classify.model import ClassModel, ClassModelConfig
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
+from aaren_core.tasks.policy.model import BCModel, BCModelConfig, PolicyModel, PolicyModelConfig
 from aaren_core.tasks.series.baselines import DLinear, DLinearConfig
 from aaren_core.tasks.series.model import SeriesModel, SeriesModelConfig
 
@@ -184,3 +185,5 @@ register_model("event_model", EventModel, lambda config: EventModel(EventModelCo
 register_model("series_model", SeriesModel, lambda config: SeriesModel(SeriesModelConfig.from_dict(config)))
 register_model("class_model", ClassModel, lambda config: ClassModel(ClassModelConfig.from_dict(config)))
 register_model("dlinear", DLinear, lambda config: DLinear(DLinearConfig.from_dict(config)))
+register_model("policy_model", PolicyModel, lambda config: PolicyModel(PolicyModelConfig.from_dict(config)))
+register_model("policy_bc_model", BCModel, lambda config: BCModel(BCModelConfig.from_dict(config)))

@@ -40,6 +40,7 @@ for command in (
     client_commands.session,
     client_commands.end,
     client_commands.model,
+    client_commands.rollout,
 ):
     app.command()(command)
 app.command()(server.token)

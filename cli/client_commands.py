@@ -1,5 +1,5 @@
-"""The commands that call a running server: ``aaren replay``, ``forecast``, ``session``, ``end``, ``model``
-and ``health``.
+"""The commands that call a running server: ``aaren replay``, ``forecast``, ``session``, ``end``, ``model``,
+``rollout`` and ``health``.
 
 Each parses its arguments (typer), calls the server through the client library (``aaren.client``) and
 prints for people (``aaren.cli.tables``) or, with ``--json``, as JSON. Exit codes: 0, 1 for a service
@@ -487,6 +487,72 @@ def model(
         _print_json(m)
     else:
         _console().print(tables.model_table(m))
+
+
+def rollout(
+    env: Annotated[str, typer.Option("--env", help="the gymnasium environment, e.g. Hopper-v5")],
+    target: Target = DEFAULT_TARGET,
+    model_name: SessionModel = "",
+    episodes: Annotated[int, typer.Option(help="episodes to play", min=1)] = 10,
+    target_return: Annotated[
+        float | None, typer.Option(help="the target return of every episode [default: the model's]")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="episode i starts from env.reset(seed=SEED + i)")] = 0,
+    max_steps: Annotated[int, typer.Option(help="the most steps of an episode", min=1)] = 1000,
+    as_json: AsJson = False,
+) -> None:
+    """Play episodes of a gymnasium environment against a served policy (one session per episode):
+    each episode's return, length and normalised score, and their mean ± std."""
+    from aaren.client.rollout import RolloutError, play
+
+    out, err = _console(), _console(stderr=True)
+    bar = Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]rollout"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=as_json,
+    )
+    task = bar.add_task("rollout", total=episodes, info="")
+    steps = [0]
+
+    def on_step() -> None:
+        steps[0] += 1
+        if steps[0] % 20 == 0:
+            bar.update(task, info=f"step {steps[0]:,}")
+
+    def on_episode(e: Any) -> None:
+        steps[0] = 0
+        bar.advance(task)
+        if not as_json:
+            bar.console.print(
+                f"episode {e.seed - seed}: return {e.episode_return:,.1f}, length {e.length}, score {e.score:.1f}"
+            )
+
+    async def call(client: AarenClient) -> Any:
+        return await play(
+            client, env, episodes=episodes, seed=seed, target_return=target_return, max_steps=max_steps,
+            model=model_name, on_step=on_step, on_episode=on_episode,
+        )  # fmt: skip
+
+    try:
+        with bar:
+            result = _ask(target, call)
+    except RolloutError as exc:
+        _print_error(err, str(exc))
+        raise typer.Exit(2) from None
+    if as_json:
+        print(json.dumps(result.to_json()))
+        return
+    s = result.summary()
+    out.print(
+        f"{env} on {result.model!r}, target return {result.target_return:g}, {len(result.episodes)} episodes: "
+        f"return {s['return_mean']:,.1f} ± {s['return_std']:,.1f}, score {s['score_mean']:.1f} ± {s['score_std']:.1f}",
+        markup=False,
+    )
 
 
 def health(

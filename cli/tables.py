@@ -127,6 +127,11 @@ def model_table(m: ModelInfoOut) -> Table:
         *([("gaps filled", f"up to {m.max_gap_steps} missing steps")] if m.max_gap_steps else []),
         *([("missing values", "NaN allowed (filled or read as offline)")] if m.missing_values else []),
         *([("classes", f"{len(m.class_names)}: {', '.join(m.class_names)}")] if m.task == "class" else []),
+        *(
+            [("policy", f"{m.env or '-'}: {m.action_width} actions, target return {m.target_return:g}")]
+            if m.task == "policy"
+            else []
+        ),
         ("time unit", m.time_unit or "-"),
         ("quantiles", ", ".join(f"{q:g}" for q in m.quantile_levels)),
         ("device", m.device),

@@ -85,6 +85,23 @@ def _train_task(task: str, flags: dict[str, object], set_items: list[str] | None
     typer.echo(f"checkpoint {result.out_dir / 'best'}; report {result.out_dir / 'report.md'}")
 
 
+def _train_policy(flags: dict[str, object], set_items: list[str] | None) -> None:
+    """``aaren train --task policy``: ``aaren_core.tasks.policy.train.train_policy`` (it writes the report)."""
+    from aaren_core.checkpoint import CheckpointError
+    from aaren_core.tasks.event.data import DataError
+    from aaren_core.tasks.policy.train import PolicyTrainConfig, train_policy
+
+    changes = _set_items(set_items)
+    try:
+        cfg = PolicyTrainConfig().replace(**{**flags, **changes})
+        if Path(cfg.data).suffix and Path(cfg.data).expanduser().is_file():
+            cfg = cfg.replace(data=str(Path(cfg.data).expanduser().resolve()))
+        result = train_policy(cfg)
+    except (DataError, CheckpointError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"checkpoint {result.out_dir / 'best'}; report {result.out_dir / 'report.md'}")
+
+
 def _shown(value: object) -> str:
     return "none" if value is None else repr(value) if value == "" else str(value).lower()
 
@@ -187,8 +204,19 @@ def train(
         # The series and class configs call the backbone ``model`` (it may also be ``dlinear``).
         _train_task(task, {("model" if k == "backbone" else k): v for k, v in given.items()}, set_)
         return
+    if task == "policy":
+        for flag, value in (
+            ("--config", config),
+            ("--time-unit", flags.get("time_unit")),
+            ("--resume", resume or None),
+            *((f"--{k.replace('_', '-')}", v) for k, v in task_flags.items()),
+        ):
+            if value is not None:
+                raise _fail(f"{flag} is not for --task policy; use --set KEY=VALUE")
+        _train_policy(given, set_)
+        return
     if task != "event":
-        raise _fail(f"--task {task!r}: expected event, series or class")
+        raise _fail(f"--task {task!r}: expected event, series, class or policy")
     for key, value in task_flags.items():
         if value is not None:
             raise _fail(f"--{key.replace('_', '-')} is for --task series or class")
@@ -220,11 +248,20 @@ def evaluate(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="report directory [default: the checkpoint directory]")] = None,
     plots: Annotated[bool, typer.Option(help="draw PNG plots")] = True,
+    episodes: Annotated[int, typer.Option(help="policy: rollout episodes")] = 10,
+    target_return: Annotated[
+        float | None, typer.Option(help="policy: target return R_0 [default: the checkpoint's]")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="policy: episode i resets with seed + i")] = 0,
+    max_steps: Annotated[int, typer.Option(help="policy: most steps per episode")] = 1000,
+    parallel: Annotated[bool, typer.Option(help="policy: step the episodes together as one batch")] = False,
 ) -> None:
     """Score a checkpoint and the no-history/constant baselines; write report.md, metrics.json, plots.
 
     A series or class checkpoint (from `aaren train --task series|class`) is re-scored on its test
-    split from its stored config, as training scored it, beside its baselines.
+    split from its stored config, as training scored it, beside its baselines. A policy run (from
+    `aaren train --task policy`; its directory or its best/) is rolled out for --episodes episodes in
+    its environment: returns and D4RL normalised scores.
     """
     from aaren_core.checkpoint import CheckpointError
     from aaren_core.tasks import run
@@ -239,7 +276,14 @@ def evaluate(
             split=split,
             out_dir=out or checkpoint,
             plots=plots,
-            data_path=None if data is None else _data_path(data),
+            data_path=None if data is None or task == "policy" else _data_path(data),
+            rollout={
+                "episodes": episodes,
+                "target_return": target_return,
+                "seed": seed,
+                "max_steps": max_steps,
+                "parallel": parallel,
+            },
         )
     except DataError as exc:
         if task == "event":

@@ -46,6 +46,7 @@ __all__ = [
     "LimitsOut",
     "ModelInfoOut",
     "Outcome",
+    "PolicyForecastOut",
     "RequestOptions",
     "SampledEventOut",
     "SeriesForecastOut",
@@ -225,6 +226,26 @@ class ClassForecastOut:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class PolicyForecastOut:
+    """A policy model's answer after step ``seq`` of an episode (see ``aaren.v1.PolicyForecast``):
+    the next ``action`` (``ModelInfoOut.action_width`` entries, in the environment's action space) and
+    the model's ``return_to_go`` (the target return less the rewards sent so far)."""
+
+    session_id: str
+    seq: int
+    last_time: float
+    action: list[float]
+    return_to_go: float
+    model_name: str
+    model_version: str
+
+    @classmethod
+    def from_proto(cls, f: pb.Forecast) -> PolicyForecastOut:
+        p = f.policy
+        return cls(f.session_id, f.seq, f.last_time, list(p.action), p.return_to_go, f.model.name, f.model.version)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AckOut:
     """An event applied without a forecast, or a duplicate (``seq <= last_seq``) that was ignored."""
 
@@ -250,12 +271,26 @@ class EventErrorOut:
         return cls(session_id, seq, _CODE_NAMES.get(e.code, str(e.code)), e.reason, e.message)
 
 
-AnyForecast = ForecastOut | SeriesForecastOut | ClassForecastOut
-Outcome = ForecastOut | SeriesForecastOut | ClassForecastOut | AckOut | EventErrorOut
+AnyForecast = ForecastOut | SeriesForecastOut | ClassForecastOut | PolicyForecastOut
+Outcome = ForecastOut | SeriesForecastOut | ClassForecastOut | PolicyForecastOut | AckOut | EventErrorOut
 
 
 def _task_forecasts_from_columns(block: pb.ForecastColumns) -> list[AnyForecast]:
     n = len(block.event_index)
+    if block.action_width:
+        a, actions, rtg = block.action_width, list(block.actions), list(block.returns_to_go)
+        return [
+            PolicyForecastOut(
+                block.session_id[i],
+                block.seq[i],
+                block.last_time[i],
+                actions[i * a : (i + 1) * a],
+                rtg[i],
+                block.model.name,
+                block.model.version,
+            )
+            for i in range(n)
+        ]
     if block.horizon:
         h, c, levels = block.horizon, block.channels, list(block.quantile_levels)
         size, qsize = h * c, h * c * len(levels)
@@ -295,7 +330,7 @@ def _task_forecasts_from_columns(block: pb.ForecastColumns) -> list[AnyForecast]
 def forecasts_from_columns(block: pb.ForecastColumns) -> list[AnyForecast]:
     """The forecasts of a ``RESPONSE_LAYOUT_COLUMNS`` response, as rows (``ForecastOut`` for event
     models, ``SeriesForecastOut`` / ``ClassForecastOut`` for series and class models)."""
-    if block.horizon or block.class_top_k:
+    if block.horizon or block.class_top_k or block.action_width:
         return _task_forecasts_from_columns(block)
     q, k = len(block.quantile_levels), block.top_k
     n = len(block.event_index)
@@ -328,6 +363,8 @@ def _outcome(r: pb.EventResult) -> Outcome:
             return SeriesForecastOut.from_proto(r.forecast)
         if r.forecast.HasField("classes"):
             return ClassForecastOut.from_proto(r.forecast)
+        if r.forecast.HasField("policy"):
+            return PolicyForecastOut.from_proto(r.forecast)
         return ForecastOut.from_proto(r.forecast)
     if kind == "ack":
         return AckOut(r.session_id, r.seq, r.ack.last_seq, r.duplicate)
@@ -427,7 +464,7 @@ class ForecastResult:
     """``forecast``: the exact next-event forecast; for horizon > 1 also per-step ``steps`` and,
     when asked, the sampled ``paths`` (each a list of ``horizon`` events)."""
 
-    forecast: ForecastOut | SeriesForecastOut | ClassForecastOut
+    forecast: ForecastOut | SeriesForecastOut | ClassForecastOut | PolicyForecastOut
     steps: list[StepSummaryOut]
     paths: list[list[SampledEventOut]]
 

@@ -96,10 +96,12 @@ def describe_model_folder(
             return _series(cfg, metadata, common)
         if kind == "class_model":
             return _class(cfg, metadata, common)
+        if kind == "policy_model":
+            return _policy(cfg, metadata, common)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelFolderError(f"{path / CONFIG_FILE}: a {kind} config without what it needs ({exc})") from None
     raise ModelFolderError(
-        f"{path / CONFIG_FILE}: model kind {kind!r}; expected event_model, series_model or class_model"
+        f"{path / CONFIG_FILE}: model kind {kind!r}; expected event_model, series_model, class_model or policy_model"
     )
 
 
@@ -171,6 +173,30 @@ def _class(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any]
         task="class",
         class_names=classes,
         missing_values=True,
+        quantile_levels=(),
+        **common,
+    )
+
+
+def _policy(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any]) -> ModelInfoOut:
+    # As the server describes it (aaren.server.tasks.policy.task); a checkpoint that names no target
+    # return states 0 here (the server falls back to the environment family's).
+    n = int(cfg["obs_dim"])
+    obs = tuple(str(o) for o in metadata.get("obs_names") or (f"obs_{i}" for i in range(n)))
+    if len(obs) != n:
+        raise ValueError(f"the metadata names {len(obs)} observations; the model has {n}")
+    env = str(metadata.get("env") or "")
+    return ModelInfoOut(
+        name=str(metadata.get("name") or f"aaren-policy-{env or 'model'}"),
+        num_marks=1,
+        value_width=1 + n,
+        mark_names=("step",),
+        value_names=("reward", *obs),
+        time_unit="steps",
+        task="policy",
+        action_width=int(cfg["act_dim"]),
+        env=env,
+        target_return=float(metadata.get("target_return") or 0.0),
         quantile_levels=(),
         **common,
     )

@@ -41,7 +41,7 @@ class ModelFacts:
     value_names: tuple[str, ...]
     time_unit: str
     device: str
-    #: The task the model serves (docs/architecture.md "Tasks"): "event", "series" or "class"; it
+    #: The task the model serves (docs/architecture.md "Tasks"): "event", "series", "class" or "policy"; it
     #: names the output columns' meaning.
     task: str = "event"
     #: Series models: forecast steps H (0 for other tasks).
@@ -57,3 +57,9 @@ class ModelFacts:
     #: event ``k + 1`` steps after the last one has ``k`` missing steps, which the task fills); more
     #: is refused (``gap_too_long``).
     max_gap_steps: int = 0
+    #: Policy models: action entries per step (A; 0 for other tasks).
+    action_width: int = 0
+    #: Policy models: the environment the policy was trained for (a gymnasium id, "" for other tasks).
+    env: str = ""
+    #: Policy models: the default target return of an episode (its first event's ``values[0]``).
+    target_return: float = 0.0

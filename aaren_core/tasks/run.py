@@ -149,14 +149,20 @@ def task_summary(metrics: dict[str, Any]) -> str:
 
 
 def checkpoint_task(checkpoint: str | Path) -> str:
-    """The task of a checkpoint: the ``task`` its metadata names (series, class), else ``event``
-    (read as JSON; an unreadable directory is the event evaluation's to report)."""
+    """The task of a checkpoint: the ``task`` its metadata names (series, class, policy), else ``event``
+    (read as JSON; an unreadable directory is the event evaluation's to report). A policy run
+    directory (its checkpoint in ``best/``) is ``policy`` too."""
+    task = _metadata_task(Path(checkpoint))
+    if task is None and _metadata_task(Path(checkpoint) / "best") == "policy":
+        return "policy"
+    return task if task in ("series", "class", "policy") else "event"
+
+
+def _metadata_task(checkpoint: Path) -> str | None:
     try:
-        record = json.loads((Path(checkpoint) / "config.json").read_text())
-        task = record["metadata"]["task"]
+        return str(json.loads((checkpoint / "config.json").read_text())["metadata"]["task"])
     except (OSError, ValueError, KeyError, TypeError):
-        return "event"
-    return task if task in ("series", "class") else "event"
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +182,7 @@ def evaluate(
     plots: bool = True,
     data_path: str | None = None,
     data: Any = None,
+    rollout: dict[str, Any] | None = None,
 ) -> Evaluation:
     """Score ``checkpoint`` with its task's evaluation (``checkpoint_task``) and, with ``out_dir``,
     write ``metrics.json``, ``report.md`` and the plots there.
@@ -183,9 +190,20 @@ def evaluate(
     Event: ``split`` (train, val or test) of the events file it was trained on (``data_path``:
     another one), beside the no-history and constant baselines. Series and class: the test split
     of the data set its stored config names, scored as training scored it, beside its baselines
-    (no ``split`` but test, no ``data_path``). ``data`` replaces reading the data (tests).
+    (no ``split`` but test, no ``data_path``). Policy: ``rollout`` episodes in its environment
+    (``aaren_core.tasks.policy.train.evaluate_policy``'s keywords: ``episodes``, ``target_return``,
+    ``seed``, ``max_steps``); a run directory's checkpoint is its ``best/``. ``data`` replaces
+    reading the data (tests).
     """
     task = checkpoint_task(checkpoint)
+    if task == "policy":
+        from aaren_core.tasks.policy.train import evaluate_policy, policy_summary
+
+        path = Path(checkpoint)
+        ckpt = path if (path / "config.json").is_file() else path / "best"
+        result = evaluate_policy(ckpt, out_dir=out_dir, **(rollout or {}))
+        where = f"; metrics in {out_dir}" if out_dir is not None else ""
+        return Evaluation("policy", result, policy_summary(result) + where)
     if task == "event":
         from aaren_core.tasks.event.report import evaluate_checkpoint, event_summary
 

@@ -78,6 +78,7 @@ BUILT_IN: tuple[TaskSpec, ...] = (
     _built_in("event", "event_model", "event", "EventEncoder", "EventCodec", "EventOutputs"),
     _built_in("series", "series_model", "series", "SeriesEncoder", "SeriesCodec", "SeriesOutputs"),
     _built_in("class", "class_model", "classify", "ClassEncoder", "ClassCodec", "ClassOutputs"),
+    _built_in("policy", "policy_model", "policy", "PolicyEncoder", "PolicyCodec", "PolicyOutputs"),
 )
 
 

@@ -179,7 +179,7 @@ def test_class_train_and_evaluate(tmp_path, monkeypatch, tiny_data):
         (("--task", "series", "--name", "no spaces"), "name empty or"),
         (("--task", "series", "--set", "task=class"), "error: give the task with --task"),
         (("--task", "series", "--resume"), "error: --resume is for the event task"),
-        (("--task", "events"), "error: --task 'events': expected event, series or class"),
+        (("--task", "events"), "error: --task 'events': expected event, series, class or policy"),
     ],
 )
 def test_bad_task_arguments_fail_cleanly(tmp_path, monkeypatch, tiny_data, args, message):

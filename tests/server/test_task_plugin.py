@@ -73,7 +73,7 @@ def test_the_registry_reads_the_entry_point(installed):
     spec = registry.spec_of("count")
     assert (spec.task, spec.checkpoint_kind) == ("count", "count_model")
     assert registry.spec_of_kind("count_model") == spec
-    assert sorted(registry.task_specs()) == ["class", "count", "event", "series"]
+    assert sorted(registry.task_specs()) == ["class", "count", "event", "policy", "series"]
 
 
 @pytest.mark.parametrize(

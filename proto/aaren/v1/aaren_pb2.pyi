@@ -94,7 +94,7 @@ class StreamRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., forecast_mode: _Optional[_Union[ForecastMode, str]] = ..., top_k: _Optional[int] = ..., layout: _Optional[_Union[ResponseLayout, str]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ForecastColumns(_message.Message):
-    __slots__ = ("event_index", "session_id", "seq", "last_time", "mean_gap", "expected_time", "quantile_levels", "gap_quantiles", "top_k", "marks", "mark_probabilities", "value_means", "value_stds", "model", "horizon", "channels", "series_means", "series_quantiles", "series_filled_steps", "class_top_k", "classes", "class_probabilities", "class_names")
+    __slots__ = ("event_index", "session_id", "seq", "last_time", "mean_gap", "expected_time", "quantile_levels", "gap_quantiles", "top_k", "marks", "mark_probabilities", "value_means", "value_stds", "model", "horizon", "channels", "series_means", "series_quantiles", "series_filled_steps", "class_top_k", "classes", "class_probabilities", "class_names", "action_width", "actions", "returns_to_go")
     EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,9 @@ class ForecastColumns(_message.Message):
     CLASSES_FIELD_NUMBER: _ClassVar[int]
     CLASS_PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     CLASS_NAMES_FIELD_NUMBER: _ClassVar[int]
+    ACTION_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    RETURNS_TO_GO_FIELD_NUMBER: _ClassVar[int]
     event_index: _containers.RepeatedScalarFieldContainer[int]
     session_id: _containers.RepeatedScalarFieldContainer[str]
     seq: _containers.RepeatedScalarFieldContainer[int]
@@ -141,7 +144,10 @@ class ForecastColumns(_message.Message):
     classes: _containers.RepeatedScalarFieldContainer[int]
     class_probabilities: _containers.RepeatedScalarFieldContainer[float]
     class_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, event_index: _Optional[_Iterable[int]] = ..., session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., last_time: _Optional[_Iterable[float]] = ..., mean_gap: _Optional[_Iterable[float]] = ..., expected_time: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., gap_quantiles: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., marks: _Optional[_Iterable[int]] = ..., mark_probabilities: _Optional[_Iterable[float]] = ..., value_means: _Optional[_Iterable[float]] = ..., value_stds: _Optional[_Iterable[float]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., horizon: _Optional[int] = ..., channels: _Optional[int] = ..., series_means: _Optional[_Iterable[float]] = ..., series_quantiles: _Optional[_Iterable[float]] = ..., series_filled_steps: _Optional[_Iterable[int]] = ..., class_top_k: _Optional[int] = ..., classes: _Optional[_Iterable[int]] = ..., class_probabilities: _Optional[_Iterable[float]] = ..., class_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    action_width: int
+    actions: _containers.RepeatedScalarFieldContainer[float]
+    returns_to_go: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, event_index: _Optional[_Iterable[int]] = ..., session_id: _Optional[_Iterable[str]] = ..., seq: _Optional[_Iterable[int]] = ..., last_time: _Optional[_Iterable[float]] = ..., mean_gap: _Optional[_Iterable[float]] = ..., expected_time: _Optional[_Iterable[float]] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., gap_quantiles: _Optional[_Iterable[float]] = ..., top_k: _Optional[int] = ..., marks: _Optional[_Iterable[int]] = ..., mark_probabilities: _Optional[_Iterable[float]] = ..., value_means: _Optional[_Iterable[float]] = ..., value_stds: _Optional[_Iterable[float]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., horizon: _Optional[int] = ..., channels: _Optional[int] = ..., series_means: _Optional[_Iterable[float]] = ..., series_quantiles: _Optional[_Iterable[float]] = ..., series_filled_steps: _Optional[_Iterable[int]] = ..., class_top_k: _Optional[int] = ..., classes: _Optional[_Iterable[int]] = ..., class_probabilities: _Optional[_Iterable[float]] = ..., class_names: _Optional[_Iterable[str]] = ..., action_width: _Optional[int] = ..., actions: _Optional[_Iterable[float]] = ..., returns_to_go: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StreamResponse(_message.Message):
     __slots__ = ("request_id", "results", "request_error", "forecast_columns")
@@ -263,8 +269,16 @@ class ClassForecast(_message.Message):
     classes: _containers.RepeatedCompositeFieldContainer[ClassProbability]
     def __init__(self, classes: _Optional[_Iterable[_Union[ClassProbability, _Mapping]]] = ...) -> None: ...
 
+class PolicyForecast(_message.Message):
+    __slots__ = ("action", "return_to_go")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TO_GO_FIELD_NUMBER: _ClassVar[int]
+    action: _containers.RepeatedScalarFieldContainer[float]
+    return_to_go: float
+    def __init__(self, action: _Optional[_Iterable[float]] = ..., return_to_go: _Optional[float] = ...) -> None: ...
+
 class Forecast(_message.Message):
-    __slots__ = ("session_id", "seq", "last_time", "next_time", "marks", "values", "model", "series", "classes")
+    __slots__ = ("session_id", "seq", "last_time", "next_time", "marks", "values", "model", "series", "classes", "policy")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_TIME_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +288,7 @@ class Forecast(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SERIES_FIELD_NUMBER: _ClassVar[int]
     CLASSES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     seq: int
     last_time: float
@@ -283,7 +298,8 @@ class Forecast(_message.Message):
     model: ModelRef
     series: SeriesForecast
     classes: ClassForecast
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., last_time: _Optional[float] = ..., next_time: _Optional[_Union[TimeForecast, _Mapping]] = ..., marks: _Optional[_Iterable[_Union[MarkProbability, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[ValueForecast, _Mapping]]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., series: _Optional[_Union[SeriesForecast, _Mapping]] = ..., classes: _Optional[_Union[ClassForecast, _Mapping]] = ...) -> None: ...
+    policy: PolicyForecast
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., last_time: _Optional[float] = ..., next_time: _Optional[_Union[TimeForecast, _Mapping]] = ..., marks: _Optional[_Iterable[_Union[MarkProbability, _Mapping]]] = ..., values: _Optional[_Iterable[_Union[ValueForecast, _Mapping]]] = ..., model: _Optional[_Union[ModelRef, _Mapping]] = ..., series: _Optional[_Union[SeriesForecast, _Mapping]] = ..., classes: _Optional[_Union[ClassForecast, _Mapping]] = ..., policy: _Optional[_Union[PolicyForecast, _Mapping]] = ...) -> None: ...
 
 class ForecastRequest(_message.Message):
     __slots__ = ("session_id", "horizon", "num_samples", "seed", "top_k", "include_paths", "model")
@@ -418,7 +434,7 @@ class ServiceLimits(_message.Message):
     def __init__(self, max_events_per_request: _Optional[int] = ..., max_session_id_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_horizon: _Optional[int] = ..., max_num_samples: _Optional[int] = ..., default_num_samples: _Optional[int] = ..., default_top_k: _Optional[int] = ..., idle_ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class DescribeModelResponse(_message.Message):
-    __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits", "task", "horizon", "step_seconds", "class_names", "served_models", "max_gap_steps", "missing_values")
+    __slots__ = ("name", "version", "backbone", "d_model", "n_layers", "n_heads", "num_marks", "value_width", "state_bytes_per_session", "parameters", "mark_names", "value_names", "time_unit", "quantile_levels", "device", "limits", "task", "horizon", "step_seconds", "class_names", "served_models", "max_gap_steps", "missing_values", "action_width", "env", "target_return")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BACKBONE_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +458,9 @@ class DescribeModelResponse(_message.Message):
     SERVED_MODELS_FIELD_NUMBER: _ClassVar[int]
     MAX_GAP_STEPS_FIELD_NUMBER: _ClassVar[int]
     MISSING_VALUES_FIELD_NUMBER: _ClassVar[int]
+    ACTION_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    TARGET_RETURN_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     backbone: str
@@ -465,4 +484,7 @@ class DescribeModelResponse(_message.Message):
     served_models: _containers.RepeatedScalarFieldContainer[str]
     max_gap_steps: int
     missing_values: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backbone: _Optional[str] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., num_marks: _Optional[int] = ..., value_width: _Optional[int] = ..., state_bytes_per_session: _Optional[int] = ..., parameters: _Optional[int] = ..., mark_names: _Optional[_Iterable[str]] = ..., value_names: _Optional[_Iterable[str]] = ..., time_unit: _Optional[str] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., device: _Optional[str] = ..., limits: _Optional[_Union[ServiceLimits, _Mapping]] = ..., task: _Optional[str] = ..., horizon: _Optional[int] = ..., step_seconds: _Optional[float] = ..., class_names: _Optional[_Iterable[str]] = ..., served_models: _Optional[_Iterable[str]] = ..., max_gap_steps: _Optional[int] = ..., missing_values: bool = ...) -> None: ...
+    action_width: int
+    env: str
+    target_return: float
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., backbone: _Optional[str] = ..., d_model: _Optional[int] = ..., n_layers: _Optional[int] = ..., n_heads: _Optional[int] = ..., num_marks: _Optional[int] = ..., value_width: _Optional[int] = ..., state_bytes_per_session: _Optional[int] = ..., parameters: _Optional[int] = ..., mark_names: _Optional[_Iterable[str]] = ..., value_names: _Optional[_Iterable[str]] = ..., time_unit: _Optional[str] = ..., quantile_levels: _Optional[_Iterable[float]] = ..., device: _Optional[str] = ..., limits: _Optional[_Union[ServiceLimits, _Mapping]] = ..., task: _Optional[str] = ..., horizon: _Optional[int] = ..., step_seconds: _Optional[float] = ..., class_names: _Optional[_Iterable[str]] = ..., served_models: _Optional[_Iterable[str]] = ..., max_gap_steps: _Optional[int] = ..., missing_values: bool = ..., action_width: _Optional[int] = ..., env: _Optional[str] = ..., target_return: _Optional[float] = ...) -> None: ...
