@@ -32,7 +32,7 @@ def _rooms_of_setup() -> dict[str, str]:
 ROOMS = _rooms_of_setup()
 
 #: third-party modules that load torch
-TORCH = ("torch", "safetensors.torch")
+TORCH = ("torch", "safetensors.torch", "stable_baselines3")
 
 
 def _matches(module: str, prefixes: Iterable[str]) -> bool:
