@@ -171,7 +171,7 @@ def run(venv: Path, cwd: Path, *argv: str) -> str:
 
 
 def test_the_wheel_carries_the_bundled_models_byte_for_byte(wheel):
-    assert set(BUNDLED) == {"default", "series-power", "class-vowels"}
+    assert set(BUNDLED) == {"default", "series-power", "class-vowels", "policy-hopper"}
     with zipfile.ZipFile(wheel) as z:
         for folder in BUNDLED:
             for name in ("model.safetensors", "config.json", "metrics.json", "report.md"):
@@ -227,6 +227,11 @@ def test_aaren_serve_alone_serves_every_bundled_model_and_a_replay(installed, us
     assert len(top) == 3  # the server's default_top_k
     assert {name for name, _ in top} <= set(described["class-vowels"]["class_names"])
     assert [p for _, p in top] == sorted((p for _, p in top), reverse=True) and 0 < sum(p for _, p in top) <= 1 + 1e-6
+    # The policy answers the first step of an episode (target return 1000) with an action in [-1, 1]^3.
+    policy = answers[BUNDLED["policy-hopper"][0]]
+    assert policy["kind"] == "PolicyForecastOut" and described["policy-hopper"]["action_width"] == 3
+    assert len(policy["action"]) == 3 and all(-1 <= a <= 1 for a in policy["action"])
+    assert policy["rtg"] == 1000.0
 
 
 ONE_EVENT_EACH = """
@@ -236,9 +241,11 @@ from aaren.client import EventIn, SyncClient
 with SyncClient("{address}") as client:
     series = client.apply([EventIn("s", 1, 1_700_000_000.0, values=[1.0] * 7)], model="aaren-series-power")
     classes = client.apply([EventIn("c", 1, 0.0, values=[0.5] * 12)], model="aaren-class-vowels")
-    s, c = series.forecasts[0], classes.forecasts[0]
+    policy = client.apply([EventIn("p", 1, 0.0, values=[1000.0] + [0.0] * 11)], model="aaren-policy-hopper")
+    s, c, p = series.forecasts[0], classes.forecasts[0], policy.forecasts[0]
     print(json.dumps({{
         "aaren-series-power": {{"kind": type(s).__name__, "means": s.means}},
         "aaren-class-vowels": {{"kind": type(c).__name__, "classes": c.classes}},
+        "aaren-policy-hopper": {{"kind": type(p).__name__, "action": p.action, "rtg": p.return_to_go}},
     }}))
 """
