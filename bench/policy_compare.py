@@ -8,8 +8,12 @@ fewer seeds. A run whose ``metrics.json`` exists is skipped (resumable); ``--wor
 every N-th planned run from the I-th, so N processes (one core each) share a campaign.
 
     python -m bench.policy_compare --envs Hopper-v5,HalfCheetah-v5 --kinds medium,medium-replay,medium-expert \\
-        --models aaren,transformer,gru,bc --seeds 0,1,2 --time-budget 45 --episodes 10 --worker 0/4 --out DIR
-    python -m bench.policy_compare --report --out DIR        # writes bench/results/policy_d4rl.md
+        --models aaren,transformer,gru,bc --seeds 0,1,2 --time-budget 45 --episodes 10 --worker 0/4 --out DIR \
+        --set lr=1e-3
+    python -m bench.policy_compare --report --out DIR ...    # the same keys; writes bench/results/policy_d4rl.md
+
+``--set lr=1e-3``: a 45 s budget holds only ~125-400 updates on one core, and 1e-3 trains further
+there than min-decision-transformer's 1e-4 (measured: docs/tasks.md, "Policies").
 
 The report: per data set the D4RL normalised score (mean ± std over seeds of each seed's mean over
 its episodes) of every model, the reference returns the score uses, the data sets' own returns,
