@@ -8,8 +8,12 @@ fewer seeds. A run whose ``metrics.json`` exists is skipped (resumable); ``--wor
 every N-th planned run from the I-th, so N processes (one core each) share a campaign.
 
     python -m bench.policy_compare --envs Hopper-v5,HalfCheetah-v5 --kinds medium,medium-replay,medium-expert \\
-        --models aaren,transformer,gru,bc --seeds 0,1,2 --time-budget 45 --episodes 10 --worker 0/4 --out DIR
-    python -m bench.policy_compare --report --out DIR        # writes bench/results/policy_d4rl.md
+        --models aaren,transformer,gru,bc --seeds 0,1,2 --time-budget 45 --episodes 10 --worker 0/4 --out DIR \
+        --set lr=1e-3
+    python -m bench.policy_compare --report --out DIR ...    # the same keys; writes bench/results/policy_d4rl.md
+
+``--set lr=1e-3``: a 45 s budget holds only ~125-400 updates on one core, and 1e-3 trains further
+there than min-decision-transformer's 1e-4 (measured: docs/tasks.md, "Policies").
 
 The report: per data set the D4RL normalised score (mean ± std over seeds of each seed's mean over
 its episodes) of every model, the reference returns the score uses, the data sets' own returns,
@@ -130,6 +134,8 @@ def _within(aaren: Sequence[float], transformer: Sequence[float]) -> str:
     """Whether Aaren's mean is within one seed std of the Transformer's mean (or above it)."""
     if not aaren or not transformer:
         return "n/a"
+    if len(transformer) < 2:
+        return f"n/a: 1 seed ({float(np.mean(aaren)) - float(np.mean(transformer)):+.1f})"
     a, t = float(np.mean(aaren)), float(np.mean(transformer))
     spread = float(np.std(transformer))
     verdict = "yes" if a >= t - spread else "no"
@@ -161,13 +167,14 @@ def report(args: argparse.Namespace, jobs: Sequence[Job]) -> str:
             f"{c['weight_decay']:g}, warm-up {c['warmup_steps']} updates, clip {c['grad_clip']:g}, batch "
             f"{c['batch_size']}, context {c['context']}, d_model {c['d_model']}, {c['n_layers']} layers, "
             f"{c['n_heads']} head, dropout {c['dropout']:g}; BC: MLP {c['bc_layers']} x {c['bc_hidden']}), then "
-            f"{args.episodes} episodes of at most {args.max_steps} steps from DT's target return "
-            f"(Hopper 3600, HalfCheetah 12000, Walker2d 5000; episode i resets with seed + i). Aaren and the "
+            f"{args.episodes} episodes of at most {args.max_steps} steps from the target return of the table "
+            "(DT's unless the campaign set one: Hopper 3600, HalfCheetah 12000, Walker2d 5000; episode i "
+            "resets with seed + i). Aaren and the "
             "GRU act with one constant state over the whole episode (as served); the Transformer re-runs its "
             f"last {c['context']} steps per action (DT's evaluation).",
             "",
         ]
-    header = ["data set", *(TITLES[m] for m in models), "seeds", "data return (mean / max)"]
+    header = ["data set", *(TITLES[m] for m in models), "seeds", "data return (mean / max)", "target return"]
     if "aaren" in models and "transformer" in models:
         header.append("Aaren within the Transformer's spread")
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -176,7 +183,14 @@ def report(args: argparse.Namespace, jobs: Sequence[Job]) -> str:
         any_record = next(r for rs in by_model.values() for r in rs)
         dr = any_record["data_returns"]
         seeds = max(len(v) for v in scores.values())
-        row = [f"`{name}`", *(mean_std(scores[m]) for m in models), str(seeds), f"{dr['mean']:.0f} / {dr['max']:.0f}"]
+        targets = sorted({float(r["target_return"]) for rs in by_model.values() for r in rs})
+        row = [
+            f"`{name}`",
+            *(mean_std(scores[m]) for m in models),
+            str(seeds),
+            f"{dr['mean']:.0f} / {dr['max']:.0f}",
+            ", ".join(f"{t:g}" for t in targets),
+        ]
         if "aaren" in models and "transformer" in models:
             row.append(_within(scores["aaren"], scores["transformer"]))
         lines.append("| " + " | ".join(row) + " |")

@@ -38,7 +38,7 @@ def test_campaign_workers_resume_and_report(tmp_path: Path, capsys) -> None:
     rows = [line for line in text.splitlines() if line.startswith("| `hopper-v5-medium`")]
     assert len(rows) == 1 + 6  # the summary row and 3 models x 2 seeds
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert cells[4] == "2" and " ± " in cells[1] and cells[-1].split()[0] in ("yes", "no")
+    assert cells[4] == "2" and " ± " in cells[1] and cells[6] == "3600" and cells[-1].split()[0] in ("yes", "no")
     assert "Hopper random -20.2723, expert 3234.3" in text
     assert "| Aaren |" in text and "| BC |" in text
     assert "python -m bench.policy_compare" in text and "--worker I/N" in text

@@ -15,7 +15,10 @@ Recurrent backbones (Aaren, GRU) train like the Transformer, on random windows t
 from a fresh state (DT's training), and are evaluated with one constant state over the whole episode
 (what serving does). Training on windows from the episode's first step only (``windows=episode``)
 is the literally consistent choice, but it sees only the first ``context`` timesteps of each
-episode; the choice and its measurement are in docs/tasks.md ("Policies").
+episode. Measured on HalfCheetah-v5 medium (1,000-step episodes, 45 s of training): the constant
+state does not collapse (Aaren 5.4, the Transformer 4.6, the data 5.8), episode-start windows are
+worse (4.4) and time decay is a tie (5.6), so ``random`` without decay is the default
+(docs/tasks.md, "Policies", has the table).
 """
 
 from __future__ import annotations
