@@ -335,7 +335,12 @@ def test_image_serves_the_flights_one_forecast_per_event(engine, network, start_
         with SyncClient(address) as client:
             info = client.describe_model()
             assert (info.name, info.task) == ("aaren-flights", "event")
-            assert set(info.served_models) == {"aaren-flights", "aaren-series-power", "aaren-class-vowels", "aaren-policy-hopper"}
+            assert set(info.served_models) == {
+                "aaren-flights",
+                "aaren-series-power",
+                "aaren-class-vowels",
+                "aaren-policy-hopper",
+            }
             assert client.describe_model("aaren-series-power").horizon == 24
         out = tmp_path / "forecasts.csv"
         # Many events a message: the same forecasts, in a fraction of one-event messages' time.
