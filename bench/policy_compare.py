@@ -163,7 +163,7 @@ def report(args: argparse.Namespace, jobs: Sequence[Job]) -> str:
     if first is not None:
         c = first["config"]
         lines += [
-            f"Each run: {args.time_budget:g} s of training on one CPU thread (AdamW lr {c['lr']:g}, wd "
+            f"Each run: {c['time_budget_s']:g} s of training on one CPU thread (AdamW lr {c['lr']:g}, wd "
             f"{c['weight_decay']:g}, warm-up {c['warmup_steps']} updates, clip {c['grad_clip']:g}, batch "
             f"{c['batch_size']}, context {c['context']}, d_model {c['d_model']}, {c['n_layers']} layers, "
             f"{c['n_heads']} head, dropout {c['dropout']:g}; BC: MLP {c['bc_layers']} x {c['bc_hidden']}), then "
@@ -227,6 +227,7 @@ def report(args: argparse.Namespace, jobs: Sequence[Job]) -> str:
         "observations (Aaren/GRU: `PolicyModel.step`; Transformer: a forward over its last K steps; BC: the "
         "MLP), one CPU thread.",
         "",
+        *_served_costs(),
         "## Per seed",
         "",
         "| data set | model | seed | score (mean over episodes) | return | updates | best val MSE |",
@@ -240,8 +241,35 @@ def report(args: argparse.Namespace, jobs: Sequence[Job]) -> str:
                     f"| `{name}` | {TITLES[m]} | {r['config']['seed']} | {ro.get('score_mean', float('nan')):.1f} | "
                     f"{ro.get('return_mean', float('nan')):.0f} | {r['updates']} | {r['val_mse']:.4f} |"
                 )
-    lines += ["", "## Commands", "", "```", *args.commands, "```", ""]
+    lines += [
+        "",
+        "## Commands",
+        "",
+        "The campaign of bench/results/policy_d4rl.md ran as `bench/policy_campaign.sh 0 & bench/policy_campaign.sh 1`",
+        "(one invocation per set and seed, each with `--set target_return=` its set's best episode return); "
+        "the report:",
+        "",
+        "```",
+        *args.commands,
+        "```",
+        "",
+    ]
     return "\n".join(lines)
+
+
+def _served_costs() -> list[str]:
+    """The served cost per action (bench/results/policy_serving.md's table), beside the offline one."""
+    path = Path(__file__).parent / "results" / "policy_serving.md"
+    if not path.is_file():
+        return []
+    table = [line for line in path.read_text().splitlines() if line.startswith("|")]
+    return [
+        "Served through the whole service (an in-process server, Aaren at this size, E episodes in lock-step on",
+        "one aaren.v1 stream; bench/results/policy_serving.md, `python bench/policy_serving.py --rounds 300`):",
+        "",
+        *table,
+        "",
+    ]
 
 
 def _commands(argv: Sequence[str]) -> list[str]:
