@@ -91,7 +91,7 @@ def run_config(job: Job, args: argparse.Namespace) -> PolicyTrainConfig:
         data=str(data),
         env=job.env,
         seed=job.seed,
-        time_budget_s=args.time_budget,
+        max_minutes=args.time_budget / 60,
         eval_episodes=args.episodes,
         eval_max_steps=args.max_steps,
         parallel_rollouts=args.parallel,
@@ -162,8 +162,9 @@ def report(args: argparse.Namespace, jobs: Sequence[Job]) -> str:
     ]
     if first is not None:
         c = first["config"]
+        budget_s = c["max_minutes"] * 60 if "max_minutes" in c else c["time_budget_s"]  # records before the knobs
         lines += [
-            f"Each run: {c['time_budget_s']:g} s of training on one CPU thread (AdamW lr {c['lr']:g}, wd "
+            f"Each run: {budget_s:g} s of training on one CPU thread (AdamW lr {c['lr']:g}, wd "
             f"{c['weight_decay']:g}, warm-up {c['warmup_steps']} updates, clip {c['grad_clip']:g}, batch "
             f"{c['batch_size']}, context {c['context']}, d_model {c['d_model']}, {c['n_layers']} layers, "
             f"{c['n_heads']} head, dropout {c['dropout']:g}; BC: MLP {c['bc_layers']} x {c['bc_hidden']}), then "

@@ -25,17 +25,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aaren.client.client import (
-    AarenClient,
     AarenError,
     AckOut,
     ClassForecastOut,
     EventErrorOut,
     EventIn,
     ForecastOut,
-    ModelInfoOut,
-    Outcome,
     SeriesForecastOut,
-    StreamResult,
 )
 from aaren.formats.errors import DataError
 from aaren.formats.marks import mark_reader
@@ -44,9 +40,11 @@ from aaren.formats.times import TIME_UNITS
 if TYPE_CHECKING:
     import pandas as pd
 
+    from aaren.client.client import AarenClient, ModelInfoOut, Outcome, StreamResult
+
 __all__ = ["DEFAULT_SESSION", "apply_frame", "events_from_frame", "forecasts_frame", "value_columns"]
 
-Apply = Callable[..., Awaitable[StreamResult]]
+Apply = Callable[..., Awaitable["StreamResult"]]
 
 #: The session of a series or class frame without a ``session_id`` column: the whole frame.
 DEFAULT_SESSION = "frame"

@@ -137,45 +137,48 @@ def _event(
     )
 
 
-def _series(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any]) -> ModelInfoOut:
+def _channel_model(
+    task: str, cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any], **facts: Any
+) -> ModelInfoOut:
+    """A series or class model: one mark, its ``channels`` as the values, named by task and data set."""
     channels = _channels(cfg, metadata)
     return ModelInfoOut(
-        name=str(metadata.get("name") or f"aaren-series-{metadata.get('data', 'model')}"),
+        name=str(metadata.get("name") or f"aaren-{task}-{metadata.get('data', 'model')}"),
         num_marks=1,
         value_width=len(channels),
-        mark_names=("observation",),
         value_names=channels,
-        time_unit="seconds",
-        task="series",
-        horizon=int(cfg["horizon"]),
-        step_seconds=float(metadata.get("step_seconds", 0.0)),
+        task=task,
         missing_values=True,
-        max_gap_steps=int(metadata.get("max_gap_steps") or 0)
-        or default_max_gap_steps(float(metadata.get("step_seconds", 0.0))),
-        quantile_levels=tuple(float(q) for q in cfg.get("quantiles") or ()),
+        **facts,
         **common,
     )
 
 
+def _series(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any]) -> ModelInfoOut:
+    step_seconds = float(metadata.get("step_seconds", 0.0))
+    return _channel_model(
+        "series", cfg, metadata, common,
+        mark_names=("observation",),
+        time_unit="seconds",
+        horizon=int(cfg["horizon"]),
+        step_seconds=step_seconds,
+        max_gap_steps=int(metadata.get("max_gap_steps") or 0) or default_max_gap_steps(step_seconds),
+        quantile_levels=tuple(float(q) for q in cfg.get("quantiles") or ()),
+    )  # fmt: skip
+
+
 def _class(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any]) -> ModelInfoOut:
-    channels = _channels(cfg, metadata)
     n = int(cfg["n_classes"])
     classes = tuple(str(c) for c in metadata.get("class_names") or range(n))
     if len(classes) != n:
         raise ValueError(f"the metadata names {len(classes)} classes; the model has {n}")
-    return ModelInfoOut(
-        name=str(metadata.get("name") or f"aaren-class-{metadata.get('data', 'model')}"),
-        num_marks=1,
-        value_width=len(channels),
+    return _channel_model(
+        "class", cfg, metadata, common,
         mark_names=("step",),
-        value_names=channels,
         time_unit=str(metadata.get("time_unit", "steps")),
-        task="class",
         class_names=classes,
-        missing_values=True,
         quantile_levels=(),
-        **common,
-    )
+    )  # fmt: skip
 
 
 def _policy(cfg: dict[str, Any], metadata: dict[str, Any], common: dict[str, Any]) -> ModelInfoOut:

@@ -31,7 +31,7 @@ def test_campaign_workers_resume_and_report(tmp_path: Path, capsys) -> None:
     pc.main([*common, "--worker", "0/2"])  # resumed: everything is done
     assert capsys.readouterr().out.count("done, skipped") == 3
     record = json.loads((out / "hopper-v5-medium/aaren/seed0/metrics.json").read_text())
-    assert len(record["rollout"]["returns"]) == 2 and record["config"]["time_budget_s"] == 0.5
+    assert len(record["rollout"]["returns"]) == 2 and record["config"]["max_minutes"] == 0.5 / 60
     report_path = tmp_path / "policy_d4rl.md"
     pc.main([*common, "--report", "--report-out", str(report_path)])
     text = report_path.read_text()

@@ -70,7 +70,7 @@ def test_resolve_dataset(tmp_path: Path) -> None:
 def test_train_and_evaluate(backbone: str, data: PolicyData, tmp_path: Path) -> None:
     config = PolicyTrainConfig(
         backbone=backbone, data="tiny", env="Hopper-v5", time_decay=backbone == "aaren", **TINY,
-        eval_episodes=2, eval_max_steps=15, out_dir=str(tmp_path / backbone), time_budget_s=0,
+        eval_episodes=2, eval_max_steps=15, out_dir=str(tmp_path / backbone), max_minutes=0,
     )  # fmt: skip
     run = train_policy(config, data, verbose=False)
     m = run.metrics

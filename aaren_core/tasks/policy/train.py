@@ -6,7 +6,7 @@ windows of ``context`` steps (``aaren_core.tasks.policy.data``) with the squared
 predicted actions on the real steps of each window, or a ``BCModel`` (``bc``) on single transitions
 (``batch_size * context`` per update, as many action targets as a window batch), through
 ``aaren_core.training.loop.fit`` (AdamW, linear warm-up then a constant rate, gradient clip, a time
-budget ``time_budget_s``; an "epoch" is ``steps_per_epoch`` updates, validated by the action MSE on
+budget ``max_minutes``; an "epoch" is ``steps_per_epoch`` updates, validated by the action MSE on
 held-out episodes; the best weights are kept). Then it plays ``eval_episodes`` episodes
 (``rollout``) from the target return (``target_return``, 0: DT's per environment) and writes
 ``<out_dir>/best`` (checkpoint), ``metrics.json`` and ``report.md``.
@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -39,21 +39,24 @@ from torch import nn
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
 from aaren_core.config import ConfigRecord
 from aaren_core.config import command_line as generic_command_line
-from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
 from aaren_core.tasks.policy.data import WINDOWS, PolicyData, load_policy_data
 from aaren_core.tasks.policy.model import BCModel, BCModelConfig, PolicyModel, PolicyModelConfig
 from aaren_core.tasks.policy.rollout import action_cost_us, default_target_return, rollout
 from aaren_core.tasks.report import METRICS_FILE, write_report
+from aaren_core.training.knobs import TrainKnobs
 from aaren_core.training.loop import (
     BestInMemory,
     EpochEnd,
     LoopSettings,
-    LoopState,
     Schedule,
     StepLoss,
     Validation,
     fit,
 )
+
+if TYPE_CHECKING:
+    from aaren_core.training.loop import LoopState
 
 __all__ = [
     "MODELS",
@@ -77,6 +80,7 @@ SET_KEYS: dict[str, str] = {
     "d_model": "model width",
     "n_layers": "backbone layers",
     "n_heads": "attention heads",
+    "d_ff": "feed-forward width (0: 4 d_model)",
     "dropout": "dropout rate",
     "time_decay": "aaren only: age the state by one per environment step (true/false)",
     "context": "window of K steps trained on (the Transformer's rollout window)",
@@ -93,7 +97,7 @@ SET_KEYS: dict[str, str] = {
     "steps_per_epoch": "updates between validations",
     "epochs": "most epochs",
     "patience": "epochs without a better validation MSE before stopping early",
-    "time_budget_s": "training time budget in seconds (0: none); checked after each epoch",
+    "max_minutes": "training time budget in minutes (0: none); checked after each epoch",
     "val_fraction": "share of episodes held out for the validation MSE",
     "target_return": "rollout target return R_0 (0: DT's per environment: Hopper 3600, HalfCheetah 12000, "
     "Walker2d 5000)",
@@ -108,62 +112,70 @@ SET_KEYS: dict[str, str] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class PolicyTrainConfig(ConfigRecord):
-    """Everything a policy run depends on (``SET_KEYS``); Barhate's min-decision-transformer defaults."""
+class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
+    """Everything a policy run depends on (``SET_KEYS``); Barhate's min-decision-transformer defaults.
+    How it trains is ``TrainKnobs`` (a minute's budget, epochs and patience that do not stop it first),
+    the backbone's sizes ``BackboneSizes``; the keys below them are the policy's own."""
 
     CONFIG_NAME: ClassVar[str] = "policy config"
+    #: the keys the records of this config led with before it took the knobs and sizes from their bases
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone", "data", "env")
+    #: a key that records written before the knobs were shared hold: seconds, read as ``max_minutes``
+    LEGACY_BUDGET_KEY: ClassVar[str] = "time_budget_s"
 
     backbone: str = "aaren"
-    data: str = "hopper-v5-medium"
-    env: str = ""
     d_model: int = 128
     n_layers: int = 3
     n_heads: int = 1
     dropout: float = 0.1
     time_decay: bool = False
     context: int = 20
-    windows: str = "random"
     rtg_scale: float = 1000.0
     max_timestep: int = 1000
     bc_hidden: int = 256
     bc_layers: int = 2
+
+    data: str = "hopper-v5-medium"
+    env: str = ""
+    windows: str = "random"
+    val_fraction: float = 0.05
     batch_size: int = 64
     lr: float = 1e-4
     weight_decay: float = 1e-4
-    warmup_steps: int = 50
     grad_clip: float = 0.25
+    out_dir: str = "runs/policy"
+    warmup_steps: int = 50
     steps_per_epoch: int = 25
     epochs: int = 100_000
     patience: int = 100_000
-    time_budget_s: float = 60.0
-    val_fraction: float = 0.05
+    max_minutes: float = 1.0
+
+    parallel_rollouts: bool = False
+    threads: int = 1
     target_return: float = 0.0
     eval_episodes: int = 10
     eval_max_steps: int = 1000
-    parallel_rollouts: bool = False
-    seed: int = 0
-    threads: int = 1
-    out_dir: str = "runs/policy"
-    name: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """A config from a record or ``--set`` strings (``ConfigRecord.from_dict``), an older record's
+        ``time_budget_s`` (seconds) read as ``max_minutes``."""
+        if cls.LEGACY_BUDGET_KEY in data:
+            data = dict(data)
+            data["max_minutes"] = float(data.pop(cls.LEGACY_BUDGET_KEY)) / 60
+        return super().from_dict(data)
 
     def __post_init__(self) -> None:
         self.require(
             {
+                **self.knob_checks(),
                 f"backbone in {list(MODELS)}": self.backbone in MODELS,
                 f"windows in {list(WINDOWS)}": self.windows in WINDOWS,
                 "time_decay only with backbone aaren": not self.time_decay or self.backbone == "aaren",
-                "context, batch_size, steps_per_epoch, epochs, patience >= 1": min(
-                    self.context, self.batch_size, self.steps_per_epoch, self.epochs, self.patience
-                )
-                >= 1,
-                "lr > 0, weight_decay >= 0, grad_clip >= 0, warmup_steps >= 0": self.lr > 0
-                and self.weight_decay >= 0
-                and self.grad_clip >= 0
+                "context, steps_per_epoch >= 1, warmup_steps >= 0": min(self.context, self.steps_per_epoch) >= 1
                 and self.warmup_steps >= 0,
-                "time_budget_s >= 0": self.time_budget_s >= 0 and math.isfinite(self.time_budget_s),
                 "0 <= val_fraction < 1": 0 <= self.val_fraction < 1,
                 "eval_episodes >= 0, eval_max_steps >= 1": self.eval_episodes >= 0 and self.eval_max_steps >= 1,
-                "threads >= 0": self.threads >= 0,
                 "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name
                 or bool(NAME_PATTERN.fullmatch(self.name)),
             }
@@ -178,14 +190,7 @@ class PolicyTrainConfig(ConfigRecord):
     def model_config(self, data: PolicyData) -> PolicyModelConfig | BCModelConfig:
         if self.backbone == "bc":
             return BCModelConfig(data.obs_dim, data.act_dim, self.bc_hidden, self.bc_layers, self.dropout)
-        backbone = BackboneConfig(
-            kind=self.backbone,  # type: ignore[arg-type]
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            dropout=self.dropout,
-            time_decay=self.time_decay,
-        )
+        backbone = BackboneConfig.sized_as(self, self.backbone, self.time_decay)
         return PolicyModelConfig(backbone, data.obs_dim, data.act_dim, self.context, self.max_timestep, self.rtg_scale)
 
 
@@ -308,9 +313,7 @@ def train_policy(config: PolicyTrainConfig, data: PolicyData | None = None, verb
     task = PolicyLoop(config, data, model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     schedule = Schedule(config.lr, warmup_steps=config.warmup_steps)
-    settings = LoopSettings.of(
-        config, schedule, max_minutes=config.time_budget_s / 60, progress=verbose, unit="updates"
-    )
+    settings = LoopSettings.of(config, schedule, progress=verbose, unit="updates")
     t0 = time.perf_counter()
     state: LoopState = fit(model, optimizer, task, settings, say=say)
     wall = time.perf_counter() - t0

@@ -149,17 +149,17 @@ def _module(url: str):  # noqa: ANN202
 
 def open_source(url: str, member: Member | None = None) -> LogSource:
     """The source at ``url`` (not connected yet: ``await source.open()``)."""
-    return _module(url).source(url, member or Member())
+    return _module(url).SOURCE(url, member or Member())
 
 
 def open_sink(url: str) -> LogSink:
     """The sink at ``url`` (not connected yet: ``await sink.open()``)."""
-    return _module(url).sink(url)
+    return _module(url).SINK(url)
 
 
 def open_writer(url: str) -> EventWriter:
     """An event writer for the log at ``url`` (connected lazily, on the first write)."""
-    return _module(url).writer(url)
+    return _module(url).WRITER(url)
 
 
 async def read_all(url: str) -> list[tuple[str, bytes, dict[str, str]]]:

@@ -74,14 +74,14 @@ from aaren.server.frontends.eventlog.base import (
 )
 
 __all__ = [
+    "SINK",
+    "SOURCE",
+    "WRITER",
     "NatsEventWriter",
     "NatsJetStreamSink",
     "NatsJetStreamSource",
     "read_all",
-    "sink",
-    "source",
     "stream_name",
-    "writer",
 ]
 
 log = logging.getLogger(__name__)
@@ -608,13 +608,5 @@ async def read_all(url: str, limit: int | None = None) -> list[tuple[str, bytes,
         await link.close()
 
 
-def source(url: str, member: Member) -> NatsJetStreamSource:
-    return NatsJetStreamSource(url, member)
-
-
-def sink(url: str) -> NatsJetStreamSink:
-    return NatsJetStreamSink(url)
-
-
-def writer(url: str) -> NatsEventWriter:
-    return NatsEventWriter(url)
+#: What ``addresses`` opens for a URL of this log: ``SOURCE(url, member)``, ``SINK(url)``, ``WRITER(url)``.
+SOURCE, SINK, WRITER = NatsJetStreamSource, NatsJetStreamSink, NatsEventWriter

@@ -40,7 +40,7 @@ from aaren.server.frontends.eventlog.base import (
     SourceStats,
 )
 
-__all__ = ["RedisEventWriter", "RedisStreamSink", "RedisStreamSource", "sink", "source", "writer"]
+__all__ = ["SINK", "SOURCE", "WRITER", "RedisEventWriter", "RedisStreamSink", "RedisStreamSource"]
 
 DEFAULT_PORT = 6379
 SOLE = Member()
@@ -272,16 +272,8 @@ class RedisEventWriter(EventWriter):
         await self._redis.aclose()
 
 
-def source(url: str, member: Member) -> RedisStreamSource:
-    return RedisStreamSource(url, member)
-
-
-def sink(url: str) -> RedisStreamSink:
-    return RedisStreamSink(url)
-
-
-def writer(url: str) -> RedisEventWriter:
-    return RedisEventWriter(url)
+#: What ``addresses`` opens for a URL of this log: ``SOURCE(url, member)``, ``SINK(url)``, ``WRITER(url)``.
+SOURCE, SINK, WRITER = RedisStreamSource, RedisStreamSink, RedisEventWriter
 
 
 #: Entries per XRANGE call of ``read_all``.
