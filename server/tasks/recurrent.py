@@ -10,12 +10,9 @@ Their outputs: ``aaren.server.tasks.series.outputs.SeriesOutputs`` and
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.runs import RunColumns, RunTask
 from aaren_core.attention.state import State
 from aaren_core.tasks.classify.model import ClassModel
@@ -35,27 +32,6 @@ class RecurrentTask(RunTask):
         super().__init__(model, version=version, device=device)
         fresh = model.init_state(1, device="cpu")
         self.state_bytes = model.backbone.state_nbytes(fresh) + self.last_width * 4
-
-    def _describe(self, name: str, channels: tuple[str, ...], **task_fields: Any) -> ModelDescription:
-        """The description every task shares (backbone, sizes, one mark, the channels as values)
-        plus the task's own fields."""
-        b = self.model.config.backbone
-        return ModelDescription(
-            name=name,
-            version=self.version,
-            backbone=b.kind,
-            d_model=b.d_model,
-            n_layers=b.n_layers,
-            n_heads=b.n_heads,
-            num_marks=1,
-            value_width=len(channels),
-            parameters=sum(p.numel() for p in self.model.parameters()),
-            state_bytes_per_session=self.state_bytes,
-            value_names=channels,
-            device=str(self.device),
-            task=self.task,
-            **task_fields,
-        )
 
     def _step(self, values: Tensor, times: Tensor | None, state: State) -> tuple[Tensor, State]:
         raise NotImplementedError

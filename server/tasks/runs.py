@@ -94,6 +94,29 @@ class RunTask:
         self._state_type = type(fresh)
         self._state_fields = list(fresh.tensors())
 
+    def describe(
+        self, name: str, *, value_names: Sequence[str], state_bytes: int, task: str, **task_fields: Any
+    ) -> ModelDescription:
+        """The description every task shares (its name and version, the backbone's kind and sizes, the
+        parameters, ``state_bytes`` a session, the values it takes, the device, ``task``) plus the task's
+        own ``ModelDescription`` fields (marks, time unit, quantiles, horizon, classes...)."""
+        b = self.model.config.backbone
+        return ModelDescription(
+            name=name,
+            version=self.version,
+            backbone=b.kind,
+            d_model=b.d_model,
+            n_layers=b.n_layers,
+            n_heads=b.n_heads,
+            value_width=len(value_names),
+            value_names=tuple(value_names),
+            parameters=sum(p.numel() for p in self.model.parameters()),
+            state_bytes_per_session=state_bytes,
+            device=str(self.device),
+            task=task,
+            **task_fields,
+        )
+
     def layout_rows(self) -> dict[str, Tensor]:
         """The fresh row of every per-session tensor (state fields and ``FEATURES [W]``), on the device."""
         rows = {k: t[0] for k, t in self.model.init_state(1, device=self.device).tensors().items()}

@@ -121,13 +121,16 @@ def _recording_env(env_id: str, recorder: _Recorder) -> Any:
     return Recording(gym.make(env_id))
 
 
-def _rollouts(policy: Any, env_id: str, steps: int, seed: int, deterministic: bool = False) -> PolicyDataset:
-    """``steps`` transitions of ``policy`` (whole episodes; the last one cut), episode ``i`` reset with ``seed + i``."""
+def _rollouts(
+    policy: Any, env_id: str, seed: int, *, steps: int = 0, episodes: int = 0, deterministic: bool = False
+) -> PolicyDataset:
+    """Transitions of ``policy``: ``steps`` of them (whole episodes, the last one cut) or ``episodes`` whole
+    episodes; episode ``i`` reset with ``seed + i``."""
     import gymnasium as gym
 
     env, rec, episode = gym.make(env_id), _Recorder(), 0
     obs, _ = env.reset(seed=seed)
-    while len(rec) < steps:
+    while (len(rec) < steps) if steps else (episode < episodes):
         action, _ = policy.predict(obs, deterministic=deterministic)
         action = np.clip(action, env.action_space.low, env.action_space.high)
         nxt, reward, terminated, truncated, _ = env.step(action)
@@ -140,26 +143,9 @@ def _rollouts(policy: Any, env_id: str, steps: int, seed: int, deterministic: bo
     return rec.dataset()
 
 
-def _evaluate(policy: Any, env_id: str, episodes: int, seed: int) -> float:
-    data = _rollouts_episodes(policy, env_id, episodes, seed)
-    return float(np.mean(data))
-
-
-def _rollouts_episodes(policy: Any, env_id: str, episodes: int, seed: int) -> list[float]:
-    import gymnasium as gym
-
-    env, returns = gym.make(env_id), []
-    for i in range(episodes):
-        obs, _ = env.reset(seed=seed + i)
-        total, done = 0.0, False
-        while not done:
-            action, _ = policy.predict(obs, deterministic=False)
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return returns
+def _mean_return(policy: Any, env_id: str, episodes: int, seed: int) -> float:
+    """The mean return of ``episodes`` whole episodes of ``policy`` (``_rollouts``)."""
+    return float(np.mean(_rollouts(policy, env_id, seed, episodes=episodes).episode_returns()))
 
 
 def _concat(a: PolicyDataset, b: PolicyDataset) -> PolicyDataset:
@@ -223,7 +209,7 @@ def generate(
     class Snapshots(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % eval_every == 0 or self.num_timesteps == timesteps:
-                ret = _evaluate(self.model, env_id, eval_episodes, seed=10_000 + len(snapshots) * eval_episodes)
+                ret = _mean_return(self.model, env_id, eval_episodes, seed=10_000 + len(snapshots) * eval_episodes)
                 snapshots.append(
                     {
                         "timesteps": int(self.num_timesteps),
@@ -239,14 +225,14 @@ def generate(
     model.learn(timesteps, callback=Snapshots())
     train_s = time.monotonic() - started
     final_weights = copy.deepcopy(model.policy.state_dict())
-    final_return = float(np.mean(_rollouts_episodes(model, env_id, 10, seed=20_000)))
+    final_return = _mean_return(model, env_id, 10, seed=20_000)
     target = final_return / 3
     medium = min(snapshots[:-1] or snapshots, key=lambda s: abs(s["return"] - target))
     model.policy.load_state_dict(medium["weights"])
-    medium_return = float(np.mean(_rollouts_episodes(model, env_id, 10, seed=20_000)))
+    medium_return = _mean_return(model, env_id, 10, seed=20_000)
 
     sets: dict[str, PolicyDataset] = {}
-    sets["medium"] = _rollouts(model, env_id, steps_per_set, seed=30_000)
+    sets["medium"] = _rollouts(model, env_id, 30_000, steps=steps_per_set)
     stop = medium["recorded"]
     begin = max(0, stop - steps_per_set)
     if begin:
@@ -254,7 +240,7 @@ def generate(
         begin = int(ends[np.searchsorted(ends, begin)]) if (ends >= begin).any() else begin
     sets["medium-replay"] = recorder.dataset(begin, stop)
     model.policy.load_state_dict(final_weights)
-    sets["medium-expert"] = _concat(sets["medium"], _rollouts(model, env_id, steps_per_set, seed=40_000))
+    sets["medium-expert"] = _concat(sets["medium"], _rollouts(model, env_id, 40_000, steps=steps_per_set))
 
     low, high = REFERENCE_RETURNS[env_id.split("-")[0]]
     common = {

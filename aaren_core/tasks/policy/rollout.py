@@ -35,10 +35,13 @@ __all__ = ["DEFAULT_TARGET_RETURNS", "RolloutResult", "action_cost_us", "default
 DEFAULT_TARGET_RETURNS = {"Hopper": 3600.0, "HalfCheetah": 12000.0, "Walker2d": 5000.0}
 
 
-def default_target_return(env_id: str) -> float:
-    """DT's target return for ``env_id`` (``Hopper-v5`` -> 3600)."""
+def default_target_return(env_id: str, default: float | None = None) -> float:
+    """DT's target return for ``env_id`` (``Hopper-v5`` -> 3600); for an environment it names none,
+    ``default``, or ``ValueError`` where that is None."""
     family = env_id.split("-")[0]
     if family not in DEFAULT_TARGET_RETURNS:
+        if default is not None:
+            return default
         raise ValueError(f"no default target return for {env_id!r}; known: {sorted(DEFAULT_TARGET_RETURNS)}")
     return DEFAULT_TARGET_RETURNS[family]
 

@@ -38,9 +38,12 @@ class ClassTask(RecurrentTask):
                 f"the checkpoint names {len(channels)} channels and {len(classes)} classes; "
                 f"its model has {c.n_channels} and {c.n_classes}"
             )
-        self.description = self._describe(
+        self.description = self.describe(
             name,
-            channels,
+            value_names=channels,
+            state_bytes=self.state_bytes,
+            task=self.task,
+            num_marks=1,
             mark_names=("step",),
             time_unit=str(metadata.get("time_unit", "steps")),
             class_names=classes,

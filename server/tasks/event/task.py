@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.event.outputs import OUTPUT_NAMES, EventOutputs
 from aaren.server.tasks.runs import FEATURES, RunColumns, RunTask
 from aaren_core.attention.state import State
@@ -90,21 +89,14 @@ class EventTask(RunTask):
                 f"the checkpoint's schema names {len(mark_names)} marks and {len(value_names)} value columns; "
                 f"its model has {config.num_marks} marks and {config.value_width} values"
             )
-        self.description = ModelDescription(
-            name=name,
-            version=version,
-            backbone=config.backbone.kind,
-            d_model=config.backbone.d_model,
-            n_layers=config.backbone.n_layers,
-            n_heads=config.backbone.n_heads,
+        self.description = self.describe(
+            name,
+            value_names=value_names,
+            state_bytes=state_bytes,
+            task="event",
             num_marks=config.num_marks,
-            value_width=config.value_width,
-            parameters=sum(p.numel() for p in model.parameters()),
-            state_bytes_per_session=state_bytes,
             mark_names=tuple(mark_names),
-            value_names=tuple(value_names),
             time_unit=str(schema.get("time_unit", "")),
-            device=str(device),
             quantiles=self.quantiles,
         )
         self._step = self._step_tensors

@@ -21,13 +21,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.policy.outputs import PolicyOutputs
 from aaren.server.tasks.runs import RunColumns, RunTask
 from aaren_core.attention.state import State
 from aaren_core.checkpoint import Checkpoint
 from aaren_core.tasks.policy.model import PolicyModel
-from aaren_core.tasks.policy.rollout import DEFAULT_TARGET_RETURNS
+from aaren_core.tasks.policy.rollout import default_target_return
 
 __all__ = ["PolicyTask", "from_checkpoint"]
 
@@ -51,25 +50,16 @@ class PolicyTask(RunTask):
         env = str(metadata.get("env") or "")
         target = metadata.get("target_return")
         if target is None:
-            target = DEFAULT_TARGET_RETURNS.get(env.split("-")[0], 0.0)
+            target = default_target_return(env, default=0.0)
         fresh = model.init_state(1, device="cpu")
-        b = c.backbone
-        self.description = ModelDescription(
-            name=name,
-            version=version,
-            backbone=b.kind,
-            d_model=b.d_model,
-            n_layers=b.n_layers,
-            n_heads=b.n_heads,
-            num_marks=1,
-            value_width=1 + c.obs_dim,
-            parameters=sum(p.numel() for p in model.parameters()),
-            state_bytes_per_session=model.state_nbytes(fresh) + 4 * self.last_width,
-            mark_names=("step",),
+        self.description = self.describe(
+            name,
             value_names=("reward", *obs),
-            time_unit="steps",
-            device=str(device),
+            state_bytes=model.state_nbytes(fresh) + 4 * self.last_width,
             task=self.task,
+            num_marks=1,
+            mark_names=("step",),
+            time_unit="steps",
             action_width=c.act_dim,
             env=env,
             target_return=float(target),

@@ -58,9 +58,12 @@ class SeriesTask(RecurrentTask):
             raise ValueError(f"the checkpoint names {len(channels)} channels; its model has {c.n_channels}")
         step = float(metadata.get("step_seconds", 0.0))
         self.state_bytes += 4 * c.n_channels  # the FILLED row
-        self.description = self._describe(
+        self.description = self.describe(
             name,
-            channels,
+            value_names=channels,
+            state_bytes=self.state_bytes,
+            task=self.task,
+            num_marks=1,
             mark_names=("observation",),
             time_unit="seconds",
             quantiles=tuple(c.quantiles),
