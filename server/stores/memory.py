@@ -76,7 +76,7 @@ class MemoryStore(SessionStore):
         get = self._slots.get
         # np.array of a list: np.fromiter costs about 10 us a call whatever the length (numpy 2.4).
         slots = np.array([get(sid, 0) for sid in session_ids], dtype=np.int64)
-        index = torch.from_numpy(slots).to(self._device)
+        index = self._index(slots)
         return LoadedBatch(
             present=slots != 0,
             last_seq=self._seq[slots],
@@ -95,17 +95,21 @@ class MemoryStore(SessionStore):
         # Compare-and-set: slot 0's seq is 0, so a new session is written iff 0 was expected.
         ok = self._seq[slots] == np.asarray(batch.expected_seqs, dtype=np.int64)
         self._mark = self._tail
-        # Existing sessions first, so that making room for new ones never evicts a row being written.
-        old = np.flatnonzero(ok & (slots != 0))
-        new = np.flatnonzero(ok & (slots == 0))
-        if len(old):
-            self._append(slots[old])
-        if len(new):
+        every = bool(ok.all())  # the common batch: every session written, in order
+        written = None if every else np.flatnonzero(ok)
+        dst = slots if written is None else slots[written]  # [W] their slots (0: new)
+        is_new = dst == 0
+        if not is_new.any():
+            self._append(dst)
+        else:
+            # Existing sessions first, so that making room for new ones never evicts a row being written.
+            new = np.flatnonzero(is_new)
+            self._append(dst[~is_new])
             taken = self._take(len(new))
-            slots[new] = taken
+            dst[new] = taken
             self._append(taken)
             ids_of, slot_of = self._ids, self._slots
-            new_ids = [session_ids[i] for i in new.tolist()]
+            new_ids = [session_ids[i] for i in (new if written is None else written[new]).tolist()]
             for sid, slot in zip(new_ids, taken.tolist(), strict=True):
                 slot_of[sid] = slot
                 ids_of[slot] = sid
@@ -113,24 +117,25 @@ class MemoryStore(SessionStore):
             if self._evicted:
                 for sid in new_ids:
                     self._evicted.pop(sid, None)
-        written = np.flatnonzero(ok)
-        if len(written):
-            dst = slots[written]
-            every = len(written) == len(session_ids)
-            pick = slice(None) if every else written
+        if len(dst):
+            pick = slice(None) if written is None else written
             self._seq[dst] = batch.last_seq[pick]
             self._last_time[dst] = batch.last_time[pick]
             self._created[dst] = batch.created_at[pick]
             self._updated[dst] = batch.updated_at[pick]
             self._version[dst] = self._code(batch.model_version)
-            # Every row written, in order (the common batch): scatter the tensors as they are.
-            src = None if every else torch.from_numpy(written).to(self._device)
-            index = torch.from_numpy(dst).to(self._device)
+            index = self._index(dst)
+            src = None if written is None else self._index(written)
             for k, pool in self._pool.items():
                 row = batch.tensors[k] if src is None else batch.tensors[k].index_select(0, src)
                 pool.index_copy_(0, index, row if row.dtype == pool.dtype else row.to(pool.dtype))
         self._shrink()  # back to capacity, sparing what this call wrote
         return ok.tolist()
+
+    def _index(self, positions: np.ndarray) -> Tensor:
+        """``positions`` (int64) as an index tensor on the pool's device (shared memory on the CPU)."""
+        index = torch.from_numpy(positions)
+        return index if self._device.type == "cpu" else index.to(self._device)
 
     def _code(self, version: str) -> int:
         """The code of a model version in ``_versions`` (a new one gets the next)."""
