@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
@@ -40,7 +39,7 @@ from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.core.limits import TokenBucket
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
-from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionMeta, SessionStore, StoreUnavailableError
+from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionStore, StoreUnavailableError
 from aaren.server.tasks.base import Task
 from aaren.server.tasks.runs import RunColumns
 
@@ -446,8 +445,8 @@ class Batcher:
         except StoreUnavailableError as exc:
             self._fail_pieces(pieces, Reasons.store_unavailable(exc))
             return
-        self._reset_foreign_states(ids, loaded)
-        stored = _StoredColumns.of(loaded.metas, self.task.version)
+        stored = _StoredColumns.of(loaded, self.task.version)
+        self._reset_foreign_states(ids, loaded, stored)
 
         verdict, errors, dup_seq = await self._verdicts(ids, sess, seq, times, stored)
         applied = np.flatnonzero(verdict == _APPLY)
@@ -507,7 +506,7 @@ class Batcher:
             for i in np.flatnonzero(bad).tolist():
                 u, key = int(sess[i]), ids[int(sess[i])]
                 if foreign[i]:
-                    errors[i] = Reasons.model_mismatch(shown(key), stored.versions[u], version)
+                    errors[i] = Reasons.model_mismatch(shown(key), stored.version_of(u), version)
                 elif missing[i]:
                     errors[i] = Reasons.session_missing(shown(key), int(seq[i]), self.store.was_evicted(key))
                 elif gap[i]:
@@ -547,7 +546,7 @@ class Batcher:
         original; a rejected event changes nothing, so the ones after it see the same state."""
         shown = self.scope.shown(key)
         if stored.foreign[u]:
-            error = Reasons.model_mismatch(shown, stored.versions[u], self.task.version)
+            error = Reasons.model_mismatch(shown, stored.version_of(u), self.task.version)
             for i in positions.tolist():
                 verdict[i], errors[i] = _ERR, error
             return
@@ -704,45 +703,46 @@ class Batcher:
                 keep[r] = False
         if keep.any():
             kept = np.flatnonzero(keep)
+            every = len(kept) == len(run_sess)
+            kept_sess = run_sess if every else run_sess[kept]  # [K] their sessions
+            last = applied[ends if every else ends[kept]]  # [K] their last applied events
             now = time.time()
-            metas = []
-            for r in kept.tolist():
-                u, end = int(run_sess[r]), int(applied[ends[r]])
-                created = stored.created_at[u] if stored.exists[u] else now
-                metas.append(SessionMeta(int(seq[end]), float(times[end]), float(created), now, self.task.version))
-            if not keep.all():
+            if not every:
                 kept_index = torch.from_numpy(kept).to(device)
                 new_rows = {k: v.index_select(0, kept_index) for k, v in new_rows.items()}
-            kept_ids = [ids[int(run_sess[r])] for r in kept.tolist()]
-            expected = [int(stored.last_seq[int(run_sess[r])]) for r in kept.tolist()]
+            existed = stored.exists[kept_sess]
+            save = SaveBatch(
+                session_ids=[ids[u] for u in kept_sess.tolist()],
+                tensors=new_rows,
+                last_seq=seq[last].astype(np.int64, copy=False),
+                last_time=times[last].astype(np.float64, copy=False),
+                created_at=np.where(existed, stored.created_at[kept_sess], now),
+                updated_at=np.full(len(kept), now),
+                model_version=self.task.version,
+                expected_seqs=stored.last_seq[kept_sess],
+            )
             try:
-                written = await self.timed("save", self.store.save(SaveBatch(kept_ids, new_rows, metas, expected)))
+                written = np.array(await self.timed("save", self.store.save(save)), dtype=bool)
             except StoreUnavailableError as exc:
                 error = Reasons.store_unavailable(exc, saving=True)
-                written = [False] * len(kept)
                 for r in kept.tolist():
                     session_error[r] = error
             else:
-                conflicts = 0
-                for r, ok in zip(kept.tolist(), written, strict=True):
-                    if not ok:
-                        conflicts += 1
+                if not written.all():
+                    lost = kept[~written]
+                    self.metrics.state_conflicts.inc(len(lost))
+                    for r in lost.tolist():
                         session_error[r] = Reasons.state_conflict(self.scope.shown(ids[int(run_sess[r])]))
-                if conflicts:
-                    self.metrics.state_conflicts.inc(conflicts)
-                started_sessions = [
-                    r
-                    for r, ok in zip(kept.tolist(), written, strict=True)
-                    if ok and not stored.exists[int(run_sess[r])]
-                ]
-                if started_sessions:
-                    self.metrics.sessions_started.inc(len(started_sessions))
-                    self.sessions_changed(len(started_sessions))
+                started = written & ~existed
+                n_started = int(np.count_nonzero(started))
+                if n_started:
+                    self.metrics.sessions_started.inc(n_started)
+                    self.sessions_changed(n_started)
                     if self.store.cheap_count:  # new sessions may have evicted others: count again
                         await self.update_session_gauges()
                     if self.scope.tenancy:
-                        for r in started_sessions:
-                            self._count_tenant_session(ids[int(run_sess[r])], +1)
+                        for u in kept_sess[started].tolist():
+                            self._count_tenant_session(ids[u], +1)
         self._latency["model"].observe(store_started - model_started)
         self._latency["store"].observe(time.perf_counter() - store_started)
 
@@ -918,24 +918,22 @@ class Batcher:
         if self.scope.tenancy:
             self._count_tenant_session(key, -1)
 
-    def _reset_foreign_states(self, ids: list[str], loaded: LoadedBatch) -> None:
+    def _reset_foreign_states(self, ids: list[str], loaded: LoadedBatch, stored: _StoredColumns) -> None:
         """With ``on_model_mismatch=reset``: a state another model version wrote becomes a fresh state
         of this model; the session keeps its seq and time, so its client just goes on."""
-        if self.settings.on_model_mismatch != "reset":
+        if self.settings.on_model_mismatch != "reset" or not stored.foreign.any():
             return
-        for u, meta in enumerate(loaded.metas):
-            if meta is None or meta.model_version == self.task.version:
-                continue
+        for u in np.flatnonzero(stored.foreign).tolist():
             log.warning(
                 "session %r was written by model %s; resetting it for %s",
                 ids[u],
-                meta.model_version,
+                stored.version_of(u),
                 self.task.version,
             )
             for name, row in self.store.layout.rows.items():
                 loaded.tensors[name][u] = row
-            loaded.metas[u] = dataclasses.replace(meta, model_version=self.task.version)
             self.metrics.state_resets.inc()
+        stored.foreign[:] = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -986,29 +984,34 @@ class _Runs:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _StoredColumns:
-    """What the store holds of a batch's ``U`` sessions, as arrays ``[U]``."""
+    """What the store holds of a batch's ``U`` sessions, as arrays ``[U]`` (the ``LoadedBatch``'s
+    columns as loaded; ``last_time`` is -inf for a session without state), and ``foreign``: held,
+    and written by another model version."""
 
     exists: np.ndarray
     last_seq: np.ndarray
     last_time: np.ndarray
     created_at: np.ndarray
     foreign: np.ndarray
-    versions: list[str]
+    version: np.ndarray
+    versions: tuple[str, ...]
 
     @classmethod
-    def of(cls, metas: list[SessionMeta | None], version: str) -> _StoredColumns:
-        missing = (0, -math.inf, 0.0, "")
-        rows = [missing if m is None else (m.last_seq, m.last_time, m.created_at, m.model_version) for m in metas]
-        seqs, times, created, versions = zip(*rows, strict=True) if rows else ((), (), (), ())
-        exists = np.array([m is not None for m in metas], dtype=bool)
+    def of(cls, loaded: LoadedBatch, version: str) -> _StoredColumns:
+        own = loaded.versions.index(version) if version in loaded.versions else -2  # -1 is "none"
         return cls(
-            exists=exists,
-            last_seq=np.array(seqs, dtype=np.int64),
-            last_time=np.array(times, dtype=np.float64),
-            created_at=np.array(created, dtype=np.float64),
-            foreign=exists & np.array([v != version for v in versions], dtype=bool),
-            versions=list(versions),
+            exists=loaded.present,
+            last_seq=loaded.last_seq,
+            last_time=loaded.last_time,
+            created_at=loaded.created_at,
+            foreign=loaded.present & (loaded.version != own),
+            version=loaded.version,
+            versions=loaded.versions,
         )
+
+    def version_of(self, u: int) -> str:
+        """The model version that wrote session ``u``."""
+        return self.versions[int(self.version[u])]
 
 
 class _TotalAndModelCounter:

@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["LoadedBatch", "SaveBatch", "SessionMeta", "SessionStore", "StateLayout", "StoreUnavailableError"]
+__all__ = [
+    "ABSENT_LAST_TIME",
+    "LoadedBatch",
+    "SaveBatch",
+    "SessionMeta",
+    "SessionStore",
+    "StateLayout",
+    "StoreUnavailableError",
+]
 
 
 class StoreUnavailableError(RuntimeError):
@@ -51,24 +61,111 @@ class StateLayout:
         return {k: t.unsqueeze(0).expand(n, *t.shape).clone() for k, t in self.rows.items()}
 
 
+#: What a batch's columns hold for a session the store does not have (``LoadedBatch``).
+ABSENT_LAST_TIME = -math.inf
+
+
 @dataclasses.dataclass(frozen=True)
 class LoadedBatch:
-    """Sessions read for one batch: ``metas[i]`` is None for a session without state;
-    ``tensors[name] [B, ...]`` holds its fresh row then."""
+    """Sessions read for one batch, as columns ``[B]``: ``present`` (whether the store has the
+    session), its ``last_seq`` (int64), ``last_time``, ``created_at``, ``updated_at`` (float64, unix
+    seconds) and model version ``versions[version[i]]`` (``version`` int16 codes into the batch's
+    small table ``versions``). A session without state reads ``last_seq`` 0, ``last_time``
+    ``ABSENT_LAST_TIME``, times 0 and code -1; ``tensors[name] [B, ...]`` holds its fresh row."""
 
-    metas: list[SessionMeta | None]
+    present: np.ndarray
+    last_seq: np.ndarray
+    last_time: np.ndarray
+    created_at: np.ndarray
+    updated_at: np.ndarray
+    version: np.ndarray
+    versions: tuple[str, ...]
     tensors: dict[str, Tensor]
+
+    @classmethod
+    def of(cls, metas: Sequence[SessionMeta | None], tensors: dict[str, Tensor]) -> LoadedBatch:
+        """Columns from one ``SessionMeta`` (or None) per session (a cold path: a store that reads
+        records one by one)."""
+        codes: dict[str, int] = {}
+        n = len(metas)
+        present = np.zeros(n, dtype=bool)
+        last_seq = np.zeros(n, dtype=np.int64)
+        last_time = np.full(n, ABSENT_LAST_TIME)
+        created, updated = np.zeros(n), np.zeros(n)
+        version = np.full(n, -1, dtype=np.int16)
+        for i, m in enumerate(metas):
+            if m is not None:
+                present[i] = True
+                last_seq[i], last_time[i], created[i], updated[i] = m.last_seq, m.last_time, m.created_at, m.updated_at
+                version[i] = codes.setdefault(m.model_version, len(codes))
+        return cls(present, last_seq, last_time, created, updated, version, tuple(codes), tensors)
+
+    def meta(self, i: int) -> SessionMeta | None:
+        """Session ``i``'s metadata as one object, or None (cold paths: ``get``, tests)."""
+        if not self.present[i]:
+            return None
+        return SessionMeta(
+            int(self.last_seq[i]),
+            float(self.last_time[i]),
+            float(self.created_at[i]),
+            float(self.updated_at[i]),
+            self.versions[int(self.version[i])],
+        )
+
+    @property
+    def metas(self) -> list[SessionMeta | None]:
+        """Every session's ``meta`` (cold paths and tests; the batcher reads the columns)."""
+        return [self.meta(i) for i in range(len(self.present))]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SaveBatch:
-    """What one ``save`` writes: rows ``tensors[name][i]`` ``[B, ...]`` and ``metas[i]`` of
-    ``session_ids[i]``, if its stored last seq still equals ``expected_seqs[i]`` (0: it must not exist)."""
+    """What one ``save`` writes, as columns ``[B]``: rows ``tensors[name][i]`` ``[B, ...]`` of
+    ``session_ids[i]`` with metadata ``last_seq[i]`` (int64), ``last_time[i]``, ``created_at[i]``,
+    ``updated_at[i]`` (float64) and the batch's ``model_version``, if its stored last seq still
+    equals ``expected_seqs[i]`` (int64; 0: it must not exist)."""
 
     session_ids: Sequence[str]
     tensors: dict[str, Tensor]
-    metas: Sequence[SessionMeta]
-    expected_seqs: Sequence[int]
+    last_seq: np.ndarray
+    last_time: np.ndarray
+    created_at: np.ndarray
+    updated_at: np.ndarray
+    model_version: str
+    expected_seqs: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        session_ids: Sequence[str],
+        tensors: dict[str, Tensor],
+        metas: Sequence[SessionMeta],
+        expected: Sequence[int],
+    ) -> SaveBatch:
+        """Columns from one ``SessionMeta`` per session, all of one model version (cold paths, tests)."""
+        versions = {m.model_version for m in metas}
+        if len(versions) > 1:
+            raise ValueError(f"one save writes one model version, not {sorted(versions)}")
+        return cls(
+            session_ids,
+            tensors,
+            np.array([m.last_seq for m in metas], dtype=np.int64),
+            np.array([m.last_time for m in metas], dtype=np.float64),
+            np.array([m.created_at for m in metas], dtype=np.float64),
+            np.array([m.updated_at for m in metas], dtype=np.float64),
+            versions.pop() if versions else "",
+            np.array(expected, dtype=np.int64),
+        )
+
+    def meta(self, i: int) -> SessionMeta:
+        """Session ``i``'s metadata as one object (cold paths)."""
+        return SessionMeta(
+            int(self.last_seq[i]),
+            float(self.last_time[i]),
+            float(self.created_at[i]),
+            float(self.updated_at[i]),
+            self.model_version,
+        )
 
 
 class SessionStore(abc.ABC):

@@ -200,20 +200,35 @@ class RedisStore(SessionStore):
         return out
 
     @staticmethod
-    def _record(meta: SessionMeta, state: bytes, write_id: bytes) -> bytes:
-        model = meta.model_version.encode()
+    def _records(
+        last_seq: np.ndarray,
+        last_time: np.ndarray,
+        created_at: np.ndarray,
+        updated_at: np.ndarray,
+        model_version: str,
+        states: Sequence[bytes],
+        write_id: bytes,
+    ) -> list[bytes]:
+        """The records (module docstring) of sessions with metadata columns ``[B]``, one model
+        version and state bytes ``states[i]``."""
+        model = model_version.encode()
         if len(model) > 255:
-            raise ValueError(f"model version {meta.model_version!r} is longer than 255 bytes")
-        return b"".join(
-            [
-                f"{meta.last_seq:0{SEQ_DIGITS}d}".encode(),
-                _TIMES.pack(meta.last_time, meta.created_at, meta.updated_at),
-                bytes([len(model)]),
-                model,
-                state,
-                write_id,
-            ]
-        )
+            raise ValueError(f"model version {model_version!r} is longer than 255 bytes")
+        model = bytes([len(model)]) + model
+        times = np.stack([last_time, created_at, updated_at], axis=1).astype("<f8").tobytes()  # [B, 3] float64
+        width = _TIMES.size
+        return [
+            b"".join([b"%0*d" % (SEQ_DIGITS, seq), times[i * width : (i + 1) * width], model, state, write_id])
+            for i, (seq, state) in enumerate(zip(last_seq.tolist(), states, strict=True))
+        ]
+
+    @staticmethod
+    def _record(meta: SessionMeta, state: bytes, write_id: bytes) -> bytes:
+        """One session's record (``_records``)."""
+        one = SaveBatch.of([""], {}, [meta], [0])
+        return RedisStore._records(
+            one.last_seq, one.last_time, one.created_at, one.updated_at, one.model_version, [state], write_id
+        )[0]
 
     def _parse(self, record: bytes) -> tuple[SessionMeta, bytes | None]:
         """A record -> its meta and state bytes; state None when they do not fit this layout (the
@@ -309,27 +324,33 @@ class RedisStore(SessionStore):
                 self._tombstone(sid, first_report=answer[1] == b"1")
             metas.append(None)
             blobs.append(self._fresh)
-        return LoadedBatch(metas=metas, tensors=self._decode(blobs))
+        # The records are parsed one by one anyway: their metadata become columns at the end.
+        return LoadedBatch.of(metas, self._decode(blobs))
 
     async def save(self, batch: SaveBatch) -> list[bool]:
-        session_ids, tensors, metas, expected_seqs = batch.session_ids, batch.tensors, batch.metas, batch.expected_seqs
-        blobs = self._encode(tensors)
+        session_ids = batch.session_ids
         # One id per call is enough: its sessions have different keys, and only a resend of this
         # very pipeline may carry it again.
         write_id = os.urandom(WRITE_ID_BYTES)
-        keys, args = [], []
+        records = self._records(
+            batch.last_seq,
+            batch.last_time,
+            batch.created_at,
+            batch.updated_at,
+            batch.model_version,
+            self._encode(batch.tensors),
+            write_id,
+        )
         tomb_extra_ms = math.ceil(self.tombstone_ttl_s * 1000)
-        for sid, blob, meta, expected in zip(session_ids, blobs, metas, expected_seqs, strict=True):
-            expires_ms = math.ceil((meta.updated_at + self.idle_ttl_s) * 1000)
-            keys.append(self._keys(sid))
-            args.append(
-                (
-                    f"{expected:0{SEQ_DIGITS}d}",
-                    self._record(meta, blob, write_id),
-                    expires_ms,
-                    expires_ms + tomb_extra_ms,
-                )
+        # ceil((updated_at + idle_ttl_s) * 1000) in float64, as math.ceil of the same float sum.
+        expires = np.ceil((np.asarray(batch.updated_at, dtype=np.float64) + self.idle_ttl_s) * 1000).astype(np.int64)
+        keys = [self._keys(sid) for sid in session_ids]
+        args = [
+            (b"%0*d" % (SEQ_DIGITS, expected), record, expires_ms, expires_ms + tomb_extra_ms)
+            for expected, record, expires_ms in zip(
+                np.asarray(batch.expected_seqs).tolist(), records, expires.tolist(), strict=True
             )
+        ]
         answers = await self._guard("save", self._run_per_session(self._save, keys, args))
         written = [int(a) == 1 for a in answers]
         for sid, ok in zip(session_ids, written, strict=True):

@@ -49,7 +49,7 @@ def test_tls_round_trip_and_plaintext_refused(tmp_path):
 
         async def round_trip(store):
             assert await store.healthy()
-            assert await store.save(SaveBatch(["a"], rows(2.0), [meta(1)], [0])) == [True]
+            assert await store.save(SaveBatch.of(["a"], rows(2.0), [meta(1)], [0])) == [True]
             return await store.get("a")
 
         got = with_store(server.url, round_trip)
@@ -83,7 +83,7 @@ def test_nothing_listening_is_unavailable_not_a_hang(tmp_path):
         messages = []
         for name, call in (
             ("load", store.load(["a"])),
-            ("save", store.save(SaveBatch(["a"], rows(1.0), [meta(1)], [0]))),
+            ("save", store.save(SaveBatch.of(["a"], rows(1.0), [meta(1)], [0]))),
             ("delete", store.delete("a")),
         ):
             with pytest.raises(StoreUnavailableError, match=f"redis {name} failed: ConnectionError") as info:
@@ -100,7 +100,7 @@ def test_record_layout_one_string_and_a_tombstone_per_session(redis_server, redi
     prefix = redis_url.split("prefix=")[1]
 
     async def body(store):
-        await store.save(SaveBatch(["s{1}"], rows(3.0), [meta(4)], [0]))
+        await store.save(SaveBatch.of(["s{1}"], rows(3.0), [meta(4)], [0]))
 
     with_store(redis_url, body)
     client = redis_server.client()
@@ -115,7 +115,7 @@ def test_record_layout_one_string_and_a_tombstone_per_session(redis_server, redi
 
     async def same_again(store):  # another save call with the same bytes: a different write id
         await store.delete("s{1}")
-        await store.save(SaveBatch(["s{1}"], rows(3.0), [m], [0]))
+        await store.save(SaveBatch.of(["s{1}"], rows(3.0), [m], [0]))
 
     with_store(redis_url, same_again)
     first = client.get(key)
@@ -131,7 +131,7 @@ def test_a_record_written_before_write_ids_is_still_read(redis_server, redis_url
     redis_server.client().set(f"{prefix}{{old}}", old)
 
     async def body(store):
-        return await store.get("old"), await store.save(SaveBatch(["old"], rows(6.0), [meta(8)], [7]))
+        return await store.get("old"), await store.save(SaveBatch.of(["old"], rows(6.0), [meta(8)], [7]))
 
     (m, r), written = with_store(redis_url, body)
     assert (m.last_seq, m.last_time, m.created_at, m.updated_at, m.model_version) == (7, 7.0, 1.0, 2.0, "v1")
@@ -210,9 +210,9 @@ def test_a_write_resent_after_its_reply_was_lost_answers_written(redis_server):
         )
         try:
             # Connection, handshake and script in place, so the next reply is the save's own.
-            assert await store.save(SaveBatch(["warm"], rows(1.0), [meta(1)], [0])) == [True]
+            assert await store.save(SaveBatch.of(["warm"], rows(1.0), [meta(1)], [0])) == [True]
             proxy.armed = True
-            resent = await store.save(SaveBatch(["a"], rows(2.0), [meta(1)], [0]))
+            resent = await store.save(SaveBatch.of(["a"], rows(2.0), [meta(1)], [0]))
             return resent, await store.get("a")
         finally:
             await store.close()
@@ -225,9 +225,9 @@ def test_a_write_resent_after_its_reply_was_lost_answers_written(redis_server):
 
 def test_script_cache_flushed_by_redis_is_reloaded(redis_server, redis_url):
     async def body(store):
-        await store.save(SaveBatch(["a"], rows(1.0), [meta(1)], [0]))
+        await store.save(SaveBatch.of(["a"], rows(1.0), [meta(1)], [0]))
         redis_server.client().script_flush()
-        return await store.save(SaveBatch(["a"], rows(2.0), [meta(2)], [1])), await store.get("a")
+        return await store.save(SaveBatch.of(["a"], rows(2.0), [meta(2)], [1])), await store.get("a")
 
     written, (m, r) = with_store(redis_url, body)
     assert written == [True] and m.last_seq == 2 and (r["m"] == 2.0).all()

@@ -77,7 +77,7 @@ def test_save_then_load_round_trips_rows_and_meta(store_factory):
     store = store_factory()
 
     async def go():
-        assert await store.save(SaveBatch(["a", "b"], rows(2, 1.5), [meta(1), meta(1)], [0, 0])) == [True, True]
+        assert await store.save(SaveBatch.of(["a", "b"], rows(2, 1.5), [meta(1), meta(1)], [0, 0])) == [True, True]
         loaded = await store.load(["b", "x", "a"])
         got = await store.get("a")
         return loaded, got, await store.count()
@@ -94,10 +94,10 @@ def test_compare_and_set_refuses_stale_writes(store_factory):
     store = store_factory()
 
     async def go():
-        await store.save(SaveBatch(["a"], rows(1, 1.0), [meta(1)], [0]))
-        stale_new = await store.save(SaveBatch(["a"], rows(1, 9.0), [meta(1)], [0]))  # as if "a" did not exist
-        stale_old = await store.save(SaveBatch(["a"], rows(1, 9.0), [meta(3)], [2]))  # wrong expected seq
-        ok = await store.save(SaveBatch(["a"], rows(1, 2.0), [meta(2)], [1]))
+        await store.save(SaveBatch.of(["a"], rows(1, 1.0), [meta(1)], [0]))
+        stale_new = await store.save(SaveBatch.of(["a"], rows(1, 9.0), [meta(1)], [0]))  # as if "a" did not exist
+        stale_old = await store.save(SaveBatch.of(["a"], rows(1, 9.0), [meta(3)], [2]))  # wrong expected seq
+        ok = await store.save(SaveBatch.of(["a"], rows(1, 2.0), [meta(2)], [1]))
         return stale_new, stale_old, ok, await store.get("a")
 
     stale_new, stale_old, ok, (m, r) = run_on(store, go())
@@ -112,8 +112,8 @@ def test_two_writers_of_identical_bytes_have_one_winner(store_factory):
     same = meta(1, updated=1_900_000_000.0)
 
     async def go():
-        first = await store.save(SaveBatch(["a"], rows(1, 3.0), [same], [0]))
-        second = await store.save(SaveBatch(["a"], rows(1, 3.0), [same], [0]))
+        first = await store.save(SaveBatch.of(["a"], rows(1, 3.0), [same], [0]))
+        second = await store.save(SaveBatch.of(["a"], rows(1, 3.0), [same], [0]))
         return first, second, await store.get("a")
 
     first, second, (m, r) = run_on(store, go())
@@ -125,8 +125,8 @@ def test_mixed_batch_writes_only_the_rows_that_match(store_factory):
     store = store_factory()
 
     async def go():
-        await store.save(SaveBatch(["a"], rows(1, 1.0), [meta(1)], [0]))
-        written = await store.save(SaveBatch(["a", "b", "c"], rows(3, 5.0), [meta(2), meta(1), meta(1)], [7, 0, 0]))
+        await store.save(SaveBatch.of(["a"], rows(1, 1.0), [meta(1)], [0]))
+        written = await store.save(SaveBatch.of(["a", "b", "c"], rows(3, 5.0), [meta(2), meta(1), meta(1)], [7, 0, 0]))
         return written, await store.load(["a", "b", "c"])
 
     written, loaded = run_on(store, go())
@@ -138,7 +138,7 @@ def test_delete_returns_what_was_there(store_factory):
     store = store_factory()
 
     async def go():
-        await store.save(SaveBatch(["a"], rows(1, 1.0), [meta(1)], [0]))
+        await store.save(SaveBatch.of(["a"], rows(1, 1.0), [meta(1)], [0]))
         first = await store.delete("a")
         second = await store.delete("a")
         return first, second, await store.get("a"), await store.load(["a"]), await store.count()
@@ -155,7 +155,7 @@ def test_ttl_sweep_evicts_idle_sessions_and_remembers_them(store_factory):
 
     async def go():
         now = time.time()
-        await store.save(SaveBatch(["old", "new"], rows(2, 1.0), [meta(1, now - 60), meta(1, now)], [0, 0]))
+        await store.save(SaveBatch.of(["old", "new"], rows(2, 1.0), [meta(1, now - 60), meta(1, now)], [0, 0]))
         n = await store.sweep(now)
         return n, await store.get("old"), await store.get("new")
 
@@ -173,10 +173,10 @@ def test_capacity_evicts_least_recently_written(store_factory):
     store.on_evict = causes.append
 
     async def go():
-        await store.save(SaveBatch(["a"], rows(1, 1.0), [meta(1)], [0]))
-        await store.save(SaveBatch(["b"], rows(1, 2.0), [meta(1)], [0]))
-        await store.save(SaveBatch(["a"], rows(1, 3.0), [meta(2)], [1]))  # "b" is now the least recent
-        await store.save(SaveBatch(["c"], rows(1, 4.0), [meta(1)], [0]))
+        await store.save(SaveBatch.of(["a"], rows(1, 1.0), [meta(1)], [0]))
+        await store.save(SaveBatch.of(["b"], rows(1, 2.0), [meta(1)], [0]))
+        await store.save(SaveBatch.of(["a"], rows(1, 3.0), [meta(2)], [1]))  # "b" is now the least recent
+        await store.save(SaveBatch.of(["c"], rows(1, 4.0), [meta(1)], [0]))
         return await store.get("a"), await store.get("b"), await store.get("c"), await store.count()
 
     a, b, c, count = run_on(store, go())
@@ -192,7 +192,7 @@ def test_many_sessions_grow_the_pool_without_losing_rows(store_factory):
     async def go():
         data = rows(3000, 0.0)
         data["m"] = torch.arange(3000, dtype=torch.float32).view(-1, 1, 1).expand(-1, 2, 3).clone()
-        await store.save(SaveBatch(ids, data, [meta(1) for _ in ids], [0] * 3000))
+        await store.save(SaveBatch.of(ids, data, [meta(1) for _ in ids], [0] * 3000))
         return await store.load(ids[::-1])
 
     loaded = run_on(store, go())
@@ -215,9 +215,9 @@ def test_batch_larger_than_capacity_keeps_every_row_it_wrote(store_factory):
     async def go():
         data = rows(3, 0.0)
         data["m"] = torch.tensor([1.0, 2.0, 3.0]).view(-1, 1, 1).expand(-1, 2, 3).clone()
-        written = await store.save(SaveBatch(["a", "b", "c"], data, [meta(1)] * 3, [0, 0, 0]))
+        written = await store.save(SaveBatch.of(["a", "b", "c"], data, [meta(1)] * 3, [0, 0, 0]))
         after_batch = [await store.get(s) for s in "abc"]
-        await store.save(SaveBatch(["d"], rows(1, 4.0), [meta(1)], [0]))
+        await store.save(SaveBatch.of(["d"], rows(1, 4.0), [meta(1)], [0]))
         return written, after_batch, [await store.get(s) for s in "abcd"], await store.count()
 
     written, after_batch, later, count = run_on(store, go())
