@@ -37,7 +37,7 @@ from aaren.server.contract.columns import (
 )
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.core.limits import TokenBucket
-from aaren.server.observability.metrics import Metrics
+from aaren.server.observability.metrics import Metrics, observe_many
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionStore, StoreUnavailableError
 from aaren.server.tasks.base import Task
@@ -289,31 +289,32 @@ class Batcher:
         if request.tenant:
             prefix = request.tenant + "/"
             keys = [prefix + s for s in keys]
-        accepted = _PendingRequest(request, keys, self._timed_done(on_done))
+        accepted = _PendingRequest(request, keys, on_done)
         for error in request.errors.values():
             self.count_rejection(error)
         if not keys:
-            accepted.on_done(accepted.outcomes())
+            self._answer(accepted)
             return
         self._queue.append(accepted)
         self._queued_events += len(keys)
         self.metrics.pending_events.set(self.admission.pending)
         self._wakeup.set()
 
-    def _timed_done(self, on_done: Callable[[Outcomes], None]) -> Callable[[Outcomes], None]:
-        received = time.perf_counter()
-        total = self._latency["total"]
-
-        def done(outcomes: Outcomes) -> None:
-            total.observe(time.perf_counter() - received)
-            try:
-                on_done(outcomes)
-            except asyncio.InvalidStateError:
-                pass  # a future whose call was cancelled meanwhile: nobody waits for the answer
-            except Exception:  # the caller's failure to deliver must not fail the batch that stored it
-                log.exception("delivering the answer of a request failed")
-
-        return done
+    def _answer(self, accepted: _PendingRequest, took: list[float] | None = None) -> None:
+        """Hand ``accepted`` its outcomes, its total latency observed now or, with ``took``, appended
+        there for the batch to observe at once (``observe_many``)."""
+        outcomes = accepted.outcomes()
+        latency = time.perf_counter() - accepted.received
+        if took is None:
+            self._latency["total"].observe(latency)
+        else:
+            took.append(latency)
+        try:
+            accepted.on_done(outcomes)
+        except asyncio.InvalidStateError:
+            pass  # a future whose call was cancelled meanwhile: nobody waits for the answer
+        except Exception:  # the caller's failure to deliver must not fail the batch that stored it
+            log.exception("delivering the answer of a request failed")
 
     def count_rejection(self, error: ErrorInfo, n: int = 1) -> None:
         """Count ``n`` rejected events by reason (also those refused before the core)."""
@@ -419,21 +420,22 @@ class Batcher:
                 self.count_rejection(error, len(still))
             self._finish_piece(accepted, count)
 
-    def _finish_piece(self, accepted: _PendingRequest, count: int) -> None:
+    def _finish_piece(self, accepted: _PendingRequest, count: int, took: list[float] | None = None) -> None:
         accepted.remaining -= count
         if accepted.remaining == 0:
-            accepted.on_done(accepted.outcomes())
+            self._answer(accepted, took)
 
     # ------------------------------------------------------------------ one batch
 
     async def _run_batch(self, batch: _Batch) -> None:
         pieces, sess, ids = batch.pieces, batch.sess, batch.ids
         started = time.perf_counter()
-        queue_latency = self._latency["queue"]
+        waited = []
         for accepted, _, _ in pieces:
             if not accepted.queued:  # once per request: its events arrived together
                 accepted.queued = True
-                queue_latency.observe(started - accepted.received)
+                waited.append(started - accepted.received)
+        observe_many(self._latency["queue"], waited)
         cols = [(a.request.events, s, s + c) for a, s, c in pieces]
         seq = _cat([e.seq[s:t] for e, s, t in cols])
         times = _cat([e.time[s:t] for e, s, t in cols])
@@ -852,6 +854,7 @@ class Batcher:
                 accepted, start, _ = pieces[p]
                 accepted.errors[int(accepted.request.index[start + i - bounds[p]])] = error
         at = 0
+        took: list[float] = []
         for accepted, start, count in pieces:
             end = at + count
             positions = accepted.request.index[start : start + count]
@@ -872,7 +875,8 @@ class Batcher:
                     whole = len(picked) == n_outputs and bool((picked == np.arange(len(picked))).all())
                     accepted.chunks.append((positions[has], outputs if whole else outputs.take(picked)))
             at = end
-            self._finish_piece(accepted, count)
+            self._finish_piece(accepted, count, took)
+        observe_many(self._latency["total"], took)
 
     # ------------------------------------------------------------------ helpers
 

@@ -126,3 +126,28 @@ def test_every_server_of_a_process_exports_the_process_metrics(start_server):
         assert any(name == "python_info" for name, _ in s)
         assert any(name == "python_gc_objects_collected_total" for name, _ in s)
     assert metric(scrapes[0], "process_start_time_seconds") == metric(scrapes[1], "process_start_time_seconds")
+
+
+def test_observe_many_counts_as_observe_does():
+    """A batch's latencies observed at once give the same buckets, count and sum as one observe each,
+    at the bucket bounds, between, past the last and below the first."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from aaren.server.observability.metrics import LATENCY_BUCKETS, observe_many
+
+    amounts = [0.0, -1.0, 0.0001, 0.00011, 0.0025, 0.0025, 0.7, 10.0, 10.5, 1e9, *[0.003 * i for i in range(40)]]
+    families = []
+    for observe in ("one by one", "at once"):
+        registry = CollectorRegistry()
+        h = Histogram("x_seconds", "x", ["phase"], buckets=LATENCY_BUCKETS, registry=registry).labels("total")
+        if observe == "one by one":
+            for a in amounts:
+                h.observe(a)
+        else:
+            observe_many(h, amounts[:5])
+            observe_many(h, [])
+            observe_many(h, amounts[5:])
+        families.append({(s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples
+                         if not s.name.endswith("_created")})  # fmt: skip
+    assert families[0] == pytest.approx(families[1])
+    assert families[1][("x_seconds_count", None)] == len(amounts)
