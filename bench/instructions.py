@@ -26,7 +26,9 @@ mode). The streams are opened and warmed up (``--warmup`` events each) uncounted
 asks the server (a line on its stdin) to zero the counters and start counting, sends ``--rounds``
 events per stream (``s1``: 8x as many) on the same open streams, and asks it to stop and dump once
 the last reply is in: instructions per event = that dump's ``Ir`` / the events answered in the
-window. Stream opening and closing, start-up and shutdown are not counted. Under valgrind the server
+window. Stream opening and closing, start-up and shutdown are not counted. The echo kinds ``eN``
+count the project's no-op ``bench.echo_server`` (the same aaren.v1 protocol and forecast shape, no
+model) the same way: the gRPC floor the server kinds sit on. Under valgrind the server
 runs about 50 times slower than the client, so at ``s64`` every stream's next event is waiting
 whenever the batcher takes a batch: batches of up to 64 single events, as under a saturating load.
 
@@ -112,8 +114,9 @@ def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd
 
 
 def _server_streams(kind: str) -> int | None:
-    """The stream count of a server kind (``s1`` -> 1, ``s64`` -> 64), None for an engine-core kind."""
-    match = re.fullmatch(r"s(\d+)", kind)
+    """The stream count of a server kind (``s1`` -> 1, ``s64`` -> 64; the echo's ``e1``, ``e64``), None
+    for an engine-core kind."""
+    match = re.fullmatch(r"[se](\d+)", kind)
     return int(match.group(1)) if match else None
 
 
@@ -132,7 +135,7 @@ def count_server(
         command = [
             "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no", "--collect-jumps=no",
             f"--callgrind-out-file={folder}/callgrind.out.%p",
-            python, "-m", "bench.instructions", "--serve-inside", "--helper", str(library),
+            python, "-m", "bench.instructions", "--serve-inside", kind[0], "--helper", str(library),
         ]  # fmt: skip
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         with (folder / "server.err").open("w") as err:
@@ -140,7 +143,7 @@ def count_server(
                 command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
             )
             try:
-                result = asyncio.run(_drive(server, streams, rounds, warmup))
+                result = asyncio.run(_drive(server, kind, streams, rounds, warmup))
             finally:
                 if server.poll() is None:
                     assert server.stdin is not None
@@ -179,7 +182,7 @@ async def _say(server: subprocess.Popen[str], command: str, answer: str) -> str:
     return await asyncio.to_thread(_line, server, answer)
 
 
-async def _drive(server: subprocess.Popen[str], streams: int, rounds: int, warmup: int) -> dict[str, object]:
+async def _drive(server: subprocess.Popen[str], kind: str, streams: int, rounds: int, warmup: int) -> dict[str, object]:
     """The client: ``streams`` open streams warmed up, then ``rounds`` events each inside the window."""
     import grpc
 
@@ -187,11 +190,16 @@ async def _drive(server: subprocess.Popen[str], streams: int, rounds: int, warmu
     from aaren.v1 import aaren_pb2_grpc as pb_grpc
     from bench.stream_client import CHANNEL_OPTIONS, make_events, session_events
 
-    port = int((await asyncio.to_thread(_line, server, "aaren: listening on port")).split()[4].rstrip(","))
+    port = int((await asyncio.to_thread(_line, server, "listening on port")).split()[4].rstrip(","))
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) for _ in range(8)]
     try:
         stubs = [pb_grpc.ForecastServiceStub(ch) for ch in channels]
-        model = await stubs[0].DescribeModel(pb.DescribeModelRequest(), timeout=600)
+        # The echo has no DescribeModel: its events have the bundled model's shape (16 marks, 2 values).
+        model = (
+            await stubs[0].DescribeModel(pb.DescribeModelRequest(), timeout=600)
+            if kind.startswith("s")
+            else pb.DescribeModelResponse(mark_names=[""] * 16, value_names=["", ""])
+        )
         n = warmup + rounds
         warmed, window = asyncio.Event(), asyncio.Event()
         ready: list[int] = []
@@ -235,16 +243,19 @@ async def _drive(server: subprocess.Popen[str], streams: int, rounds: int, warmu
         raise SystemExit(f"{len(problems)} replies were not one forecast, e.g. {problems[0]}")
     events = len(answered)
     return dict(
-        kind=f"s{streams}", streams=streams, rounds=rounds, events=events, forecasts=events, errors=len(problems),
+        kind=kind, streams=streams, rounds=rounds, events=events, forecasts=events, errors=len(problems),
         wall_s=round(wall, 4), us_per_event=round(wall / max(events, 1) * 1e6, 2),
     )  # fmt: skip
 
 
-def _serve_inside(helper: str) -> None:
+def _serve_inside(which: str, helper: str) -> None:
     """The counted server process: ``aaren serve --frontends 0`` in this process (bundled model, CPU,
-    memory store, metrics off); stdin's ``start`` / ``stop`` start and stop the count, ``quit`` ends it."""
+    memory store, metrics off; ``which`` "s") or the no-op ``bench.echo_server`` with that model's
+    forecast shape ("e"); stdin's ``start`` / ``stop`` start and stop the count, ``quit`` ends it."""
     import gc
     import threading
+
+    import grpc
 
     from aaren.server.app import AarenServer
     from aaren.server.settings import ServerSettings
@@ -255,9 +266,21 @@ def _serve_inside(helper: str) -> None:
     )
 
     async def serve() -> None:
-        server = AarenServer(settings)
-        await server.start()
-        print(f"aaren: listening on port {server.grpc_port}", flush=True)
+        if which == "e":
+            from aaren.v1 import aaren_pb2_grpc as pb_grpc
+            from bench.echo_server import EchoServicer, dummy_forecast, server_options
+
+            echo = grpc.aio.server(options=server_options())
+            template = dummy_forecast(n_quantiles=len(settings.quantiles), n_marks=3, n_values=2)
+            pb_grpc.add_ForecastServiceServicer_to_server(EchoServicer(template), echo)
+            port = echo.add_insecure_port("127.0.0.1:0")
+            await echo.start()
+            stop = echo.stop
+        else:
+            server = AarenServer(settings)
+            await server.start()
+            port, stop = server.grpc_port, server.stop
+        print(f"server: listening on port {port}", flush=True)
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
 
@@ -276,7 +299,7 @@ def _serve_inside(helper: str) -> None:
 
         threading.Thread(target=control, daemon=True).start()
         await done.wait()
-        await server.stop(1.0)
+        await stop(1.0)
 
     asyncio.run(serve())
 
@@ -328,7 +351,9 @@ def _table(rows: list[dict[str, object]], label: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--kind", default="b1,b64", help="comma list: bench.engine_core kinds (b1, b64, b256, run64), server kinds sN"
+        "--kind",
+        default="b1,b64",
+        help="comma list: bench.engine_core kinds (b1, b64, b256, run64), server kinds sN, echo kinds eN",
     )
     p.add_argument("--rounds", type=int, default=20, help="counted rounds (sN: events per stream) per run (b1, s1: 8x)")
     p.add_argument("--warmup", type=int, default=3, help="uncounted rounds (sN: events per stream) first")
@@ -337,17 +362,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="also append the Markdown table to this file")
     p.add_argument("--inside", default=None, help=argparse.SUPPRESS)
     p.add_argument("--helper", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--serve-inside", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve-inside", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve_inside:
-        _serve_inside(a.helper)
+        _serve_inside(a.serve_inside, a.helper)
         return 0
     if a.inside:
         _inside(a.inside, a.rounds, a.warmup, a.helper)
         return 0
     rows = []
     for kind in a.kind.split(","):
-        rounds = a.rounds * 8 if kind in ("b1", "s1") else a.rounds
+        rounds = a.rounds * 8 if kind in ("b1", "s1", "e1") else a.rounds
         for _ in range(a.runs):
             server = _server_streams(kind) is not None
             row = count_server(kind, rounds, a.warmup) if server else count(kind, rounds, a.warmup)

@@ -172,33 +172,54 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         k = request_top_k or self.settings.default_top_k
         return min(k, view.ranked)
 
-    def _response(self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView) -> pb.StreamResponse:
+    def _response(
+        self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
+    ) -> pb.StreamResponse:
+        """The reply to ``request`` (its ``core`` request, as checked, if at hand)."""
         response = pb.StreamResponse(request_id=request.request_id)
         if outcomes.request_error is not None:
             response.request_error.CopyFrom(self._error(outcomes.request_error))
             return response
         if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
             return self._columns_response(request, outcomes, response, view)
-        response.MergeFromString(self._results_wire(request.events, outcomes, request.top_k, view))
+        response.MergeFromString(self._results_wire(request.events, outcomes, request.top_k, view, core))
         return response
 
-    def _results_wire(self, events: Any, outcomes: Outcomes, top_k: int, view: _ModelView) -> bytes:
+    def _results_wire(
+        self, events: Any, outcomes: Outcomes, top_k: int, view: _ModelView, core: CoreRequest | None = None
+    ) -> bytes:
         """The reply's ``results`` (field 2 of ``StreamResponse``) as wire bytes, one ``EventResult``
         per event in request order: a forecast's from the task's wire bytes of its row (``wire``) and
         what every forecast has (session id, seq, last time, model); an ack's or error's from its
-        message. Parsed once into the reply, they cost no message object per event."""
+        message. Parsed once into the reply, they cost no message object per event. The forecasts'
+        session ids, seqs and times come from ``core``'s columns (the request as checked) when given,
+        else from the messages ``events``."""
         kinds = outcomes.kind.tolist()
-        chosen = [events[i] for i in outcomes.forecast_index.tolist()]
-        task = view.wire(outcomes.outputs, self._top_k(top_k, view), [e.time for e in chosen]) if chosen else []
+        positions = outcomes.forecast_index
+        if not len(positions):
+            sids: list[str] = []
+            seqs: list[int] = []
+            times: list[float] = []
+        elif core is not None:
+            columns = core.events
+            if len(positions) == len(columns):  # every valid event has a forecast: the columns as they are
+                sids, seqs, times = columns.session_ids, columns.seq.tolist(), columns.time.tolist()
+            else:  # where each forecast's event sits among the valid ones (``core.index`` increases)
+                rows = np.searchsorted(core.index, positions)
+                sids = [columns.session_ids[j] for j in rows.tolist()]
+                seqs, times = columns.seq[rows].tolist(), columns.time[rows].tolist()
+        else:
+            chosen = [events[i] for i in positions.tolist()]
+            sids, seqs, times = [e.session_id for e in chosen], [e.seq for e in chosen], [e.time for e in chosen]
+        task = view.wire(outcomes.outputs, self._top_k(top_k, view), times) if times else []
         tail, pack, varint = view.ref_wire, _DOUBLE.pack, _varint
         parts = []
         f = 0
         for i, kind in enumerate(kinds):
             if kind == FORECAST:
-                event = chosen[f]
-                sid = event.session_id.encode()
-                head = b"\x0a" + varint(len(sid)) + sid + b"\x10" + varint(event.seq)  # session_id = 1, seq = 2
-                forecast = b"%b\x19%b%b%b" % (head, pack(event.time), task[f], tail)  # last_time = 3
+                sid = sids[f].encode()
+                head = b"\x0a%b%b\x10%b" % (varint(len(sid)), sid, varint(seqs[f]))  # session_id = 1, seq = 2
+                forecast = b"%b\x19%b%b%b" % (head, pack(times[f]), task[f], tail)  # last_time = 3
                 result = b"%b\x22%b%b" % (head, varint(len(forecast)), forecast)  # forecast = 4
                 parts.append(b"\x12%b%b" % (varint(len(result)), result))
                 f += 1
@@ -286,9 +307,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             info = Reasons.unknown_enum(name, value, sorted(known))
             self._core.count_rejection(info, len(request.events), view.description.name)
             raise RefusedError(info)
-        return Accepted(
-            self.core_request(request, tenant, view), lambda o: self._response(request, o, view), view.submit
-        )
+        core = self.core_request(request, tenant, view)
+        return Accepted(core, lambda o: self._response(request, o, view, core), view.submit)
 
     def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
         return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))

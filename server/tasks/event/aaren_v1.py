@@ -79,31 +79,37 @@ class EventEncoder(TaskEncoder):
 
     def wire(self, outputs: EventOutputs, k: int, last_times: Sequence[float]) -> list[bytes]:
         """Forecast ``f``'s ``next_time``, ``marks`` and ``values`` as ``pb.Forecast`` wire bytes (what
-        ``rows`` writes, the same doubles), for every ``f`` of ``outputs``: one ``struct`` pack each."""
+        ``rows`` writes, the same doubles), for every ``f`` of ``outputs``: one ``struct`` pack each,
+        of the numbers in the rows' order (the pack takes the first ``k`` marks itself)."""
         o = outputs
-        marks = o.top_marks[:, :k]
-        k = marks.shape[1]
-        layout = self._layouts.get(k) or self._layout(k, o.time_quantiles.shape[1], o.value_mean.shape[1])
-        pack, order, constants = layout.pack, layout.order, layout.constants
-        means, quantiles = o.time_mean.tolist(), o.time_quantiles.tolist()
-        probs, value_means, value_stds = o.top_probs[:, :k].tolist(), o.value_mean.tolist(), o.value_std.tolist()
-        top = marks.tolist()
+        ranked = o.top_marks.shape[1]
+        layout = self._layouts.get((k, ranked)) or self._layout(
+            k, ranked, o.time_quantiles.shape[1], o.value_mean.shape[1]
+        )
+        pack, order, c = layout.pack, layout.order, layout.constants
+        means, quantiles, top, probs = (
+            o.time_mean.tolist(),
+            o.time_quantiles.tolist(),
+            o.top_marks.tolist(),
+            o.top_probs.tolist(),
+        )
+        value_means, value_stds = o.value_mean.tolist(), o.value_std.tolist()
         if layout.mark_bytes is not None:
             table = layout.mark_bytes
             top = [[table(m) for m in row] for row in top]
-        c = constants
         return [
             pack(*order((mean, t + mean, *quantiles[f], *top[f], *probs[f], *value_means[f], *value_stds[f], *c)))
             for f, (mean, t) in enumerate(zip(means, last_times, strict=True))
         ]
 
-    def _layout(self, k: int, q: int, v: int) -> _Layout:
-        """The bytes' layout of ``k`` marks (built once per ``k``)."""
+    def _layout(self, k: int, ranked: int, q: int, v: int) -> _Layout:
+        """The bytes' layout of the first ``k`` of ``ranked`` marks (built once per ``k`` and ``ranked``)."""
         levels = self.description.quantiles
         if len(levels) != q:
             raise ValueError(f"{q} gap quantiles for {len(levels)} levels")
-        layout = _Layout(levels, k, v, _varint_width(max(self.description.num_marks - 1, 0)))
-        self._layouts[k] = layout
+        k = min(k, ranked)
+        layout = _Layout(levels, k, ranked, v, _varint_width(max(self.description.num_marks - 1, 0)))
+        self._layouts[(k, ranked)] = layout
         return layout
 
 
@@ -127,57 +133,55 @@ def _padded_varint(value: int, width: int) -> bytes:
 
 
 class _Layout:
-    """One forecast's bytes for the quantile ``levels``, ``k`` marks (varints of ``mark_width`` bytes)
-    and ``v`` values as one ``struct`` format. ``order`` takes the numbers ``(mean, expected_time,
-    *quantiles [Q], *marks [k], *probabilities [k], *value_means [V], *value_stds [V])`` followed by
-    ``constants`` (the tags, lengths and levels) to the format's order."""
+    """One forecast's bytes for the quantile ``levels``, the first ``k`` of ``ranked`` marks (varints of
+    ``mark_width`` bytes) and ``v`` values as one ``struct`` format. ``order`` takes the numbers
+    ``(mean, expected_time, *quantiles [Q], *marks [ranked], *probabilities [ranked], *value_means [V],
+    *value_stds [V])`` followed by ``constants`` (the runs of tags, lengths and levels between them, as
+    bytes) to the format's order."""
 
-    def __init__(self, levels: Sequence[float], k: int, v: int, mark_width: int) -> None:
+    def __init__(self, levels: Sequence[float], k: int, ranked: int, v: int, mark_width: int) -> None:
         q = len(levels)
-        # Where each number goes: ("n", i) the i-th number above, ("c", value) a constant.
-        items: list[tuple[str, str, object]] = []
+        # The bytes in order: runs of constant bytes, and (code, i): the i-th number above.
+        items: list[bytes | tuple[str, int]] = []
 
-        def const(code: str, value: object) -> None:
-            items.append((code, "c", value))
-
-        def number(code: str, i: int) -> None:
-            items.append((code, "n", i))
-
-        def tag(*tags: int) -> None:
-            for t in tags:
-                const("B", t)
+        def const(data: bytes) -> None:
+            if items and isinstance(items[-1], bytes):
+                items[-1] += data
+            else:
+                items.append(data)
 
         mark_code = "B" if mark_width == 1 else f"{mark_width}s"
+        marks, probs = 2 + q, 2 + q + ranked
+        means, stds = 2 + q + 2 * ranked, 2 + q + 2 * ranked + v
         # next_time = 4 (TimeForecast: mean = 1, quantiles = 2 {q = 1, value = 2}, expected_time = 3)
-        tag(0x22, *_varint(18 + 20 * q), 0x09)
-        number("d", 0)
+        const(bytes((0x22, *_varint(18 + 20 * q), 0x09)))
+        items.append(("d", 0))
         for j, level in enumerate(levels):
-            tag(0x12, 0x12, 0x09)
-            const("d", float(level))
-            tag(0x11)
-            number("d", 2 + j)
-        tag(0x19)
-        number("d", 1)
+            const(b"\x12\x12\x09" + struct.pack("<d", level) + b"\x11")
+            items.append(("d", 2 + j))
+        const(b"\x19")
+        items.append(("d", 1))
         for j in range(k):  # marks = 5 (MarkProbability: mark = 1, probability = 2)
-            tag(0x2A, 10 + mark_width, 0x08)
-            number(mark_code, 2 + q + j)
-            tag(0x11)
-            number("d", 2 + q + k + j)
+            const(bytes((0x2A, 10 + mark_width, 0x08)))
+            items.append((mark_code, marks + j))
+            const(b"\x11")
+            items.append(("d", probs + j))
         for j in range(v):  # values = 6 (ValueForecast: mean = 1, std = 2)
-            tag(0x32, 0x12, 0x09)
-            number("d", 2 + q + 2 * k + j)
-            tag(0x11)
-            number("d", 2 + q + 2 * k + v + j)
-        numbers = 2 + q + 2 * k + 2 * v
-        constants = [value for _, which, value in items if which == "c"]
-        positions, c = [], numbers
-        for _, which, value in items:
-            if which == "n":
-                positions.append(value)
+            const(b"\x32\x12\x09")
+            items.append(("d", means + j))
+            const(b"\x11")
+            items.append(("d", stds + j))
+        numbers = 2 + q + 2 * ranked + 2 * v
+        codes, positions, constants = [], [], []
+        for item in items:
+            if isinstance(item, bytes):
+                codes.append(f"{len(item)}s")
+                positions.append(numbers + len(constants))
+                constants.append(item)
             else:
-                positions.append(c)
-                c += 1
-        self.pack = struct.Struct("<" + "".join(code for code, _, _ in items)).pack
+                codes.append(item[0])
+                positions.append(item[1])
+        self.pack = struct.Struct("<" + "".join(codes)).pack
         self.order = operator.itemgetter(*positions)
         self.constants = tuple(constants)
         self.mark_bytes = None if mark_width == 1 else functools.partial(_padded_varint, width=mark_width)
