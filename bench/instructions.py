@@ -190,7 +190,7 @@ async def _drive(server: subprocess.Popen[str], kind: str, streams: int, rounds:
     from aaren.v1 import aaren_pb2_grpc as pb_grpc
     from bench.stream_client import CHANNEL_OPTIONS, make_events, session_events
 
-    port = int((await asyncio.to_thread(_line, server, "listening on port")).split()[4].rstrip(","))
+    port = int((await asyncio.to_thread(_line, server, "server: listening on port")).split()[4].rstrip(","))
     channels = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) for _ in range(8)]
     try:
         stubs = [pb_grpc.ForecastServiceStub(ch) for ch in channels]
