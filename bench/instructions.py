@@ -1,4 +1,4 @@
-"""CPU instructions per event of the engine core alone (kinds ``b1``, ``b64``, ``b256``, ``run64``) or
+"""CPU instructions per event of the engine core alone (kinds ``b1``, ``b64``, ``b256``, ``run64``, ``q64``) or
 of the whole in-process server (kinds ``s1``, ``s64``), counted by valgrind's callgrind: a figure that
 does not move with the machine's load (wall-clock tables do; the two are reported side by side).
 
@@ -327,10 +327,18 @@ class _CountedClock:
         return getattr(time, name)
 
 
+#: Engine-core kinds of this tool's own, added to ``bench.engine_core.KINDS`` in the counted process:
+#: ``q64`` is 64 requests of one event each (64 sessions) in flight, what a server's 64 streams of one
+#: event per message hand the core (``b64`` is one request of 64 events: its per-request work is
+#: shared by 64 events, ``q64``'s is not).
+EXTRA_KINDS = {"q64": (1, 1, 64)}
+
+
 def _inside(kind: str, rounds: int, warmup: int, helper: str) -> None:
     """The counted process: ``bench.engine_core.measure``, its measured rounds counted."""
     import bench.engine_core as engine_core
 
+    engine_core.KINDS.update({k: v for k, v in EXTRA_KINDS.items() if k not in engine_core.KINDS})
     engine_core.time = _CountedClock(ctypes.CDLL(helper))  # type: ignore[assignment]
     print(json.dumps(asyncio.run(engine_core.measure(kind, rounds, warmup))), flush=True)
 
@@ -353,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--kind",
         default="b1,b64",
-        help="comma list: bench.engine_core kinds (b1, b64, b256, run64), server kinds sN, echo kinds eN",
+        help="comma list: bench.engine_core kinds (b1, b64, b256, run64; q64), server kinds sN, echo kinds eN",
     )
     p.add_argument("--rounds", type=int, default=20, help="counted rounds (sN: events per stream) per run (b1, s1: 8x)")
     p.add_argument("--warmup", type=int, default=3, help="uncounted rounds (sN: events per stream) first")
