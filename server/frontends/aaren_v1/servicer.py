@@ -202,7 +202,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             times: list[float] = []
         elif core is not None:
             columns = core.events
-            if len(positions) == len(columns):  # every valid event has a forecast: the columns as they are
+            if len(positions) == len(columns.session_ids):  # every valid event has a forecast: the columns as they are
                 sids, seqs, times = columns.session_ids, columns.seq.tolist(), columns.time.tolist()
             else:  # where each forecast's event sits among the valid ones (``core.index`` increases)
                 rows = np.searchsorted(core.index, positions)
