@@ -181,9 +181,27 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             response.request_error.CopyFrom(self._error(outcomes.request_error))
             return response
         if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
-            return self._columns_response(request, outcomes, response, view)
+            return self._columns_response(request, outcomes, response, view, core)
         response.MergeFromString(self._results_wire(request.events, outcomes, request.top_k, view, core))
         return response
+
+    def _forecast_keys(
+        self, events: Any, outcomes: Outcomes, core: CoreRequest | None
+    ) -> tuple[list[str], list[int], list[float]]:
+        """The session ids, seqs and times of the events with a forecast, in order: from ``core``'s
+        columns (the request as checked) when given, else from the messages ``events``."""
+        positions = outcomes.forecast_index
+        if not len(positions):
+            return [], [], []
+        if core is not None:
+            columns = core.events
+            if len(positions) == len(columns.session_ids):  # every valid event has a forecast: the columns
+                return columns.session_ids, columns.seq.tolist(), columns.time.tolist()
+            rows = np.searchsorted(core.index, positions)  # where each sits among the valid (index increases)
+            sids = [columns.session_ids[j] for j in rows.tolist()]
+            return sids, columns.seq[rows].tolist(), columns.time[rows].tolist()
+        chosen = [events[i] for i in positions.tolist()]
+        return [e.session_id for e in chosen], [e.seq for e in chosen], [e.time for e in chosen]
 
     def _results_wire(
         self, events: Any, outcomes: Outcomes, top_k: int, view: _ModelView, core: CoreRequest | None = None
@@ -191,26 +209,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         """The reply's ``results`` (field 2 of ``StreamResponse``) as wire bytes, one ``EventResult``
         per event in request order: a forecast's from the task's wire bytes of its row (``wire``) and
         what every forecast has (session id, seq, last time, model); an ack's or error's from its
-        message. Parsed once into the reply, they cost no message object per event. The forecasts'
-        session ids, seqs and times come from ``core``'s columns (the request as checked) when given,
-        else from the messages ``events``."""
+        message. Parsed once into the reply, they cost no message object per event (``_forecast_keys``
+        gives the forecasts' session ids, seqs and times)."""
         kinds = outcomes.kind.tolist()
-        positions = outcomes.forecast_index
-        if not len(positions):
-            sids: list[str] = []
-            seqs: list[int] = []
-            times: list[float] = []
-        elif core is not None:
-            columns = core.events
-            if len(positions) == len(columns.session_ids):  # every valid event has a forecast: the columns as they are
-                sids, seqs, times = columns.session_ids, columns.seq.tolist(), columns.time.tolist()
-            else:  # where each forecast's event sits among the valid ones (``core.index`` increases)
-                rows = np.searchsorted(core.index, positions)
-                sids = [columns.session_ids[j] for j in rows.tolist()]
-                seqs, times = columns.seq[rows].tolist(), columns.time[rows].tolist()
-        else:
-            chosen = [events[i] for i in positions.tolist()]
-            sids, seqs, times = [e.session_id for e in chosen], [e.seq for e in chosen], [e.time for e in chosen]
+        sids, seqs, times = self._forecast_keys(events, outcomes, core)
         task = view.wire(outcomes.outputs, self._top_k(top_k, view), times) if times else []
         tail, pack, varint = view.ref_wire, _DOUBLE.pack, _varint
         parts = []
@@ -240,7 +242,12 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             result.error.CopyFrom(self._error(outcomes.errors.get(i) or Reasons.internal()))
 
     def _columns_response(
-        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse, view: _ModelView
+        self,
+        request: pb.StreamRequest,
+        outcomes: Outcomes,
+        response: pb.StreamResponse,
+        view: _ModelView,
+        core: CoreRequest | None = None,
     ) -> pb.StreamResponse:
         """RESPONSE_LAYOUT_COLUMNS: one packed-field ``extend`` per column; the events without a
         forecast as ``results``."""
@@ -252,13 +259,11 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 self._add_result(response.results, events[i], outcomes, i, int(kinds[i]))
         if not len(index):
             return response
-        positions = index.tolist()
-        chosen = [events[i] for i in positions]
-        last_times = [e.time for e in chosen]
+        sids, seqs, last_times = self._forecast_keys(events, outcomes, core)
         block = response.forecast_columns
-        block.event_index.extend(positions)
-        block.session_id.extend([e.session_id for e in chosen])
-        block.seq.extend([e.seq for e in chosen])
+        block.event_index.extend(index.tolist())
+        block.session_id.extend(sids)
+        block.seq.extend(seqs)
         block.last_time.extend(last_times)
         block.model.CopyFrom(view.ref)
         view.encoder.columns(block, outcomes.outputs, self._top_k(request.top_k, view), last_times)
@@ -272,14 +277,15 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         if len(events) == 1:  # the most common message: one pass, one element object, no comprehensions
             e = events[0]
             columns: tuple[list[Any], ...] = ([e.session_id], [e.seq], [e.time], [e.mark], [e.values])
-        else:
-            columns = (
-                [e.session_id for e in events],
-                [e.seq for e in events],
-                [e.time for e in events],
-                [e.mark for e in events],
-                [e.values for e in events],
-            )
+        else:  # one pass: each event's element object is made once, not once per field
+            columns = ([], [], [], [], [])
+            sids, seqs, times, marks, values = (c.append for c in columns)
+            for e in events:
+                sids(e.session_id)
+                seqs(e.seq)
+                times(e.time)
+                marks(e.mark)
+                values(e.values)
         return view.checker.request(
             *columns,
             top_k=request.top_k,
