@@ -133,18 +133,30 @@ class EventChecker:
             return CoreRequest(0, np.zeros(0, np.int64), self.empty(), {}, **fields)  # type: ignore[arg-type]
         width = self.width
         fast = self._fast_id_chars
-        flat = [x for v in values for x in v]
-        valid = (
-            len(flat) == n * width
-            and all(len(v) == width for v in values)
-            and min(seqs) >= (NEXT_SEQ if next_seq else 1)
-            and max(seqs) <= MAX_SEQ
-            and min(marks) >= 0
-            and max(marks) < self.num_marks
-            and math.isfinite(math.fsum(times) if n > 1 else times[0])
-            and (not flat or math.isfinite(sum(flat)) or (self.missing_values and not any(map(math.isinf, flat))))
-            and all(0 < len(sid) <= fast for sid in session_ids)
-        )
+        if n == 1:  # one event (the most common request): the same checks, without the reductions
+            flat = list(values[0])
+            seq, mark = seqs[0], marks[0]
+            valid = (
+                len(flat) == width
+                and (NEXT_SEQ if next_seq else 1) <= seq <= MAX_SEQ
+                and 0 <= mark < self.num_marks
+                and math.isfinite(times[0])
+                and (not flat or math.isfinite(sum(flat)) or (self.missing_values and not any(map(math.isinf, flat))))
+                and 0 < len(session_ids[0]) <= fast
+            )
+        else:
+            flat = [x for v in values for x in v]
+            valid = (
+                len(flat) == n * width
+                and all(len(v) == width for v in values)
+                and min(seqs) >= (NEXT_SEQ if next_seq else 1)
+                and max(seqs) <= MAX_SEQ
+                and min(marks) >= 0
+                and max(marks) < self.num_marks
+                and math.isfinite(math.fsum(times))
+                and (not flat or math.isfinite(sum(flat)) or (self.missing_values and not any(map(math.isinf, flat))))
+                and all(0 < len(sid) <= fast for sid in session_ids)
+            )
         if valid:
             columns = EventColumns(
                 session_ids,
@@ -352,7 +364,13 @@ class StreamLoop(Generic[Q, R]):
                     await stream.wake.wait()
                     continue
                 place = stream.pending[0]
-                reply = place.reply if place.answer is None else await self._encode(stream, place)
+                answer = place.answer
+                if answer is None:
+                    reply = place.reply
+                elif answer.done() and place.accepted.after is None:  # type: ignore[union-attr]
+                    reply = self._reply(stream, place, answer.result())  # no coroutine for what is there
+                else:
+                    reply = await self._encode(stream, place)
                 stream.sent()
                 self._finish(reply, place.started)
                 yield reply  # type: ignore[misc]
@@ -420,17 +438,21 @@ class StreamLoop(Generic[Q, R]):
     async def _encode(self, stream: OrderedReplies[Q, R], place: _Place[Q, R]) -> R:
         """The reply to ``place``'s answer, once it is there (awaiting an answered future does not wait)."""
         assert place.answer is not None and place.accepted is not None
-        outcomes = await place.answer
-        if not place.noted:  # an answer that came later (over IPC): its hint pauses the reading now
-            stream.note(outcomes)
-        try:
-            reply = place.accepted.encode(outcomes)
-        except Exception:  # a bug must cost this request, not the stream
-            log.exception("encoding the answer of a request failed")
-            reply = self.codec.refusal(place.request, Reasons.internal())
+        reply = self._reply(stream, place, await place.answer)
         if place.accepted.after is not None:
             await place.accepted.after(reply)
         return reply
+
+    def _reply(self, stream: OrderedReplies[Q, R], place: _Place[Q, R], outcomes: Outcomes) -> R:
+        """The reply to ``place``'s ``outcomes`` (a refusal if encoding fails)."""
+        assert place.accepted is not None
+        if not place.noted:  # an answer that came later (over IPC): its hint pauses the reading now
+            stream.note(outcomes)
+        try:
+            return place.accepted.encode(outcomes)
+        except Exception:  # a bug must cost this request, not the stream
+            log.exception("encoding the answer of a request failed")
+            return self.codec.refusal(place.request, Reasons.internal())
 
     def _finish(self, reply: R, started: float) -> None:
         self.latency.observe(time.perf_counter() - started)

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,7 +39,7 @@ from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError,
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
-from aaren.server.tasks.aaren_v1 import Encoder
+from aaren.server.tasks.aaren_v1 import Encoder, WireRows, wire_rows
 from aaren.server.tasks.registry import spec_of
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
@@ -73,6 +74,26 @@ class _ModelView:
     ranked: int
     #: The model's ``CoreAPI.submitter``.
     submit: Callable[[CoreRequest, OnDone], None]
+    #: Each forecast's task part as wire bytes (``aaren.server.tasks.aaren_v1.wire_rows``).
+    wire: WireRows
+    #: ``ref`` as the wire bytes of ``Forecast.model`` (field 7).
+    ref_wire: bytes
+
+
+_DOUBLE = struct.Struct("<d")
+_SMALL = [bytes((v,)) for v in range(0x80)]
+
+
+def _varint(value: int) -> bytes:
+    """``value`` (>= 0) as a protobuf varint."""
+    if value < 0x80:
+        return _SMALL[value]
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -103,7 +124,9 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             checker = EventChecker.for_model(d, self.settings.max_session_id_bytes)
             encoder = spec_of(d.task).load("aaren_v1")(d, self.settings.default_top_k)
             ref = pb.ModelRef(name=d.name, version=d.version)
-            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked, core.submitter(d.name))
+            ref_wire = pb.Forecast(model=ref).SerializeToString()
+            submit, wire = core.submitter(d.name), wire_rows(encoder)
+            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked, submit, wire, ref_wire)
         for alias, name in core.aliases.items():
             views.setdefault(alias, views[name])
         default = views[core.descriptions[0].name]
@@ -149,29 +172,64 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         k = request_top_k or self.settings.default_top_k
         return min(k, view.ranked)
 
-    def _response(self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView) -> pb.StreamResponse:
+    def _response(
+        self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
+    ) -> pb.StreamResponse:
+        """The reply to ``request`` (its ``core`` request, as checked, if at hand)."""
         response = pb.StreamResponse(request_id=request.request_id)
         if outcomes.request_error is not None:
             response.request_error.CopyFrom(self._error(outcomes.request_error))
             return response
         if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
-            return self._columns_response(request, outcomes, response, view)
-        results, events, ref = response.results, request.events, view.ref
-        if len(outcomes.forecast_index):
-            write = view.encoder.rows(outcomes.outputs, self._top_k(request.top_k, view))
+            return self._columns_response(request, outcomes, response, view, core)
+        response.MergeFromString(self._results_wire(request.events, outcomes, request.top_k, view, core))
+        return response
+
+    def _forecast_keys(
+        self, events: Any, outcomes: Outcomes, core: CoreRequest | None
+    ) -> tuple[list[str], list[int], list[float]]:
+        """The session ids, seqs and times of the events with a forecast, in order: from ``core``'s
+        columns (the request as checked) when given, else from the messages ``events``."""
+        positions = outcomes.forecast_index
+        if not len(positions):
+            return [], [], []
+        if core is not None:
+            columns = core.events
+            if len(positions) == len(columns.session_ids):  # every valid event has a forecast: the columns
+                return columns.session_ids, columns.seq.tolist(), columns.time.tolist()
+            rows = np.searchsorted(core.index, positions)  # where each sits among the valid (index increases)
+            sids = [columns.session_ids[j] for j in rows.tolist()]
+            return sids, columns.seq[rows].tolist(), columns.time[rows].tolist()
+        chosen = [events[i] for i in positions.tolist()]
+        return [e.session_id for e in chosen], [e.seq for e in chosen], [e.time for e in chosen]
+
+    def _results_wire(
+        self, events: Any, outcomes: Outcomes, top_k: int, view: _ModelView, core: CoreRequest | None = None
+    ) -> bytes:
+        """The reply's ``results`` (field 2 of ``StreamResponse``) as wire bytes, one ``EventResult``
+        per event in request order: a forecast's from the task's wire bytes of its row (``wire``) and
+        what every forecast has (session id, seq, last time, model); an ack's or error's from its
+        message. Parsed once into the reply, they cost no message object per event (``_forecast_keys``
+        gives the forecasts' session ids, seqs and times)."""
+        kinds = outcomes.kind.tolist()
+        sids, seqs, times = self._forecast_keys(events, outcomes, core)
+        task = view.wire(outcomes.outputs, self._top_k(top_k, view), times) if times else []
+        tail, pack, varint = view.ref_wire, _DOUBLE.pack, _varint
+        parts = []
         f = 0
-        for i, kind in enumerate(outcomes.kind.tolist()):
-            event = events[i]
+        for i, kind in enumerate(kinds):
             if kind == FORECAST:
-                result = results.add(session_id=event.session_id, seq=event.seq)
-                forecast = result.forecast
-                forecast.session_id, forecast.seq, forecast.last_time = event.session_id, event.seq, event.time
-                write(forecast, f, event.time)
-                forecast.model.CopyFrom(ref)
+                sid = sids[f].encode()
+                head = b"\x0a%b%b\x10%b" % (varint(len(sid)), sid, varint(seqs[f]))  # session_id = 1, seq = 2
+                forecast = b"%b\x19%b%b%b" % (head, pack(times[f]), task[f], tail)  # last_time = 3
+                result = b"%b\x22%b%b" % (head, varint(len(forecast)), forecast)  # forecast = 4
+                parts.append(b"\x12%b%b" % (varint(len(result)), result))
                 f += 1
             else:
-                self._add_result(results, event, outcomes, i, kind)
-        return response
+                other = pb.StreamResponse()
+                self._add_result(other.results, events[i], outcomes, i, kind)
+                parts.append(other.SerializeToString())
+        return b"".join(parts)
 
     def _add_result(self, results: Any, event: pb.Event, outcomes: Outcomes, i: int, kind: int) -> None:
         """Append the row of an event answered without a forecast: an ack (maybe a duplicate) or an error."""
@@ -184,7 +242,12 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             result.error.CopyFrom(self._error(outcomes.errors.get(i) or Reasons.internal()))
 
     def _columns_response(
-        self, request: pb.StreamRequest, outcomes: Outcomes, response: pb.StreamResponse, view: _ModelView
+        self,
+        request: pb.StreamRequest,
+        outcomes: Outcomes,
+        response: pb.StreamResponse,
+        view: _ModelView,
+        core: CoreRequest | None = None,
     ) -> pb.StreamResponse:
         """RESPONSE_LAYOUT_COLUMNS: one packed-field ``extend`` per column; the events without a
         forecast as ``results``."""
@@ -196,13 +259,11 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 self._add_result(response.results, events[i], outcomes, i, int(kinds[i]))
         if not len(index):
             return response
-        positions = index.tolist()
-        chosen = [events[i] for i in positions]
-        last_times = [e.time for e in chosen]
+        sids, seqs, last_times = self._forecast_keys(events, outcomes, core)
         block = response.forecast_columns
-        block.event_index.extend(positions)
-        block.session_id.extend([e.session_id for e in chosen])
-        block.seq.extend([e.seq for e in chosen])
+        block.event_index.extend(index.tolist())
+        block.session_id.extend(sids)
+        block.seq.extend(seqs)
         block.last_time.extend(last_times)
         block.model.CopyFrom(view.ref)
         view.encoder.columns(block, outcomes.outputs, self._top_k(request.top_k, view), last_times)
@@ -213,12 +274,20 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         view = view or self._default
         assert view is not None
         events = request.events
+        if len(events) == 1:  # the most common message: one pass, one element object, no comprehensions
+            e = events[0]
+            columns: tuple[list[Any], ...] = ([e.session_id], [e.seq], [e.time], [e.mark], [e.values])
+        else:  # one pass: each event's element object is made once, not once per field
+            columns = ([], [], [], [], [])
+            sids, seqs, times, marks, values = (c.append for c in columns)
+            for e in events:
+                sids(e.session_id)
+                seqs(e.seq)
+                times(e.time)
+                marks(e.mark)
+                values(e.values)
         return view.checker.request(
-            [e.session_id for e in events],
-            [e.seq for e in events],
-            [e.time for e in events],
-            [e.mark for e in events],
-            [e.values for e in events],
+            *columns,
             top_k=request.top_k,
             last_only=request.forecast_mode == pb.FORECAST_MODE_LAST_PER_SESSION,
             tenant=tenant,
@@ -244,9 +313,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             info = Reasons.unknown_enum(name, value, sorted(known))
             self._core.count_rejection(info, len(request.events), view.description.name)
             raise RefusedError(info)
-        return Accepted(
-            self.core_request(request, tenant, view), lambda o: self._response(request, o, view), view.submit
-        )
+        core = self.core_request(request, tenant, view)
+        return Accepted(core, lambda o: self._response(request, o, view, core), view.submit)
 
     def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
         return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))

@@ -2,10 +2,21 @@
 
 A forecast's ``next_time`` holds the gap's mean, the expected time (last time + mean gap) and the
 gap's quantiles at the server's levels; ``marks`` the top ``k`` marks with probabilities; ``values``
-each value's mean and std."""
+each value's mean and std.
+
+``wire`` writes the same fields as protobuf wire bytes: each forecast's bytes have one fixed layout
+for a model and ``k`` (tags, lengths and 8-byte doubles; a mark is a varint of a fixed width, padded
+with continuation bytes where it is shorter, which every protobuf parser reads as the same number),
+so each is one ``struct`` pack of its numbers, with no message object."""
 
 from __future__ import annotations
 
+import functools
+import operator
+import struct
+from collections.abc import Sequence
+
+from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
 from aaren.server.tasks.event.outputs import EventOutputs
 from aaren.v1 import aaren_pb2 as pb
@@ -15,6 +26,10 @@ __all__ = ["EventEncoder"]
 
 class EventEncoder(TaskEncoder):
     """Encodes ``EventOutputs`` at the server's quantile levels."""
+
+    def __init__(self, description: ModelDescription, default_top_k: int) -> None:
+        super().__init__(description, default_top_k)
+        self._layouts: dict[int, _Layout] = {}
 
     def rows(self, outputs: EventOutputs, k: int) -> RowWriter:
         o = outputs
@@ -61,3 +76,112 @@ class EventEncoder(TaskEncoder):
         block.mark_probabilities.extend(o.top_probs[:, :k].reshape(-1).tolist())
         block.value_means.extend(o.value_mean.reshape(-1).tolist())
         block.value_stds.extend(o.value_std.reshape(-1).tolist())
+
+    def wire(self, outputs: EventOutputs, k: int, last_times: Sequence[float]) -> list[bytes]:
+        """Forecast ``f``'s ``next_time``, ``marks`` and ``values`` as ``pb.Forecast`` wire bytes (what
+        ``rows`` writes, the same doubles), for every ``f`` of ``outputs``: one ``struct`` pack each,
+        of the numbers in the rows' order (the pack takes the first ``k`` marks itself)."""
+        o = outputs
+        ranked = o.top_marks.shape[1]
+        layout = self._layouts.get((k, ranked)) or self._layout(
+            k, ranked, o.time_quantiles.shape[1], o.value_mean.shape[1]
+        )
+        pack, order, c = layout.pack, layout.order, layout.constants
+        means, quantiles, top, probs = (
+            o.time_mean.tolist(),
+            o.time_quantiles.tolist(),
+            o.top_marks.tolist(),
+            o.top_probs.tolist(),
+        )
+        value_means, value_stds = o.value_mean.tolist(), o.value_std.tolist()
+        if layout.mark_bytes is not None:
+            table = layout.mark_bytes
+            top = [[table(m) for m in row] for row in top]
+        return [
+            pack(*order((mean, t + mean, *quantiles[f], *top[f], *probs[f], *value_means[f], *value_stds[f], *c)))
+            for f, (mean, t) in enumerate(zip(means, last_times, strict=True))
+        ]
+
+    def _layout(self, k: int, ranked: int, q: int, v: int) -> _Layout:
+        """The bytes' layout of the first ``k`` of ``ranked`` marks (built once per ``k`` and ``ranked``)."""
+        levels = self.description.quantiles
+        if len(levels) != q:
+            raise ValueError(f"{q} gap quantiles for {len(levels)} levels")
+        k = min(k, ranked)
+        layout = _Layout(levels, k, ranked, v, _varint_width(max(self.description.num_marks - 1, 0)))
+        self._layouts[(k, ranked)] = layout
+        return layout
+
+
+def _varint_width(value: int) -> int:
+    """How many bytes the varint of ``value`` (>= 0) takes."""
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _padded_varint(value: int, width: int) -> bytes:
+    """``value``'s varint in exactly ``width`` bytes (continuation bits set on the padding)."""
+    return bytes(((value >> (7 * b)) & 0x7F) | (0x80 if b < width - 1 else 0) for b in range(width))
+
+
+class _Layout:
+    """One forecast's bytes for the quantile ``levels``, the first ``k`` of ``ranked`` marks (varints of
+    ``mark_width`` bytes) and ``v`` values as one ``struct`` format. ``order`` takes the numbers
+    ``(mean, expected_time, *quantiles [Q], *marks [ranked], *probabilities [ranked], *value_means [V],
+    *value_stds [V])`` followed by ``constants`` (the runs of tags, lengths and levels between them, as
+    bytes) to the format's order."""
+
+    def __init__(self, levels: Sequence[float], k: int, ranked: int, v: int, mark_width: int) -> None:
+        q = len(levels)
+        # The bytes in order: runs of constant bytes, and (code, i): the i-th number above.
+        items: list[bytes | tuple[str, int]] = []
+
+        def const(data: bytes) -> None:
+            if items and isinstance(items[-1], bytes):
+                items[-1] += data
+            else:
+                items.append(data)
+
+        mark_code = "B" if mark_width == 1 else f"{mark_width}s"
+        marks, probs = 2 + q, 2 + q + ranked
+        means, stds = 2 + q + 2 * ranked, 2 + q + 2 * ranked + v
+        # next_time = 4 (TimeForecast: mean = 1, quantiles = 2 {q = 1, value = 2}, expected_time = 3)
+        const(bytes((0x22, *_varint(18 + 20 * q), 0x09)))
+        items.append(("d", 0))
+        for j, level in enumerate(levels):
+            const(b"\x12\x12\x09" + struct.pack("<d", level) + b"\x11")
+            items.append(("d", 2 + j))
+        const(b"\x19")
+        items.append(("d", 1))
+        for j in range(k):  # marks = 5 (MarkProbability: mark = 1, probability = 2)
+            const(bytes((0x2A, 10 + mark_width, 0x08)))
+            items.append((mark_code, marks + j))
+            const(b"\x11")
+            items.append(("d", probs + j))
+        for j in range(v):  # values = 6 (ValueForecast: mean = 1, std = 2)
+            const(b"\x32\x12\x09")
+            items.append(("d", means + j))
+            const(b"\x11")
+            items.append(("d", stds + j))
+        numbers = 2 + q + 2 * ranked + 2 * v
+        codes, positions, constants = [], [], []
+        for item in items:
+            if isinstance(item, bytes):
+                codes.append(f"{len(item)}s")
+                positions.append(numbers + len(constants))
+                constants.append(item)
+            else:
+                codes.append(item[0])
+                positions.append(item[1])
+        self.pack = struct.Struct("<" + "".join(codes)).pack
+        self.order = operator.itemgetter(*positions)
+        self.constants = tuple(constants)
+        self.mark_bytes = None if mark_width == 1 else functools.partial(_padded_varint, width=mark_width)

@@ -1,0 +1,97 @@
+"""The event task's wire encoder writes what its rows writer writes: each forecast's bytes parse to
+the same ``pb.Forecast`` (the same doubles, bit for bit), for every top_k, with marks whose varints
+take one or two bytes, and with NaN and signed values; an encoder without ``wire`` gets the rows
+writer's bytes (``wire_rows``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aaren.server.contract.columns import ModelDescription
+from aaren.server.tasks.aaren_v1 import wire_rows
+from aaren.server.tasks.event.aaren_v1 import EventEncoder
+from aaren.server.tasks.event.outputs import EventOutputs
+from aaren.v1 import aaren_pb2 as pb
+
+
+def _description(num_marks: int, quantiles: tuple[float, ...], width: int) -> ModelDescription:
+    return ModelDescription(
+        "m", "v1", "aaren", 16, 2, 2, num_marks, width, 1234, 96, tuple(f"k{i}" for i in range(num_marks)),
+        tuple(f"x{i}" for i in range(width)), "seconds", "cpu", quantiles=quantiles,
+    )  # fmt: skip
+
+
+def _outputs(rng: np.random.Generator, f: int, q: int, ranked: int, num_marks: int, width: int) -> EventOutputs:
+    marks = np.stack([rng.choice(num_marks, ranked, replace=False) for _ in range(f)]).astype(np.int64)
+    marks[0, 0] = num_marks - 1  # the widest varint
+    marks[-1, -1] = 0  # a zero, which proto3 leaves out of its own bytes
+    probs = rng.random((f, ranked)).astype(np.float32)
+    value_mean = rng.standard_normal((f, width)).astype(np.float32)
+    if width:
+        value_mean[0, 0] = np.nan
+    return EventOutputs(
+        rng.exponential(1.0, f).astype(np.float32),
+        np.sort(rng.exponential(1.0, (f, q)), axis=1).astype(np.float32),
+        marks,
+        probs,
+        value_mean,
+        rng.exponential(1.0, (f, width)).astype(np.float32),
+    )
+
+
+def _rows(encoder: EventEncoder, outputs: EventOutputs, k: int, last_times: list[float]) -> list[pb.Forecast]:
+    write = encoder.rows(outputs, k)
+    out = []
+    for f, t in enumerate(last_times):
+        forecast = pb.Forecast()
+        write(forecast, f, t)
+        out.append(forecast)
+    return out
+
+
+def _canonical(data: bytes) -> bytes:
+    """``data`` parsed and serialized again: protobuf's own bytes of the same message."""
+    return pb.Forecast.FromString(data).SerializeToString(deterministic=True)
+
+
+@pytest.mark.parametrize(
+    ("num_marks", "quantiles", "width"),
+    [(16, (0.1, 0.5, 0.9), 2), (300, (0.05, 0.25, 0.5, 0.75, 0.95, 0.99), 0), (2, (0.5,), 5)],
+)
+def test_wire_bytes_parse_to_what_rows_writes(num_marks: int, quantiles: tuple[float, ...], width: int) -> None:
+    rng = np.random.default_rng(num_marks)
+    encoder = EventEncoder(_description(num_marks, quantiles, width), 3)
+    ranked = min(num_marks, 5)
+    outputs = _outputs(rng, 7, len(quantiles), ranked, num_marks, width)
+    last_times = (np.cumsum(rng.exponential(1.0, 7)) * 1e6).tolist()
+    for k in (1, 2, ranked):
+        want = _rows(encoder, outputs, k, last_times)
+        got = encoder.wire(outputs, k, last_times)
+        assert len(got) == len(want)
+        for data, forecast in zip(got, want, strict=True):
+            parsed = pb.Forecast.FromString(data)
+            # NaN != NaN: compare the canonical bytes, which hold the doubles bit for bit.
+            assert _canonical(data) == forecast.SerializeToString(deterministic=True)
+            assert len(parsed.marks) == k and len(parsed.next_time.quantiles) == len(quantiles)
+        # The generic form (from the rows writer) gives the same forecasts.
+        generic = wire_rows(_RowsOnly(encoder))(outputs, k, last_times)
+        assert [_canonical(b) for b in generic] == [_canonical(b) for b in got]
+
+
+def test_no_forecast_gives_no_bytes() -> None:
+    encoder = EventEncoder(_description(16, (0.5,), 2), 3)
+    assert encoder.wire(EventOutputs.empty(3, 1, 2), 3, []) == []
+
+
+def test_wire_rows_prefers_the_encoders_own() -> None:
+    encoder = EventEncoder(_description(16, (0.5,), 2), 3)
+    assert wire_rows(encoder) == encoder.wire
+
+
+class _RowsOnly:
+    """An encoder with ``rows`` and ``columns`` only (as a plugin task's may be): the event encoder's."""
+
+    def __init__(self, inner: EventEncoder) -> None:
+        self.rows = inner.rows
+        self.columns = inner.columns
