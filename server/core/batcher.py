@@ -297,7 +297,6 @@ class Batcher:
             return
         self._queue.append(accepted)
         self._queued_events += len(keys)
-        self.metrics.pending_events.set(self.admission.pending)
         self._wakeup.set()
 
     def _answer(self, accepted: _PendingRequest, took: list[float] | None = None) -> None:
@@ -349,7 +348,6 @@ class Batcher:
             finally:
                 for accepted, _, count in pieces:
                     self.admission.answered(count, accepted.request.tenant)
-                self.metrics.pending_events.set(self.admission.pending)
 
     def _take(self) -> _Batch | None:
         """The next batch from the head of the queue: pieces ``(request, start, count)`` of at most

@@ -89,6 +89,7 @@ class EngineCore:
         # Summed over the models when scraped: nothing per batch, no call up from a batcher.
         metrics.active_sessions.set_function(lambda: sum(n for n, _ in self._held()))
         metrics.state_bytes.set_function(lambda: sum(n * b for n, b in self._held()))
+        metrics.pending_events.set_function(lambda: self.admission.pending)
 
     def _served(self, task: Task, store: SessionStore) -> ServedModel:
         s, metrics = self.settings, self.metrics
