@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -37,13 +37,13 @@ from aaren.server.contract.columns import (
 )
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.core.limits import TokenBucket
-from aaren.server.observability.metrics import Metrics, observe_many
+from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionStore, StoreUnavailableError
 from aaren.server.tasks.base import Task
 from aaren.server.tasks.runs import RunColumns
 
-__all__ = ["Admission", "Batcher", "ModelContext", "Scope"]
+__all__ = ["Admission", "Batcher", "ModelContext", "Scope", "observe_many"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,6 +58,32 @@ _ON_GRID, _OFF_GRID, _GAP_TOO_LONG = 0, 1, 2
 
 
 PENDING_RETRY_S = 0.1
+
+
+def observe_many(histogram: Any, amounts: Iterable[float]) -> None:
+    """``histogram.observe(a)`` for every ``a`` of ``amounts`` (an unlabelled or labelled Histogram child):
+    the same bucket counts and sum, the buckets found by one ``searchsorted`` and each touched once
+    (a batch observes its requests' latencies in one call, not one lock and bucket scan a request; it
+    lives beside its one user, the batch, so that an event's path does not leave for it).
+
+    Reads the child's ``_upper_bounds``, ``_buckets`` and ``_sum`` (prometheus_client's Histogram since
+    0.4, unchanged to 0.23; ``tests/server/test_metrics.py`` compares with ``observe``); a child
+    without them is observed value by value."""
+    values = np.asarray(list(amounts) if not isinstance(amounts, np.ndarray) else amounts, dtype=np.float64)
+    if not values.size:
+        return
+    bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None:
+        for amount in values.tolist():
+            histogram.observe(amount)
+        return
+    histogram._raise_if_not_observable()
+    total.inc(float(values.sum()))
+    # observe's rule, amount <= bound: the first bound at or above each value
+    counts = np.bincount(np.searchsorted(np.asarray(bounds, dtype=np.float64), values, side="left"))
+    for i in np.flatnonzero(counts).tolist():
+        if i < len(buckets):  # NaN sorts past +Inf: observe counts it in no bucket either
+            buckets[i].inc(int(counts[i]))
 
 
 class Admission:

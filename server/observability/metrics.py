@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -25,7 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["AggregatedCollector", "Metrics", "families_of", "observe_many"]
+__all__ = ["AggregatedCollector", "Metrics", "families_of"]
 
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -200,31 +199,6 @@ PER_PROCESS_PREFIXES = ("python_",)
 #: did; a file-descriptor limit is each process's own (the core's is shown).
 EARLIEST_SAMPLES = frozenset({"process_start_time_seconds"})
 OWN_SAMPLES = frozenset({"process_max_fds"})
-
-
-def observe_many(histogram: Any, amounts: Iterable[float]) -> None:
-    """``histogram.observe(a)`` for every ``a`` of ``amounts`` (an unlabelled or labelled Histogram child):
-    the same bucket counts and sum, the buckets found by one ``searchsorted`` and each touched once
-    (a batch observes its requests' latencies in one call, not one lock and bucket scan a request).
-
-    Reads the child's ``_upper_bounds``, ``_buckets`` and ``_sum`` (prometheus_client's Histogram since
-    0.4, unchanged to 0.23; ``tests/server/test_metrics.py`` compares with ``observe``); a child
-    without them is observed value by value."""
-    values = np.asarray(list(amounts) if not isinstance(amounts, np.ndarray) else amounts, dtype=np.float64)
-    if not values.size:
-        return
-    bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
-    if bounds is None or buckets is None or total is None:
-        for amount in values.tolist():
-            histogram.observe(amount)
-        return
-    histogram._raise_if_not_observable()
-    total.inc(float(values.sum()))
-    # observe's rule, amount <= bound: the first bound at or above each value
-    counts = np.bincount(np.searchsorted(np.asarray(bounds, dtype=np.float64), values, side="left"))
-    for i in np.flatnonzero(counts).tolist():
-        if i < len(buckets):  # NaN sorts past +Inf: observe counts it in no bucket either
-            buckets[i].inc(int(counts[i]))
 
 
 def families_of(registry: CollectorRegistry) -> Families:

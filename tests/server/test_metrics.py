@@ -133,7 +133,8 @@ def test_observe_many_counts_as_observe_does():
     at the bucket bounds, between, past the last and below the first."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from aaren.server.observability.metrics import LATENCY_BUCKETS, observe_many
+    from aaren.server.core.batcher import observe_many
+    from aaren.server.observability.metrics import LATENCY_BUCKETS
 
     amounts = [0.0, -1.0, 0.0001, 0.00011, 0.0025, 0.0025, 0.7, 10.0, 10.5, 1e9, *[0.003 * i for i in range(40)]]
     families = []
