@@ -5,8 +5,9 @@ per layer, and at batch 1 almost all of their time is per-op overhead. ``EventKe
 same numbers row by row in one ``numba.njit`` loop over the batch, from the fused weights packed
 once into contiguous float32 arrays (matrices stored transposed, ``[in, out]``, so that each
 matrix-vector product is a sum of rows, ``y += x_i W^T[i]``, which vectorizes without
-reassociating any sum; ``fastmath`` stays off; the layers take four rows per pass over a matrix,
-the same sums in the same order):
+reassociating any sum; ``fastmath`` stays off but for contraction in the matrix products, each
+``y + x_i w`` one fused multiply-add, rounded once, as torch's own products round; the layers take
+four rows of the batch and four of ``W^T`` per pass, the same sums in the same order):
 
 - the step, per row, as ``FusedEventModel.step`` (float32): ``x = (E + b)[mark] + W [phi(dt), v]``;
   per layer ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt``, ``m' = max(m, s)``,
@@ -24,8 +25,10 @@ the same sums in the same order):
   components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, started from their
   weighted mean, Halley steps kept inside the bracket (a bisection step where one would leave it;
   ``mixture_quantile``). The result is the root of the float32 parameters' mixture to about 1e-9,
-  within the fused search's own error of its (float32) result; on a grid it only places
-  ``heads.discrete_quantiles``' candidates.
+  within the fused search's own error of its (float32) result. On a grid it only places
+  ``heads.discrete_quantiles``' candidates: the search stops at a step under half a cell, and the
+  cell is then found from the CDF at the grid points, which the candidates' integrated CDFs give
+  (``_discrete_quantile``; the full search where that is more than ``_WALK`` cells off).
 
 Levels compare as float32 numbers cast to float64, as both torch paths hold them.
 """
@@ -56,14 +59,25 @@ FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
 _JIT_OPTIONS = {"fastmath": FASTMATH, "nogil": True, "error_model": "numpy"}
 
 
-def _jit(fn: Callable[..., Any]) -> Any:
+def _jit(fn: Callable[..., Any], fastmath: bool | set[str] = FASTMATH) -> Any:
     """``numba.njit`` with the module's options, cached on disk (in ``NUMBA_CACHE_DIR`` where set, else in
     ``__pycache__`` beside this file, else in numba's user-wide directory); where none is writable (a read-only
     install, a user without a home), uncached: each process then compiles on its first call."""
+    options = {**_JIT_OPTIONS, "fastmath": fastmath}
     try:
-        return numba.njit(cache=True, **_JIT_OPTIONS)(fn)
+        return numba.njit(cache=True, **options)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, **_JIT_OPTIONS)(fn)
+        return numba.njit(cache=False, **options)(fn)
+
+
+#: the matrix products' ``fastmath``: contraction (``a + x w`` as one fused multiply-add, rounded once, as
+#: torch's matrix products round) on top of the module's flags; nothing there meets an ``inf``
+_AFFINE_FASTMATH: bool | set[str] = FASTMATH if FASTMATH is True else {"contract", *(FASTMATH or ())}
+
+
+def _jit_affine(fn: Callable[..., Any]) -> Any:
+    """``_jit`` with ``_AFFINE_FASTMATH``: for the matrix products only."""
+    return _jit(fn, _AFFINE_FASTMATH)
 
 
 _F32_HALF = np.float32(0.5)
@@ -81,6 +95,11 @@ _SEARCH_MAX = 200
 #: ``_BRACKET_TOL (1 + |z|)``
 _STEP_TOL = 1e-6
 _BRACKET_TOL = 1e-13
+#: on a grid the search stops at a step under this part of a cell (``mixture_quantile``; the cell is then found
+#: from the CDF at the grid points, ``_discrete_quantile``)
+_GRID_STEP = 0.5
+#: cells ``_discrete_quantile`` walks from the short search's quantile before the full search is run instead
+_WALK = 2
 #: sums of positive terms below this are taken in log space (``_truncated_mean``): a term that underflowed to 0
 #: in the direct sum would weigh more than rounding there
 _DIRECT_FLOOR = 1e-280
@@ -164,16 +183,19 @@ MIX_ROWS = 9
 @_jit
 def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np.ndarray) -> None:
     """Fill ``mix`` from float32 ``logits, mu, log sigma [K]`` cast to float64: ``log pi = log_softmax(logits)``
-    (``(x - max) - log sum exp(x - max)``, as torch), ``pi``, ``sigma``, ``1 / sigma = exp(-log sigma)`` and
-    ``log pi_k + mu_k + sigma_k^2 / 2``, the part of ``log_partial_expectation``'s terms that ``x`` leaves alone,
-    and its ``exp`` (``_integrated_cdf``'s terms; inf where it overflows)."""
+    (``(x - max) - log sum exp(x - max)``, as torch), ``pi = exp(x - max) / sum exp(x - max)`` (the same to an
+    ulp or two, from the sum's terms), ``sigma``, ``1 / sigma`` and ``log pi_k + mu_k + sigma_k^2 / 2``, the part
+    of ``log_partial_expectation``'s terms that ``x`` leaves alone, and its ``exp`` (``_integrated_cdf``'s terms;
+    inf where it overflows)."""
     k_all = loc.shape[0]
     top = -math.inf
     for k in range(k_all):
         top = max(top, np.float64(logits[k]))
     total = 0.0
     for k in range(k_all):
-        total += math.exp(np.float64(logits[k]) - top)
+        e = math.exp(np.float64(logits[k]) - top)
+        mix[_WEIGHTS, k] = e
+        total += e
     log_total = math.log(total)
     for k in range(k_all):
         lw = (np.float64(logits[k]) - top) - log_total
@@ -183,9 +205,9 @@ def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np
         mix[_LOG_WEIGHTS, k] = lw
         mix[_LOC, k] = mu
         mix[_LOG_SCALE, k] = ls
-        mix[_WEIGHTS, k] = math.exp(lw)
+        mix[_WEIGHTS, k] = mix[_WEIGHTS, k] / total
         mix[_SCALE, k] = scale
-        mix[_INV_SCALE, k] = math.exp(-ls)
+        mix[_INV_SCALE, k] = 1.0 / scale
         mix[_LPE_CONST, k] = (lw + mu) + 0.5 * (scale * scale)
         mix[_PARTIAL, k] = math.exp(mix[_LPE_CONST, k])
 
@@ -248,34 +270,56 @@ def _integrated_cdf(mix: np.ndarray, x: float) -> tuple[float, float]:
 
 
 @_jit
-def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolution: float) -> float:
+def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolution: float, walk: int) -> float:
     """``heads.discrete_quantiles`` for one level: the first of ``m0 - 1, m0, m0 + 1`` (``m0 = max(ceil(q / w), 1)``)
     with ``H(m w) = (I(m w) - I((m - 1) w)) / w >= p`` (the last always), served as ``max(m - 1, 0) w``.
 
-    ``H(x) <= F(x)``, and ``F((m0 - 1) w) < p`` for the exact ``q``: ``I((m0 - 2) w)`` is needed only where
-    ``F((m0 - 1) w)`` comes within ``_DISCRETE_MARGIN`` of ``p`` (far above rounding: then ``H((m0 - 1) w)`` is
-    computed and compared as ``heads.discrete_quantiles`` does)."""
+    ``q`` may be a few cells off (``mixture_quantile`` on a grid stops early): ``m0`` moves up while
+    ``F(m0 w) < p`` and down while ``F((m0 - 1) w) >= p``, one ``I`` a cell (``F`` comes with ``I``), to the
+    ``m0`` of the exact ``q``; -1 where that takes more than ``walk`` cells. ``H(x) <= F(x)``, and
+    ``F((m0 - 1) w) < p`` then: ``I((m0 - 2) w)`` is needed only where ``F((m0 - 1) w)`` comes within
+    ``_DISCRETE_MARGIN`` of ``p`` (far above rounding: then ``H((m0 - 1) w)`` is computed and compared as
+    ``heads.discrete_quantiles`` does)."""
     w = resolution
     m0 = max(np.ceil(quantile / w), 1.0)
     mid, cdf_mid = _integrated_cdf(mix, (m0 - 1.0) * w)
+    high, cdf_high = _integrated_cdf(mix, m0 * w)
+    for moves in range(walk + 1):
+        up = cdf_high < level
+        if not up and not (m0 > 1.0 and cdf_mid >= level):
+            break
+        if moves == walk:
+            return -1.0
+        if up:
+            m0 += 1.0
+            mid, cdf_mid = high, cdf_high
+            high, cdf_high = _integrated_cdf(mix, m0 * w)
+        else:
+            m0 -= 1.0
+            high, cdf_high = mid, cdf_mid
+            mid, cdf_mid = _integrated_cdf(mix, (m0 - 1.0) * w)
     if cdf_mid >= level - _DISCRETE_MARGIN:
         low = _integrated_cdf(mix, (m0 - 2.0) * w)[0]
         if (mid - low) / w >= level:
             return max(m0 - 2.0, 0.0) * w
-    high = _integrated_cdf(mix, m0 * w)[0]
     if (high - mid) / w >= level:
         return (m0 - 1.0) * w
     return m0 * w
 
 
 @_jit
-def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
+def mixture_quantile(mix: np.ndarray, level: float, ppf: float, resolution: float = 0.0) -> float:
     """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` (``mix`` from ``_mixture``,
     ``ppf = Phi^-1(p)``): Halley's method (``z -= 2 g F' / (2 F'^2 - g F'')``, ``g = F(z) - p``; cubic where
     Newton is quadratic, for the ``F''`` that the density's terms give at no cost; Newton's step where
     ``|g F''| > F'^2``, whose Halley step could be small far from the root) in the bracket
     ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``, where every component is below, resp. above, its own level,
-    so ``F(lo) <= p <= F(hi)``. A step that would leave the bracket bisects it instead (``_STEP_TOL``)."""
+    so ``F(lo) <= p <= F(hi)``. A step that would leave the bracket bisects it instead (``_STEP_TOL``).
+
+    For a quantile of the gap recorded at ``resolution`` ``w > 0`` (``_discrete_quantile`` places its candidates
+    from ``e^z`` and walks to the right cell where that is off) the search stops at a step under
+    ``_GRID_STEP min(1, w e^-z)``, half a cell in ``z`` (the error then is of the order of its cube), where that is
+    the looser: 1.5 evaluations a level where 3 reach ``_STEP_TOL`` (the bundled model)."""
     k_all = mix.shape[1]
     lo = math.inf
     hi = -math.inf
@@ -312,7 +356,10 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
         # where F' is small for its curvature (between narrow components), often a bisection then
         nxt = z - 2.0 * gap * f1 / (2.0 * f1 * f1 - curve) if abs(curve) <= f1 * f1 else z - gap / f1
         if lo < nxt < hi:
-            if abs(nxt - z) <= _STEP_TOL * (1.0 + abs(z)):
+            step = abs(nxt - z)
+            if step <= _STEP_TOL * (1.0 + abs(z)):
+                return nxt
+            if resolution > 0.0 and step <= _GRID_STEP and step <= _GRID_STEP * resolution * math.exp(-nxt):
                 return nxt
         else:
             nxt = 0.5 * (lo + hi)
@@ -359,11 +406,11 @@ def erf32(x: np.float32) -> np.float32:
     return min(max(r, -_F32_ONE), _F32_ONE)
 
 
-@_jit
+@_jit_affine
 def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray) -> None:
     """``out = W x + b`` for ``x [n]``, ``W^T [n, p]``, ``b [p]`` (float32):
-    ``out_j = ((x_0 W_j0 + x_1 W_j1) + ...) + b_j``, summed in the order of ``i``, four rows of ``W^T`` per pass
-    over ``out`` (the same sums as one row per pass, a quarter of the loads and stores of ``out``)."""
+    ``out_j = fma(x_1, W_j1, fma(x_0, W_j0, 0)) ... + b_j``, summed in the order of ``i``, four rows of ``W^T``
+    per pass over ``out`` (the same sums as one row per pass, a quarter of the loads and stores of ``out``)."""
     n, p = weight_t.shape
     for j in range(p):
         out[j] = _F32_ZERO
@@ -388,10 +435,11 @@ def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
 BLOCK = 4
 
 
-@_jit
+@_jit_affine
 def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray, n_rows: int) -> None:
     """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [BLOCK, n]``, ``out [BLOCK, p]`` (float32):
-    the sums of ``_affine``, in the same order, four rows at a time where there are four."""
+    the sums of ``_affine``, in the same order, four rows of ``x`` and four of ``W^T`` a pass where there are
+    four rows (a sixteenth of the loads and stores of ``out`` that one row of each would take)."""
     if n_rows < BLOCK:
         for r in range(n_rows):
             _affine(x[r], weight_t, bias, out[r])
@@ -404,17 +452,19 @@ def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.
         o2[j] = _F32_ZERO
         o3[j] = _F32_ZERO
     i = 0
-    while i + 2 <= n:
-        w0, w1 = weight_t[i], weight_t[i + 1]
-        a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
-        c0, c1, c2, c3 = x[0, i + 1], x[1, i + 1], x[2, i + 1], x[3, i + 1]
+    while i + 4 <= n:
+        w0, w1, w2, w3 = weight_t[i], weight_t[i + 1], weight_t[i + 2], weight_t[i + 3]
+        a0, a1, a2, a3 = x[0, i], x[0, i + 1], x[0, i + 2], x[0, i + 3]
+        b0, b1, b2, b3 = x[1, i], x[1, i + 1], x[1, i + 2], x[1, i + 3]
+        c0, c1, c2, c3 = x[2, i], x[2, i + 1], x[2, i + 2], x[2, i + 3]
+        d0, d1, d2, d3 = x[3, i], x[3, i + 1], x[3, i + 2], x[3, i + 3]
         for j in range(p):
-            v0, v1 = w0[j], w1[j]
-            o0[j] = (o0[j] + a0 * v0) + c0 * v1
-            o1[j] = (o1[j] + a1 * v0) + c1 * v1
-            o2[j] = (o2[j] + a2 * v0) + c2 * v1
-            o3[j] = (o3[j] + a3 * v0) + c3 * v1
-        i += 2
+            v0, v1, v2, v3 = w0[j], w1[j], w2[j], w3[j]
+            o0[j] = (((o0[j] + a0 * v0) + a1 * v1) + a2 * v2) + a3 * v3
+            o1[j] = (((o1[j] + b0 * v0) + b1 * v1) + b2 * v2) + b3 * v3
+            o2[j] = (((o2[j] + c0 * v0) + c1 * v1) + c2 * v2) + c3 * v3
+            o3[j] = (((o3[j] + d0 * v0) + d1 * v1) + d2 * v2) + d3 * v3
+        i += 4
     while i < n:
         w0 = weight_t[i]
         a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
@@ -465,9 +515,14 @@ def _gap_row(
     _mixture(logits, loc, log_scale, mix)
     time_mean[b] = _truncated_mean(mix, gap_bound)
     for q in range(levels.shape[0]):
-        z = mixture_quantile(mix, levels[q], ppf[q])
+        z = mixture_quantile(mix, levels[q], ppf[q], resolution)
         if resolution > 0.0:
-            quantiles[b, q] = _discrete_quantile(mix, math.exp(z), levels[q], resolution)
+            # the short search's quantile is off by more than _WALK cells only where a narrow component misleads it
+            out = _discrete_quantile(mix, math.exp(z), levels[q], resolution, _WALK)
+            if out < 0.0:
+                z = mixture_quantile(mix, levels[q], ppf[q], 0.0)
+                out = _discrete_quantile(mix, math.exp(z), levels[q], resolution, _SEARCH_MAX)
+            quantiles[b, q] = out
         else:
             quantiles[b, q] = np.float32(math.exp(z))
 
