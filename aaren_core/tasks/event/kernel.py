@@ -80,6 +80,16 @@ def _jit_affine(fn: Callable[..., Any]) -> Any:
     return _jit(fn, _AFFINE_FASTMATH)
 
 
+#: the layer norm's ``fastmath``: reassociation too (its float64 sums of float32 terms vectorize; any order is
+#: exact to 1e-16, far below the float32 result's rounding), no flag that assumes ``inf`` or NaN away
+_SUMS_FASTMATH: bool | set[str] = FASTMATH if FASTMATH is True else {"reassoc", "contract", *(FASTMATH or ())}
+
+
+def _jit_sums(fn: Callable[..., Any]) -> Any:
+    """``_jit`` with ``_SUMS_FASTMATH``: for the layer norm only."""
+    return _jit(fn, _SUMS_FASTMATH)
+
+
 _F32_HALF = np.float32(0.5)
 _F32_ONE = np.float32(1.0)
 _F32_ZERO = np.float32(0.0)
@@ -437,7 +447,7 @@ BLOCK = 4
 
 @_jit_affine
 def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray, n_rows: int) -> None:
-    """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [BLOCK, n]``, ``out [BLOCK, p]`` (float32):
+    """``out[r] = W x[r] + b`` for the first ``n_rows <= BLOCK`` rows of ``x [., n]``, ``out [BLOCK, p]`` (float32):
     the sums of ``_affine``, in the same order, four rows of ``x`` and four of ``W^T`` a pass where there are
     four rows (a sixteenth of the loads and stores of ``out`` that one row of each would take)."""
     if n_rows < BLOCK:
@@ -482,9 +492,10 @@ def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.
         o3[j] += bias[j]
 
 
-@_jit
+@_jit_sums
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
-    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64).
+    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64, in
+    any order: ``_SUMS_FASTMATH``).
     A variance past float32's range makes the row NaN, as the float32 reference's does: an activation
     that large is a numeric overflow (the server refuses the event), not a normalized row."""
     n = x.shape[0]
@@ -567,7 +578,7 @@ def gap_summaries(
 @_jit
 def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
     """The outputs ``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of ``rows``
-    forecasts, and the scratch of one: ``(out [P], probs [M], taken [M], mix [MIX_ROWS, K])``."""
+    forecasts, and the scratch: ``(heads [BLOCK, P], probs [M], taken [M], mix [MIX_ROWS, K])``."""
     head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[11], head[12], head[13]
     outputs = (
         np.empty(rows, np.float64),
@@ -578,7 +589,7 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
         np.empty((rows, value_width), np.float32),
     )
     scratch = (
-        np.empty(head_b.shape[0], np.float32),
+        np.empty((BLOCK, head_b.shape[0]), np.float32),
         np.empty(num_marks, np.float32),
         np.empty(num_marks, np.bool_),
         np.empty((MIX_ROWS, n_components), np.float64),
@@ -587,15 +598,15 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
 
 
 @_jit
-def _forecast_row(b: int, y: np.ndarray, top_k: int, head: tuple, outputs: tuple, scratch: tuple) -> None:
-    """The forecast of one feature row ``y [d]`` into row ``b`` of ``outputs`` (``FusedEventModel.forecast``).
+def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tuple, scratch: tuple) -> None:
+    """The forecast of one row into row ``b`` of ``outputs`` (``FusedEventModel.forecast``) from its head
+    pre-activations ``out = W_h y + b_h [P]`` (overwritten).
 
     ``head``: ``EventKernel``'s packed head weights; ``outputs``, ``scratch`` from ``_forecast_buffers``."""
-    head_wt, head_b, head_low, head_high, head_scale, head_shift, value_std = head[:7]
+    head_low, head_high, head_scale, head_shift, value_std = head[2:7]
     levels, ppf, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
-    out, probs, taken, mix = scratch
-    _affine(y, head_wt, head_b, out)
+    probs, taken, mix = scratch[1:]
     for j in range(out.shape[0]):
         c = min(max(out[j], head_low[j]), head_high[j])
         out[j] = head_shift[j] + c * head_scale[j]
@@ -631,10 +642,14 @@ def _forecast_row(b: int, y: np.ndarray, top_k: int, head: tuple, outputs: tuple
 
 @_jit
 def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
-    """The forecast of feature rows ``y [B, d]`` (see ``_forecast_row``)."""
+    """The forecast of feature rows ``y [B, d]`` (see ``_forecast_row``), the heads' matrix ``BLOCK`` rows a pass."""
     outputs, scratch = _forecast_buffers(y.shape[0], top_k, head)
-    for b in range(y.shape[0]):
-        _forecast_row(b, y[b], top_k, head, outputs, scratch)
+    heads = scratch[0]
+    for first in range(0, y.shape[0], BLOCK):
+        n_rows = min(BLOCK, y.shape[0] - first)
+        _affine_rows(y[first : first + n_rows], head[0], head[1], heads, n_rows)
+        for r in range(n_rows):
+            _forecast_row(first + r, heads[r], top_k, head, outputs, scratch)
     return outputs
 
 
@@ -728,9 +743,10 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
                 for j in range(d):
                     x[r, j] += acc[r, j]
         for r in range(n_rows):
-            b = first + r
-            _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[b])
-            _forecast_row(b, y[b], top_k, head, outputs, scratch)
+            _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[first + r])
+        _affine_rows(y[first : first + n_rows], head[0], head[1], scratch[0], n_rows)
+        for r in range(n_rows):
+            _forecast_row(first + r, scratch[0][r], top_k, head, outputs, scratch)
     return y, m_new, u_new, w_new, n_new, outputs
 
 
