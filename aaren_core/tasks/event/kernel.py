@@ -5,9 +5,10 @@ per layer, and at batch 1 almost all of their time is per-op overhead. ``EventKe
 same numbers row by row in one ``numba.njit`` loop over the batch, from the fused weights packed
 once into contiguous float32 arrays (matrices stored transposed, ``[in, out]``, so that each
 matrix-vector product is a sum of rows, ``y += x_i W^T[i]``, which vectorizes without
-reassociating any sum; ``fastmath`` stays off but for contraction in the matrix products, each
-``y + x_i w`` one fused multiply-add, rounded once, as torch's own products round; the layers take
-four rows of the batch and four of ``W^T`` per pass, the same sums in the same order):
+reassociating any sum; ``fastmath`` stays off but for contraction in the matrix products and
+``erf32``, each ``y + x_i w`` one fused multiply-add, rounded once, as torch's own products round,
+and reassociation in the layer norm's float64 moments; the layers take four rows of the batch and
+four of ``W^T`` per pass, the same sums in the same order):
 
 - the step, per row, as ``FusedEventModel.step`` (float32): ``x = (E + b)[mark] + W [phi(dt), v]``;
   per layer ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt``, ``m' = max(m, s)``,
@@ -51,7 +52,8 @@ __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr",
 #: numba's ``fastmath`` for every compiled function, read at import so that a benchmark can compare (with a
 #: ``NUMBA_CACHE_DIR`` of its own: the cache does not key on it): ``AAREN_KERNEL_FASTMATH=1``: all of LLVM's
 #: fast-math flags, ``=reassoc``: reassociation and contraction only. Off by default: every sum in the order
-#: written, and ``inf`` kept meaningful (a fresh state's ``m`` is ``-inf``; fast-math's ``ninf`` assumes none).
+#: written (but the layer norm's, ``_SUMS_FASTMATH``; products contracted in ``_AFFINE_FASTMATH``'s functions),
+#: and ``inf`` kept meaningful (a fresh state's ``m`` is ``-inf``; fast-math's ``ninf`` assumes none).
 FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
     os.environ.get("AAREN_KERNEL_FASTMATH", ""), False
 )
