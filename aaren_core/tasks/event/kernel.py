@@ -753,6 +753,97 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
     return y, m_new, u_new, w_new, n_new, outputs
 
 
+#: the number of dimensions of each packed array, in the order of ``EventKernel``'s ``step`` then ``head`` tuples
+#: (0: a scalar); ``head``'s last three (``K``, ``M``, ``V``) are in the layout's last row
+_STEP_NDIMS = (1, 2, 2, 3, 2, 2, 1, 3, 2, 3, 2, 3, 2, 3, 2, 2, 0)
+_HEAD_NDIMS = (2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
+
+
+@_jit
+def _part(flat: np.ndarray, layout: np.ndarray, i: int) -> np.ndarray:
+    """Packed array ``i`` as a 1-D view of ``flat``: ``layout[i] = (offset, size, d0, d1, d2)``."""
+    return flat[layout[i, 0] : layout[i, 0] + layout[i, 1]]
+
+
+@_jit
+def _unpack(flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple:
+    """``(step, head)``, the tuples ``_step_forecast_rows`` and ``_forecast_rows`` take, as views of the packed
+    weights (``EventKernel._pack``): a numba call types three arrays here where it would type 31 items."""
+
+    step = (
+        _part(flat32, layout, 0),
+        _part(flat32, layout, 1).reshape((layout[1, 2], layout[1, 3])),
+        _part(flat32, layout, 2).reshape((layout[2, 2], layout[2, 3])),
+        _part(flat32, layout, 3).reshape((layout[3, 2], layout[3, 3], layout[3, 4])),
+        _part(flat32, layout, 4).reshape((layout[4, 2], layout[4, 3])),
+        _part(flat32, layout, 5).reshape((layout[5, 2], layout[5, 3])),
+        _part(flat32, layout, 6),
+        _part(flat32, layout, 7).reshape((layout[7, 2], layout[7, 3], layout[7, 4])),
+        _part(flat32, layout, 8).reshape((layout[8, 2], layout[8, 3])),
+        _part(flat32, layout, 9).reshape((layout[9, 2], layout[9, 3], layout[9, 4])),
+        _part(flat32, layout, 10).reshape((layout[10, 2], layout[10, 3])),
+        _part(flat32, layout, 11).reshape((layout[11, 2], layout[11, 3], layout[11, 4])),
+        _part(flat32, layout, 12).reshape((layout[12, 2], layout[12, 3])),
+        _part(flat32, layout, 13).reshape((layout[13, 2], layout[13, 3], layout[13, 4])),
+        _part(flat32, layout, 14).reshape((layout[14, 2], layout[14, 3])),
+        _part(flat32, layout, 15).reshape((layout[15, 2], layout[15, 3])),
+        flat32[layout[16, 0]],
+    )
+    head = (
+        _part(flat32, layout, 17).reshape((layout[17, 2], layout[17, 3])),
+        _part(flat32, layout, 18),
+        _part(flat32, layout, 19),
+        _part(flat32, layout, 20),
+        _part(flat32, layout, 21),
+        _part(flat32, layout, 22),
+        _part(flat32, layout, 23),
+        _part(flat64, layout, 24),
+        _part(flat64, layout, 25),
+        flat64[layout[26, 0]],
+        flat64[layout[27, 0]],
+        layout[28, 2],
+        layout[28, 3],
+        layout[28, 4],
+    )
+    return step, head
+
+
+@_jit
+def _step_forecast_packed(
+    inputs: tuple, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray
+) -> tuple:
+    """``_step_forecast_rows`` on the packed weights."""
+    step, head = _unpack(flat32, flat64, layout)
+    return _step_forecast_rows(inputs, top_k, step, head)
+
+
+@_jit
+def _forecast_packed(y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple:
+    """``_forecast_rows`` on the packed weights."""
+    return _forecast_rows(y, top_k, _unpack(flat32, flat64, layout)[1])
+
+
+def _pack(step: tuple, head: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(flat32, flat64, layout)``: the float32 items of ``step`` and ``head`` (``has_rate`` as 0/1) one after
+    another in ``flat32``, the float64 ones in ``flat64``, and per item ``(offset, size, shape...)`` in
+    ``layout [29, 5]`` int64 (its last row: ``K, M, V``)."""
+    parts32: list[np.ndarray] = []
+    parts64: list[np.ndarray] = []
+    layout = np.zeros((len(_STEP_NDIMS) + len(_HEAD_NDIMS) + 1, 5), np.int64)
+    items = [*step, *head[:11]]
+    for i, (item, ndim) in enumerate(zip(items, (*_STEP_NDIMS, *_HEAD_NDIMS), strict=True)):
+        wide = 24 <= i <= 27  # levels, Phi^-1(levels), gap_bound, resolution
+        array = np.asarray(item, np.float64 if wide else np.float32).reshape(-1)
+        parts = parts64 if wide else parts32
+        layout[i, 0], layout[i, 1] = sum(p.size for p in parts), array.size
+        shape = np.shape(item)
+        assert len(shape) == ndim, (i, shape)
+        layout[i, 2 : 2 + ndim] = shape
+        parts.append(array)
+    layout[-1, 2:] = head[11:]
+    return np.concatenate(parts32), np.concatenate(parts64), layout
+
+
 def _f32(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
 
@@ -781,8 +872,7 @@ class EventKernel:
         self.value_width = fused.value_width
         self.time_resolution = float(fused.time_resolution)
         self.levels = levels
-        self._step = step
-        self._head = head
+        self._packed = _pack(step, head)
 
     @classmethod
     def from_fused(cls, fused: FusedEventModel, levels: tuple[float, ...]) -> EventKernel:
@@ -865,7 +955,7 @@ class EventKernel:
             if array.dtype != dtype:
                 raise ValueError(f"{name}: expected {dtype}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
-        y, m2, u2, w2, n2, forecast = _step_forecast_rows(inputs, k, self._step, self._head)
+        y, m2, u2, w2, n2, forecast = _step_forecast_packed(inputs, k, *self._packed)
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
@@ -873,4 +963,4 @@ class EventKernel:
         six arrays."""
         if y.dtype != _F32 or y.ndim != 2 or y.shape[1] != self.d_model:
             raise ValueError(f"y: expected float32 [B, {self.d_model}], got {y.dtype} {list(y.shape)}")
-        return self._finish(_forecast_rows(y, max(0, min(int(top_k), self.num_marks)), self._head))
+        return self._finish(_forecast_packed(y, max(0, min(int(top_k), self.num_marks)), *self._packed))
