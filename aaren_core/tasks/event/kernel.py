@@ -3,7 +3,8 @@
 ``FusedEventModel.step`` then ``.forecast`` compute the serving numbers in a few dozen torch ops
 per layer, and at batch 1 almost all of their time is per-op overhead. ``EventKernel`` computes the
 same numbers row by row in one ``numba.njit`` loop over the batch, from the fused weights packed
-once into contiguous float32 arrays (matrices stored transposed, ``[in, out]``, so that each
+once into one flat float32 array (and a float64 one and a layout, so that a call passes three arrays;
+``_pack``, ``_unpack``), matrices stored transposed, ``[in, out]`` (so that each
 matrix-vector product is a sum of rows, ``y += x_i W^T[i]``, which vectorizes without
 reassociating any sum; ``fastmath`` stays off but for contraction in the matrix products and
 ``erf32``, each ``y + x_i w`` one fused multiply-add, rounded once, as torch's own products round,
