@@ -17,7 +17,8 @@ The candidates of one cell take turns, round by round (``bench.core.time_round_r
 median over rounds is reported. ``torch.set_num_threads`` as the server does (``torch_threads``, 1 by
 default); the kernel runs on one thread. ``AAREN_KERNEL_FASTMATH=1`` or ``=reassoc`` (with a
 ``NUMBA_CACHE_DIR`` of its own: numba's cache does not key on the flag) times the kernel compiled with
-``fastmath`` (``aaren_core.tasks.event.kernel.FASTMATH``).
+``fastmath`` (``aaren_core.tasks.event.kernel.FASTMATH``; the matrix products and the GELU's ``erf32``
+contract multiply-adds, and the layer norm reassociates its float64 sums, whatever the flag).
 
 Run from the repository root::
 
@@ -138,6 +139,8 @@ def run(batches: Sequence[int], quick: bool, console: Console) -> list[Table]:
     kernel = EventKernel.from_fused(fused, QUANTILES)
     threads = torch.get_num_threads()
     flags = f"fastmath={FASTMATH if isinstance(FASTMATH, bool) else '+'.join(sorted(FASTMATH))}"
+    if FASTMATH is not True:
+        flags += " (matrix products and erf32: +contract; layer norm: +reassoc)"
     step_table = Table(
         f"Step + forecast, one event per session: µs per call (CPU, torch {threads} thread(s), kernel {flags})",
         [

@@ -328,3 +328,31 @@ def test_special_functions_match_torch_far_into_the_tails() -> None:
     z = np.linspace(-6.0, 6.0, 12001).astype(np.float32)
     err = max(abs(float(erf32(v)) - math.erf(float(v))) for v in z)
     assert err < 3e-7, err  # torch's own vectorized float32 erf in GELU: up to 1.5e-7
+
+
+def test_discrete_quantiles_recover_a_quantile_some_cells_off() -> None:
+    """On a grid the kernel's quantile search stops early (mixture_quantile's resolution), so the candidates'
+    cell is found from the CDF: a quantile 1 or 3 cells too low or too high gives heads.discrete_quantiles'
+    answer for the exact one all the same (a q off by more than a cell would fail without that walk). The
+    bounded walk's fallback (a full search) is covered by the narrow components (sigma e^-7) of
+    test_gap_summaries_equal_the_float64_reference_on_the_same_mixture, where the short search lands far off."""
+    from aaren_core.tasks.event.kernel import _SEARCH_MAX, MIX_ROWS, _discrete_quantile, _mixture
+
+    mix = random_mixture(200, 5, 5, -1.5)
+    lw, loc, ls = torch.log_softmax(mix.logits.double(), -1), mix.loc.double(), mix.log_scale.double()
+    exact = bisection_quantiles(mix, LEVELS32)
+    table = np.empty((MIX_ROWS, 5), np.float64)
+    moved = 0
+    for resolution in (1.0, 0.05):
+        want = discrete_quantiles(lw, loc, ls, exact, torch.tensor(LEVELS, dtype=torch.float32), resolution).numpy()
+        for b in range(200):
+            _mixture(*(t[b].numpy() for t in (mix.logits, mix.loc, mix.log_scale)), table)
+            for q, level in enumerate(LEVELS32):
+                for cells in (-3.0, -1.0, 1.0, 3.0):
+                    off = float(exact[b, q]) + cells * resolution
+                    got = _discrete_quantile(table, off, level, resolution, _SEARCH_MAX)
+                    assert got == want[b, q], (resolution, b, q, cells)
+                    # a walk cut short says so (-1), and then the kernel runs its full search instead
+                    assert _discrete_quantile(table, off, level, resolution, 0) in (want[b, q], -1.0)
+                    moved += off > 0
+    assert moved > 2000  # most of the shifted quantiles stay positive: the walk runs both ways

@@ -3,10 +3,13 @@
 ``FusedEventModel.step`` then ``.forecast`` compute the serving numbers in a few dozen torch ops
 per layer, and at batch 1 almost all of their time is per-op overhead. ``EventKernel`` computes the
 same numbers row by row in one ``numba.njit`` loop over the batch, from the fused weights packed
-once into contiguous float32 arrays (matrices stored transposed, ``[in, out]``, so that each
+once into one flat float32 array (and a float64 one and a layout, so that a call passes three arrays;
+``_pack``, ``_unpack``), matrices stored transposed, ``[in, out]`` (so that each
 matrix-vector product is a sum of rows, ``y += x_i W^T[i]``, which vectorizes without
-reassociating any sum; ``fastmath`` stays off; the layers take four rows per pass over a matrix,
-the same sums in the same order):
+reassociating any sum; ``fastmath`` stays off but for contraction in the matrix products and
+``erf32``, each ``y + x_i w`` one fused multiply-add, rounded once, as torch's own products round,
+and reassociation in the layer norm's float64 moments; the layers take four rows of the batch and
+four of ``W^T`` per pass, the same sums in the same order):
 
 - the step, per row, as ``FusedEventModel.step`` (float32): ``x = (E + b)[mark] + W [phi(dt), v]``;
   per layer ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt``, ``m' = max(m, s)``,
@@ -24,8 +27,10 @@ the same sums in the same order):
   components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, started from their
   weighted mean, Halley steps kept inside the bracket (a bisection step where one would leave it;
   ``mixture_quantile``). The result is the root of the float32 parameters' mixture to about 1e-9,
-  within the fused search's own error of its (float32) result; on a grid it only places
-  ``heads.discrete_quantiles``' candidates.
+  within the fused search's own error of its (float32) result. On a grid it only places
+  ``heads.discrete_quantiles``' candidates: the search stops at a step under half a cell, and the
+  cell is then found from the CDF at the grid points, which the candidates' integrated CDFs give
+  (``_discrete_quantile``; the full search where that is more than ``_WALK`` cells off).
 
 Levels compare as float32 numbers cast to float64, as both torch paths hold them.
 """
@@ -48,7 +53,8 @@ __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr",
 #: numba's ``fastmath`` for every compiled function, read at import so that a benchmark can compare (with a
 #: ``NUMBA_CACHE_DIR`` of its own: the cache does not key on it): ``AAREN_KERNEL_FASTMATH=1``: all of LLVM's
 #: fast-math flags, ``=reassoc``: reassociation and contraction only. Off by default: every sum in the order
-#: written, and ``inf`` kept meaningful (a fresh state's ``m`` is ``-inf``; fast-math's ``ninf`` assumes none).
+#: written (but the layer norm's, ``_SUMS_FASTMATH``; products contracted in ``_AFFINE_FASTMATH``'s functions),
+#: and ``inf`` kept meaningful (a fresh state's ``m`` is ``-inf``; fast-math's ``ninf`` assumes none).
 FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
     os.environ.get("AAREN_KERNEL_FASTMATH", ""), False
 )
@@ -56,14 +62,35 @@ FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
 _JIT_OPTIONS = {"fastmath": FASTMATH, "nogil": True, "error_model": "numpy"}
 
 
-def _jit(fn: Callable[..., Any]) -> Any:
+def _jit(fn: Callable[..., Any], fastmath: bool | set[str] = FASTMATH) -> Any:
     """``numba.njit`` with the module's options, cached on disk (in ``NUMBA_CACHE_DIR`` where set, else in
     ``__pycache__`` beside this file, else in numba's user-wide directory); where none is writable (a read-only
     install, a user without a home), uncached: each process then compiles on its first call."""
+    options = {**_JIT_OPTIONS, "fastmath": fastmath}
     try:
-        return numba.njit(cache=True, **_JIT_OPTIONS)(fn)
+        return numba.njit(cache=True, **options)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, **_JIT_OPTIONS)(fn)
+        return numba.njit(cache=False, **options)(fn)
+
+
+#: the matrix products' ``fastmath``: contraction (``a + x w`` as one fused multiply-add, rounded once, as
+#: torch's matrix products round) on top of the module's flags; nothing there meets an ``inf``
+_AFFINE_FASTMATH: bool | set[str] = FASTMATH if FASTMATH is True else {"contract", *(FASTMATH or ())}
+
+
+def _jit_affine(fn: Callable[..., Any]) -> Any:
+    """``_jit`` with ``_AFFINE_FASTMATH``: for the matrix products only."""
+    return _jit(fn, _AFFINE_FASTMATH)
+
+
+#: the layer norm's ``fastmath``: reassociation too (its float64 sums of float32 terms vectorize; any order is
+#: exact to 1e-16, far below the float32 result's rounding), no flag that assumes ``inf`` or NaN away
+_SUMS_FASTMATH: bool | set[str] = FASTMATH if FASTMATH is True else {"reassoc", "contract", *(FASTMATH or ())}
+
+
+def _jit_sums(fn: Callable[..., Any]) -> Any:
+    """``_jit`` with ``_SUMS_FASTMATH``: for the layer norm only."""
+    return _jit(fn, _SUMS_FASTMATH)
 
 
 _F32_HALF = np.float32(0.5)
@@ -81,6 +108,11 @@ _SEARCH_MAX = 200
 #: ``_BRACKET_TOL (1 + |z|)``
 _STEP_TOL = 1e-6
 _BRACKET_TOL = 1e-13
+#: on a grid the search stops at a step under this part of a cell (``mixture_quantile``; the cell is then found
+#: from the CDF at the grid points, ``_discrete_quantile``)
+_GRID_STEP = 0.5
+#: cells ``_discrete_quantile`` walks from the short search's quantile before the full search is run instead
+_WALK = 2
 #: sums of positive terms below this are taken in log space (``_truncated_mean``): a term that underflowed to 0
 #: in the direct sum would weigh more than rounding there
 _DIRECT_FLOOR = 1e-280
@@ -164,16 +196,19 @@ MIX_ROWS = 9
 @_jit
 def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np.ndarray) -> None:
     """Fill ``mix`` from float32 ``logits, mu, log sigma [K]`` cast to float64: ``log pi = log_softmax(logits)``
-    (``(x - max) - log sum exp(x - max)``, as torch), ``pi``, ``sigma``, ``1 / sigma = exp(-log sigma)`` and
-    ``log pi_k + mu_k + sigma_k^2 / 2``, the part of ``log_partial_expectation``'s terms that ``x`` leaves alone,
-    and its ``exp`` (``_integrated_cdf``'s terms; inf where it overflows)."""
+    (``(x - max) - log sum exp(x - max)``, as torch), ``pi = exp(x - max) / sum exp(x - max)`` (the same to an
+    ulp or two, from the sum's terms), ``sigma``, ``1 / sigma`` and ``log pi_k + mu_k + sigma_k^2 / 2``, the part
+    of ``log_partial_expectation``'s terms that ``x`` leaves alone, and its ``exp`` (``_integrated_cdf``'s terms;
+    inf where it overflows)."""
     k_all = loc.shape[0]
     top = -math.inf
     for k in range(k_all):
         top = max(top, np.float64(logits[k]))
     total = 0.0
     for k in range(k_all):
-        total += math.exp(np.float64(logits[k]) - top)
+        e = math.exp(np.float64(logits[k]) - top)
+        mix[_WEIGHTS, k] = e
+        total += e
     log_total = math.log(total)
     for k in range(k_all):
         lw = (np.float64(logits[k]) - top) - log_total
@@ -183,9 +218,9 @@ def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np
         mix[_LOG_WEIGHTS, k] = lw
         mix[_LOC, k] = mu
         mix[_LOG_SCALE, k] = ls
-        mix[_WEIGHTS, k] = math.exp(lw)
+        mix[_WEIGHTS, k] = mix[_WEIGHTS, k] / total
         mix[_SCALE, k] = scale
-        mix[_INV_SCALE, k] = math.exp(-ls)
+        mix[_INV_SCALE, k] = 1.0 / scale
         mix[_LPE_CONST, k] = (lw + mu) + 0.5 * (scale * scale)
         mix[_PARTIAL, k] = math.exp(mix[_LPE_CONST, k])
 
@@ -248,34 +283,56 @@ def _integrated_cdf(mix: np.ndarray, x: float) -> tuple[float, float]:
 
 
 @_jit
-def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolution: float) -> float:
+def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolution: float, walk: int) -> float:
     """``heads.discrete_quantiles`` for one level: the first of ``m0 - 1, m0, m0 + 1`` (``m0 = max(ceil(q / w), 1)``)
     with ``H(m w) = (I(m w) - I((m - 1) w)) / w >= p`` (the last always), served as ``max(m - 1, 0) w``.
 
-    ``H(x) <= F(x)``, and ``F((m0 - 1) w) < p`` for the exact ``q``: ``I((m0 - 2) w)`` is needed only where
-    ``F((m0 - 1) w)`` comes within ``_DISCRETE_MARGIN`` of ``p`` (far above rounding: then ``H((m0 - 1) w)`` is
-    computed and compared as ``heads.discrete_quantiles`` does)."""
+    ``q`` may be a few cells off (``mixture_quantile`` on a grid stops early): ``m0`` moves up while
+    ``F(m0 w) < p`` and down while ``F((m0 - 1) w) >= p``, one ``I`` a cell (``F`` comes with ``I``), to the
+    ``m0`` of the exact ``q``; -1 where that takes more than ``walk`` cells. ``H(x) <= F(x)``, and
+    ``F((m0 - 1) w) < p`` then: ``I((m0 - 2) w)`` is needed only where ``F((m0 - 1) w)`` comes within
+    ``_DISCRETE_MARGIN`` of ``p`` (far above rounding: then ``H((m0 - 1) w)`` is computed and compared as
+    ``heads.discrete_quantiles`` does)."""
     w = resolution
     m0 = max(np.ceil(quantile / w), 1.0)
     mid, cdf_mid = _integrated_cdf(mix, (m0 - 1.0) * w)
+    high, cdf_high = _integrated_cdf(mix, m0 * w)
+    for moves in range(walk + 1):
+        up = cdf_high < level
+        if not up and not (m0 > 1.0 and cdf_mid >= level):
+            break
+        if moves == walk:
+            return -1.0
+        if up:
+            m0 += 1.0
+            mid, cdf_mid = high, cdf_high
+            high, cdf_high = _integrated_cdf(mix, m0 * w)
+        else:
+            m0 -= 1.0
+            high, cdf_high = mid, cdf_mid
+            mid, cdf_mid = _integrated_cdf(mix, (m0 - 1.0) * w)
     if cdf_mid >= level - _DISCRETE_MARGIN:
         low = _integrated_cdf(mix, (m0 - 2.0) * w)[0]
         if (mid - low) / w >= level:
             return max(m0 - 2.0, 0.0) * w
-    high = _integrated_cdf(mix, m0 * w)[0]
     if (high - mid) / w >= level:
         return (m0 - 1.0) * w
     return m0 * w
 
 
 @_jit
-def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
+def mixture_quantile(mix: np.ndarray, level: float, ppf: float, resolution: float = 0.0) -> float:
     """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` (``mix`` from ``_mixture``,
     ``ppf = Phi^-1(p)``): Halley's method (``z -= 2 g F' / (2 F'^2 - g F'')``, ``g = F(z) - p``; cubic where
     Newton is quadratic, for the ``F''`` that the density's terms give at no cost; Newton's step where
     ``|g F''| > F'^2``, whose Halley step could be small far from the root) in the bracket
     ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``, where every component is below, resp. above, its own level,
-    so ``F(lo) <= p <= F(hi)``. A step that would leave the bracket bisects it instead (``_STEP_TOL``)."""
+    so ``F(lo) <= p <= F(hi)``. A step that would leave the bracket bisects it instead (``_STEP_TOL``).
+
+    For a quantile of the gap recorded at ``resolution`` ``w > 0`` (``_discrete_quantile`` places its candidates
+    from ``e^z`` and walks to the right cell where that is off) the search stops at a step under
+    ``_GRID_STEP min(1, w e^-z)``, half a cell in ``z`` (the error then is of the order of its cube), where that is
+    the looser: 1.5 evaluations a level where 3 reach ``_STEP_TOL`` (the bundled model)."""
     k_all = mix.shape[1]
     lo = math.inf
     hi = -math.inf
@@ -312,7 +369,10 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
         # where F' is small for its curvature (between narrow components), often a bisection then
         nxt = z - 2.0 * gap * f1 / (2.0 * f1 * f1 - curve) if abs(curve) <= f1 * f1 else z - gap / f1
         if lo < nxt < hi:
-            if abs(nxt - z) <= _STEP_TOL * (1.0 + abs(z)):
+            step = abs(nxt - z)
+            if step <= _STEP_TOL * (1.0 + abs(z)):
+                return nxt
+            if resolution > 0.0 and step <= _GRID_STEP and step <= _GRID_STEP * resolution * math.exp(-nxt):
                 return nxt
         else:
             nxt = 0.5 * (lo + hi)
@@ -326,8 +386,9 @@ def mixture_quantile(mix: np.ndarray, level: float, ppf: float) -> float:
 
 #: ``erf(x) / x`` on ``x^2 in [0, 3.9^2]`` as a Chebyshev series in ``u = 2 x^2 / 3.9^2 - 1`` (degree 16; the
 #: least-squares fit at 400 Chebyshev nodes of ``math.erf``, rounded to float32). Evaluated by Clenshaw's
-#: recurrence in float32, stable where the monomial form is not; ``erf(x)`` rounds to 1 in float32 past 3.9.
-#: Its error is at most 2.0e-7 (torch's own vectorized float32 ``erf``, which its GELU uses, is an
+#: recurrence in float32 (its multiply-adds contracted, ``_AFFINE_FASTMATH``: 14 % fewer instructions in the GELU),
+#: stable where the monomial form is not; ``erf(x)`` rounds to 1 in float32 past 3.9.
+#: Its error is at most 2.2e-7 on [-6, 6] (torch's own vectorized float32 ``erf``, which its GELU uses, is an
 #: approximation with error up to 1.5e-7); being branch-free and call-free, the GELU loop vectorizes.
 _ERF_CLAMP = np.float32(3.9)
 _ERF_U_SCALE = np.float32(2.0 / (3.9 * 3.9))
@@ -343,7 +404,7 @@ _ERF_CHEB = np.array(
 )  # fmt: skip
 
 
-@_jit
+@_jit_affine
 def erf32(x: np.float32) -> np.float32:
     """``erf(x)`` in float32 (see ``_ERF_CHEB``): ``clip(x_c S(u), -1, 1)``, ``x_c = clip(x, -3.9, 3.9)``."""
     xc = min(max(x, -_ERF_CLAMP), _ERF_CLAMP)
@@ -359,11 +420,11 @@ def erf32(x: np.float32) -> np.float32:
     return min(max(r, -_F32_ONE), _F32_ONE)
 
 
-@_jit
+@_jit_affine
 def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray) -> None:
     """``out = W x + b`` for ``x [n]``, ``W^T [n, p]``, ``b [p]`` (float32):
-    ``out_j = ((x_0 W_j0 + x_1 W_j1) + ...) + b_j``, summed in the order of ``i``, four rows of ``W^T`` per pass
-    over ``out`` (the same sums as one row per pass, a quarter of the loads and stores of ``out``)."""
+    ``out_j = fma(x_1, W_j1, fma(x_0, W_j0, 0)) ... + b_j``, summed in the order of ``i``, four rows of ``W^T``
+    per pass over ``out`` (the same sums as one row per pass, a quarter of the loads and stores of ``out``)."""
     n, p = weight_t.shape
     for j in range(p):
         out[j] = _F32_ZERO
@@ -388,10 +449,11 @@ def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
 BLOCK = 4
 
 
-@_jit
+@_jit_affine
 def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray, n_rows: int) -> None:
-    """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [BLOCK, n]``, ``out [BLOCK, p]`` (float32):
-    the sums of ``_affine``, in the same order, four rows at a time where there are four."""
+    """``out[r] = W x[r] + b`` for the first ``n_rows <= BLOCK`` rows of ``x [., n]``, ``out [BLOCK, p]`` (float32):
+    the sums of ``_affine``, in the same order, four rows of ``x`` and four of ``W^T`` a pass where there are
+    four rows (a sixteenth of the loads and stores of ``out`` that one row of each would take)."""
     if n_rows < BLOCK:
         for r in range(n_rows):
             _affine(x[r], weight_t, bias, out[r])
@@ -404,17 +466,19 @@ def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.
         o2[j] = _F32_ZERO
         o3[j] = _F32_ZERO
     i = 0
-    while i + 2 <= n:
-        w0, w1 = weight_t[i], weight_t[i + 1]
-        a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
-        c0, c1, c2, c3 = x[0, i + 1], x[1, i + 1], x[2, i + 1], x[3, i + 1]
+    while i + 4 <= n:
+        w0, w1, w2, w3 = weight_t[i], weight_t[i + 1], weight_t[i + 2], weight_t[i + 3]
+        a0, a1, a2, a3 = x[0, i], x[0, i + 1], x[0, i + 2], x[0, i + 3]
+        b0, b1, b2, b3 = x[1, i], x[1, i + 1], x[1, i + 2], x[1, i + 3]
+        c0, c1, c2, c3 = x[2, i], x[2, i + 1], x[2, i + 2], x[2, i + 3]
+        d0, d1, d2, d3 = x[3, i], x[3, i + 1], x[3, i + 2], x[3, i + 3]
         for j in range(p):
-            v0, v1 = w0[j], w1[j]
-            o0[j] = (o0[j] + a0 * v0) + c0 * v1
-            o1[j] = (o1[j] + a1 * v0) + c1 * v1
-            o2[j] = (o2[j] + a2 * v0) + c2 * v1
-            o3[j] = (o3[j] + a3 * v0) + c3 * v1
-        i += 2
+            v0, v1, v2, v3 = w0[j], w1[j], w2[j], w3[j]
+            o0[j] = (((o0[j] + a0 * v0) + a1 * v1) + a2 * v2) + a3 * v3
+            o1[j] = (((o1[j] + b0 * v0) + b1 * v1) + b2 * v2) + b3 * v3
+            o2[j] = (((o2[j] + c0 * v0) + c1 * v1) + c2 * v2) + c3 * v3
+            o3[j] = (((o3[j] + d0 * v0) + d1 * v1) + d2 * v2) + d3 * v3
+        i += 4
     while i < n:
         w0 = weight_t[i]
         a0, a1, a2, a3 = x[0, i], x[1, i], x[2, i], x[3, i]
@@ -432,9 +496,10 @@ def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.
         o3[j] += bias[j]
 
 
-@_jit
+@_jit_sums
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
-    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64).
+    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64, in
+    any order: ``_SUMS_FASTMATH``).
     A variance past float32's range makes the row NaN, as the float32 reference's does: an activation
     that large is a numeric overflow (the server refuses the event), not a normalized row."""
     n = x.shape[0]
@@ -465,9 +530,14 @@ def _gap_row(
     _mixture(logits, loc, log_scale, mix)
     time_mean[b] = _truncated_mean(mix, gap_bound)
     for q in range(levels.shape[0]):
-        z = mixture_quantile(mix, levels[q], ppf[q])
+        z = mixture_quantile(mix, levels[q], ppf[q], resolution)
         if resolution > 0.0:
-            quantiles[b, q] = _discrete_quantile(mix, math.exp(z), levels[q], resolution)
+            # the short search's quantile is off by more than _WALK cells only where a narrow component misleads it
+            out = _discrete_quantile(mix, math.exp(z), levels[q], resolution, _WALK)
+            if out < 0.0:
+                z = mixture_quantile(mix, levels[q], ppf[q], 0.0)
+                out = _discrete_quantile(mix, math.exp(z), levels[q], resolution, _SEARCH_MAX)
+            quantiles[b, q] = out
         else:
             quantiles[b, q] = np.float32(math.exp(z))
 
@@ -512,7 +582,7 @@ def gap_summaries(
 @_jit
 def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
     """The outputs ``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of ``rows``
-    forecasts, and the scratch of one: ``(out [P], probs [M], taken [M], mix [MIX_ROWS, K])``."""
+    forecasts, and the scratch: ``(heads [BLOCK, P], probs [M], taken [M], mix [MIX_ROWS, K])``."""
     head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[11], head[12], head[13]
     outputs = (
         np.empty(rows, np.float64),
@@ -523,7 +593,7 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
         np.empty((rows, value_width), np.float32),
     )
     scratch = (
-        np.empty(head_b.shape[0], np.float32),
+        np.empty((BLOCK, head_b.shape[0]), np.float32),
         np.empty(num_marks, np.float32),
         np.empty(num_marks, np.bool_),
         np.empty((MIX_ROWS, n_components), np.float64),
@@ -532,15 +602,15 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
 
 
 @_jit
-def _forecast_row(b: int, y: np.ndarray, top_k: int, head: tuple, outputs: tuple, scratch: tuple) -> None:
-    """The forecast of one feature row ``y [d]`` into row ``b`` of ``outputs`` (``FusedEventModel.forecast``).
+def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tuple, scratch: tuple) -> None:
+    """The forecast of one row into row ``b`` of ``outputs`` (``FusedEventModel.forecast``) from its head
+    pre-activations ``out = W_h y + b_h [P]`` (overwritten).
 
     ``head``: ``EventKernel``'s packed head weights; ``outputs``, ``scratch`` from ``_forecast_buffers``."""
-    head_wt, head_b, head_low, head_high, head_scale, head_shift, value_std = head[:7]
+    head_low, head_high, head_scale, head_shift, value_std = head[2:7]
     levels, ppf, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
-    out, probs, taken, mix = scratch
-    _affine(y, head_wt, head_b, out)
+    probs, taken, mix = scratch[1:]
     for j in range(out.shape[0]):
         c = min(max(out[j], head_low[j]), head_high[j])
         out[j] = head_shift[j] + c * head_scale[j]
@@ -576,10 +646,14 @@ def _forecast_row(b: int, y: np.ndarray, top_k: int, head: tuple, outputs: tuple
 
 @_jit
 def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
-    """The forecast of feature rows ``y [B, d]`` (see ``_forecast_row``)."""
+    """The forecast of feature rows ``y [B, d]`` (see ``_forecast_row``), the heads' matrix ``BLOCK`` rows a pass."""
     outputs, scratch = _forecast_buffers(y.shape[0], top_k, head)
-    for b in range(y.shape[0]):
-        _forecast_row(b, y[b], top_k, head, outputs, scratch)
+    heads = scratch[0]
+    for first in range(0, y.shape[0], BLOCK):
+        n_rows = min(BLOCK, y.shape[0] - first)
+        _affine_rows(y[first : first + n_rows], head[0], head[1], heads, n_rows)
+        for r in range(n_rows):
+            _forecast_row(first + r, heads[r], top_k, head, outputs, scratch)
     return outputs
 
 
@@ -673,10 +747,102 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
                 for j in range(d):
                     x[r, j] += acc[r, j]
         for r in range(n_rows):
-            b = first + r
-            _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[b])
-            _forecast_row(b, y[b], top_k, head, outputs, scratch)
+            _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[first + r])
+        _affine_rows(y[first : first + n_rows], head[0], head[1], scratch[0], n_rows)
+        for r in range(n_rows):
+            _forecast_row(first + r, scratch[0][r], top_k, head, outputs, scratch)
     return y, m_new, u_new, w_new, n_new, outputs
+
+
+#: the number of dimensions of each packed array, in the order of ``EventKernel``'s ``step`` then ``head`` tuples
+#: (0: a scalar); ``head``'s last three (``K``, ``M``, ``V``) are in the layout's last row
+_STEP_NDIMS = (1, 2, 2, 3, 2, 2, 1, 3, 2, 3, 2, 3, 2, 3, 2, 2, 0)
+_HEAD_NDIMS = (2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
+
+
+@_jit
+def _part(flat: np.ndarray, layout: np.ndarray, i: int) -> np.ndarray:
+    """Packed array ``i`` as a 1-D view of ``flat``: ``layout[i] = (offset, size, d0, d1, d2)``."""
+    return flat[layout[i, 0] : layout[i, 0] + layout[i, 1]]
+
+
+@_jit
+def _unpack(flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple:
+    """``(step, head)``, the tuples ``_step_forecast_rows`` and ``_forecast_rows`` take, as views of the packed
+    weights (``EventKernel._pack``): a numba call types three arrays here where it would type 31 items."""
+
+    step = (
+        _part(flat32, layout, 0),
+        _part(flat32, layout, 1).reshape((layout[1, 2], layout[1, 3])),
+        _part(flat32, layout, 2).reshape((layout[2, 2], layout[2, 3])),
+        _part(flat32, layout, 3).reshape((layout[3, 2], layout[3, 3], layout[3, 4])),
+        _part(flat32, layout, 4).reshape((layout[4, 2], layout[4, 3])),
+        _part(flat32, layout, 5).reshape((layout[5, 2], layout[5, 3])),
+        _part(flat32, layout, 6),
+        _part(flat32, layout, 7).reshape((layout[7, 2], layout[7, 3], layout[7, 4])),
+        _part(flat32, layout, 8).reshape((layout[8, 2], layout[8, 3])),
+        _part(flat32, layout, 9).reshape((layout[9, 2], layout[9, 3], layout[9, 4])),
+        _part(flat32, layout, 10).reshape((layout[10, 2], layout[10, 3])),
+        _part(flat32, layout, 11).reshape((layout[11, 2], layout[11, 3], layout[11, 4])),
+        _part(flat32, layout, 12).reshape((layout[12, 2], layout[12, 3])),
+        _part(flat32, layout, 13).reshape((layout[13, 2], layout[13, 3], layout[13, 4])),
+        _part(flat32, layout, 14).reshape((layout[14, 2], layout[14, 3])),
+        _part(flat32, layout, 15).reshape((layout[15, 2], layout[15, 3])),
+        flat32[layout[16, 0]],
+    )
+    head = (
+        _part(flat32, layout, 17).reshape((layout[17, 2], layout[17, 3])),
+        _part(flat32, layout, 18),
+        _part(flat32, layout, 19),
+        _part(flat32, layout, 20),
+        _part(flat32, layout, 21),
+        _part(flat32, layout, 22),
+        _part(flat32, layout, 23),
+        _part(flat64, layout, 24),
+        _part(flat64, layout, 25),
+        flat64[layout[26, 0]],
+        flat64[layout[27, 0]],
+        layout[28, 2],
+        layout[28, 3],
+        layout[28, 4],
+    )
+    return step, head
+
+
+@_jit
+def _step_forecast_packed(
+    inputs: tuple, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray
+) -> tuple:
+    """``_step_forecast_rows`` on the packed weights."""
+    step, head = _unpack(flat32, flat64, layout)
+    return _step_forecast_rows(inputs, top_k, step, head)
+
+
+@_jit
+def _forecast_packed(y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple:
+    """``_forecast_rows`` on the packed weights."""
+    return _forecast_rows(y, top_k, _unpack(flat32, flat64, layout)[1])
+
+
+def _pack(step: tuple, head: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(flat32, flat64, layout)``: the float32 items of ``step`` and ``head`` (``has_rate`` as 0/1) one after
+    another in ``flat32``, the float64 ones in ``flat64``, and per item ``(offset, size, shape...)`` in
+    ``layout [29, 5]`` int64 (its last row: ``K, M, V``)."""
+    parts32: list[np.ndarray] = []
+    parts64: list[np.ndarray] = []
+    layout = np.zeros((len(_STEP_NDIMS) + len(_HEAD_NDIMS) + 1, 5), np.int64)
+    items = [*step, *head[:11]]
+    for i, (item, ndim) in enumerate(zip(items, (*_STEP_NDIMS, *_HEAD_NDIMS), strict=True)):
+        wide = 24 <= i <= 27  # levels, Phi^-1(levels), gap_bound, resolution
+        array = np.asarray(item, np.float64 if wide else np.float32).reshape(-1)
+        parts = parts64 if wide else parts32
+        layout[i, 0], layout[i, 1] = sum(p.size for p in parts), array.size
+        shape = np.shape(item)
+        assert len(shape) == ndim, (i, shape)
+        layout[i, 2 : 2 + ndim] = shape
+        parts.append(array)
+    layout[-1, 2:] = head[11:]
+    return np.concatenate(parts32), np.concatenate(parts64), layout
 
 
 def _f32(t: torch.Tensor) -> np.ndarray:
@@ -707,8 +873,7 @@ class EventKernel:
         self.value_width = fused.value_width
         self.time_resolution = float(fused.time_resolution)
         self.levels = levels
-        self._step = step
-        self._head = head
+        self._packed = _pack(step, head)
 
     @classmethod
     def from_fused(cls, fused: FusedEventModel, levels: tuple[float, ...]) -> EventKernel:
@@ -791,7 +956,7 @@ class EventKernel:
             if array.dtype != dtype:
                 raise ValueError(f"{name}: expected {dtype}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
-        y, m2, u2, w2, n2, forecast = _step_forecast_rows(inputs, k, self._step, self._head)
+        y, m2, u2, w2, n2, forecast = _step_forecast_packed(inputs, k, *self._packed)
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
@@ -799,4 +964,4 @@ class EventKernel:
         six arrays."""
         if y.dtype != _F32 or y.ndim != 2 or y.shape[1] != self.d_model:
             raise ValueError(f"y: expected float32 [B, {self.d_model}], got {y.dtype} {list(y.shape)}")
-        return self._finish(_forecast_rows(y, max(0, min(int(top_k), self.num_marks)), self._head))
+        return self._finish(_forecast_packed(y, max(0, min(int(top_k), self.num_marks)), *self._packed))
