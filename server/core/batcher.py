@@ -60,6 +60,10 @@ _ON_GRID, _OFF_GRID, _GAP_TOO_LONG = 0, 1, 2
 PENDING_RETRY_S = 0.1
 
 
+#: up to this many amounts ``observe_many`` observes one by one (the array calls cost more below it)
+_OBSERVE_ONE_BY_ONE = 4
+
+
 def observe_many(histogram: Any, amounts: Iterable[float]) -> None:
     """``histogram.observe(a)`` for every ``a`` of ``amounts`` (an unlabelled or labelled Histogram child):
     the same bucket counts and sum, the buckets found by one ``searchsorted`` and each touched once
@@ -69,14 +73,13 @@ def observe_many(histogram: Any, amounts: Iterable[float]) -> None:
     Reads the child's ``_upper_bounds``, ``_buckets`` and ``_sum`` (prometheus_client's Histogram since
     0.4, unchanged to 0.23; ``tests/server/test_metrics.py`` compares with ``observe``); a child
     without them is observed value by value."""
-    values = np.asarray(list(amounts) if not isinstance(amounts, np.ndarray) else amounts, dtype=np.float64)
-    if not values.size:
-        return
+    amounts = amounts if isinstance(amounts, np.ndarray) else list(amounts)
     bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
-    if bounds is None or buckets is None or total is None:
-        for amount in values.tolist():
-            histogram.observe(amount)
+    if len(amounts) <= _OBSERVE_ONE_BY_ONE or bounds is None or buckets is None or total is None:
+        for amount in amounts:
+            histogram.observe(float(amount))
         return
+    values = np.asarray(amounts, dtype=np.float64)
     histogram._raise_if_not_observable()
     total.inc(float(values.sum()))
     # observe's rule, amount <= bound: the first bound at or above each value
