@@ -85,6 +85,23 @@ def _total_ir(dump: Path) -> int:
     return int(totals[-1])
 
 
+def _callgrind(folder: Path, python: str, *args: str) -> list[str]:
+    """The command that runs ``python -m bench.instructions ARGS`` under callgrind, instrumentation off until
+    the helper starts it, its dumps written into ``folder``."""
+    return [
+        "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no", "--collect-jumps=no",
+        f"--callgrind-out-file={folder}/callgrind.out.%p", python, "-m", "bench.instructions", *args,
+    ]  # fmt: skip
+
+
+def _measured_ir(folder: Path, what: str) -> int:
+    """The instructions of the one dump in ``folder`` that the helper wrote for the measured ``what``."""
+    dumps = [p for p in folder.glob("callgrind.out.*") if "aaren-measured" in p.read_text(errors="replace")[:4000]]
+    if len(dumps) != 1:
+        raise SystemExit(f"expected one dump of the measured {what}, found {len(dumps)}")
+    return _total_ir(dumps[0])
+
+
 def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd: Path = ROOT) -> dict[str, object]:
     """One counted run of ``kind`` (``bench.engine_core.KINDS``) in a process of its own: its events,
     the measured rounds' instructions and instructions per event."""
@@ -93,22 +110,16 @@ def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd
     with tempfile.TemporaryDirectory(prefix="aaren-instructions-") as tmp:
         folder = Path(tmp)
         library = _build_helper(folder)
-        command = [
-            "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no", "--collect-jumps=no",
-            f"--callgrind-out-file={folder}/callgrind.out.%p",
-            python, "-m", "bench.instructions", "--inside", kind, "--rounds", str(rounds), "--warmup", str(warmup),
-            "--helper", str(library),
-        ]  # fmt: skip
+        command = _callgrind(
+            folder, python, "--inside", kind, "--rounds", str(rounds), "--warmup", str(warmup), "--helper", str(library)
+        )
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:
             raise SystemExit(f"the counted run failed ({done.returncode}):\n{done.stderr[-4000:]}")
         result = json.loads(lines[-1])
-        dumps = [p for p in folder.glob("callgrind.out.*") if "aaren-measured" in p.read_text(errors="replace")[:4000]]
-        if len(dumps) != 1:
-            raise SystemExit(f"expected one dump of the measured rounds, found {len(dumps)}")
-        instructions = _total_ir(dumps[0])
+        instructions = _measured_ir(folder, "rounds")
     events = int(result["events"])
     return {**result, "instructions": instructions, "instructions_per_event": round(instructions / max(events, 1))}
 
@@ -132,11 +143,7 @@ def count_server(
     with tempfile.TemporaryDirectory(prefix="aaren-instructions-") as tmp:
         folder = Path(tmp)
         library = _build_helper(folder)
-        command = [
-            "valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no", "--collect-jumps=no",
-            f"--callgrind-out-file={folder}/callgrind.out.%p",
-            python, "-m", "bench.instructions", "--serve-inside", kind[0], "--helper", str(library),
-        ]  # fmt: skip
+        command = _callgrind(folder, python, "--serve-inside", kind[0], "--helper", str(library))
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         with (folder / "server.err").open("w") as err:
             server = subprocess.Popen(
@@ -158,10 +165,7 @@ def count_server(
         if server.returncode:
             tail = (folder / "server.err").read_text(errors="replace")[-4000:]
             raise SystemExit(f"the counted server failed ({server.returncode}):\n{tail}")
-        dumps = [p for p in folder.glob("callgrind.out.*") if "aaren-measured" in p.read_text(errors="replace")[:4000]]
-        if len(dumps) != 1:
-            raise SystemExit(f"expected one dump of the measured window, found {len(dumps)}")
-        instructions = _total_ir(dumps[0])
+        instructions = _measured_ir(folder, "window")
     events = int(result["events"])
     return {**result, "instructions": instructions, "instructions_per_event": round(instructions / max(events, 1))}
 

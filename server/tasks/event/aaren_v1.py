@@ -118,17 +118,9 @@ def _varint_width(value: int) -> int:
     return max(1, (value.bit_length() + 6) // 7)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _padded_varint(value: int, width: int) -> bytes:
-    """``value``'s varint in exactly ``width`` bytes (continuation bits set on the padding)."""
+    """``value``'s varint in exactly ``width`` bytes (continuation bits set on the padding; with
+    ``_varint_width(value)`` bytes, the plain varint)."""
     return bytes(((value >> (7 * b)) & 0x7F) | (0x80 if b < width - 1 else 0) for b in range(width))
 
 
@@ -154,7 +146,7 @@ class _Layout:
         marks, probs = 2 + q, 2 + q + ranked
         means, stds = 2 + q + 2 * ranked, 2 + q + 2 * ranked + v
         # next_time = 4 (TimeForecast: mean = 1, quantiles = 2 {q = 1, value = 2}, expected_time = 3)
-        const(bytes((0x22, *_varint(18 + 20 * q), 0x09)))
+        const(bytes((0x22, *_padded_varint(18 + 20 * q, _varint_width(18 + 20 * q)), 0x09)))
         items.append(("d", 0))
         for j, level in enumerate(levels):
             const(b"\x12\x12\x09" + struct.pack("<d", level) + b"\x11")
