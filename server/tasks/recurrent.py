@@ -10,9 +10,12 @@ Their outputs: ``aaren.server.tasks.series.outputs.SeriesOutputs`` and
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
+from aaren.server.contract.columns import ModelDescription
 from aaren.server.tasks.runs import RunColumns, RunTask
 from aaren_core.attention.state import State
 from aaren_core.tasks.classify.model import ClassModel
@@ -32,6 +35,13 @@ class RecurrentTask(RunTask):
         super().__init__(model, version=version, device=device)
         fresh = model.init_state(1, device="cpu")
         self.state_bytes = model.backbone.state_nbytes(fresh) + self.last_width * 4
+
+    def describe_channels(self, name: str, channels: tuple[str, ...], **task_fields: Any) -> ModelDescription:
+        """``RunTask.describe`` of a model of one mark whose values are its ``channels``, with the state bytes
+        this task counts (backbone state, ``FEATURES``, the task's own rows) and the task's own fields."""
+        return self.describe(
+            name, value_names=channels, state_bytes=self.state_bytes, task=self.task, num_marks=1, **task_fields
+        )
 
     def _step(self, values: Tensor, times: Tensor | None, state: State) -> tuple[Tensor, State]:
         raise NotImplementedError

@@ -38,12 +38,9 @@ class ClassTask(RecurrentTask):
                 f"the checkpoint names {len(channels)} channels and {len(classes)} classes; "
                 f"its model has {c.n_channels} and {c.n_classes}"
             )
-        self.description = self.describe(
+        self.description = self.describe_channels(
             name,
-            value_names=channels,
-            state_bytes=self.state_bytes,
-            task=self.task,
-            num_marks=1,
+            channels,
             mark_names=("step",),
             time_unit=str(metadata.get("time_unit", "steps")),
             class_names=classes,

@@ -58,12 +58,9 @@ class SeriesTask(RecurrentTask):
             raise ValueError(f"the checkpoint names {len(channels)} channels; its model has {c.n_channels}")
         step = float(metadata.get("step_seconds", 0.0))
         self.state_bytes += 4 * c.n_channels  # the FILLED row
-        self.description = self.describe(
+        self.description = self.describe_channels(
             name,
-            value_names=channels,
-            state_bytes=self.state_bytes,
-            task=self.task,
-            num_marks=1,
+            channels,
             mark_names=("observation",),
             time_unit="seconds",
             quantiles=tuple(c.quantiles),
