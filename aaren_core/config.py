@@ -11,13 +11,14 @@ file (``read_config_file``) and the command line's ``--set KEY=VALUE`` (``parse_
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 __all__ = [
     "TRUE",
@@ -25,6 +26,7 @@ __all__ = [
     "coerce",
     "coerce_fields",
     "command_line",
+    "field_defaults",
     "fields_of",
     "format_value",
     "parse_sets",
@@ -103,6 +105,34 @@ def _plain(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return [_plain(v) for v in x]
     return x
+
+
+C = TypeVar("C", bound=type)
+
+
+def field_defaults(**defaults: Any) -> typing.Callable[[C], C]:
+    """A class decorator, below ``@dataclasses.dataclass``: the fields of the dataclass bases that
+    ``defaults`` names take these defaults in this class, their type and place in the field order
+    staying the base's. So a config that shares a base's field (``TrainKnobs.lr``) with another
+    default says only the value, not the field again. ``TypeError`` for a name no base declares or
+    one the class declares itself."""
+
+    def with_defaults(cls: C) -> C:
+        inherited = {
+            f.name: f for base in cls.__mro__[:0:-1] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)
+        }
+        own = dict(inspect.get_annotations(cls))
+        if unknown := sorted(set(defaults) - set(inherited)):
+            raise TypeError(f"{cls.__name__}: field_defaults names {unknown}, which no dataclass base declares")
+        if declared := sorted(set(defaults) & set(own)):
+            raise TypeError(f"{cls.__name__}: field_defaults names {declared}, which the class declares itself")
+        for name, value in defaults.items():
+            own[name] = inherited[name].type
+            setattr(cls, name, value)
+        cls.__annotations__ = own
+        return cls
+
+    return with_defaults
 
 
 class ConfigRecord:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from aaren.formats.models import default_max_gap_steps
-from aaren_core.config import ConfigRecord
+from aaren_core.config import ConfigRecord, field_defaults
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.datasets import CLASS_DATASETS, SERIES_DATASETS, load_class, load_series
 from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
@@ -82,6 +82,7 @@ SET_KEYS: dict[str, str] = {
 
 
 @dataclasses.dataclass(frozen=True)
+@field_defaults(d_model=32, batch_size=32, lr=1e-3, weight_decay=0.0, out_dir="runs/tasks", epochs=10, patience=3)
 class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     """Everything a task run depends on; ``--set key=value`` sets any field. The backbone's sizes
     are ``BackboneSizes`` (narrower by default), its kind is ``model``; how it trains,
@@ -90,7 +91,6 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     task: str = "series"
     model: str = "aaren"
     data: str = "power-hourly"
-    d_model: int = 32
     #: None: on for series Aaren (measured: it closes the streaming-vs-restricted gap), else off.
     time_decay: bool | None = None
 
@@ -112,12 +112,6 @@ class TaskTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     aux_weight: float = 0.0
     val_fraction: float = 0.2
 
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    out_dir: str = "runs/tasks"
-    epochs: int = 10
-    patience: int = 3
     steps_per_epoch: int = 0
     cache: str = ""
     #: Keys for a file (``data`` a path); added after the others, so stored records keep their order.

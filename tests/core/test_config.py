@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aaren_core.config import parse_sets
+from aaren_core.config import field_defaults, parse_sets
 from aaren_core.nn.backbones import BackboneConfig
 from aaren_core.tasks.classify.model import ClassModelConfig
 from aaren_core.tasks.config import TaskTrainConfig
@@ -156,3 +156,29 @@ def test_the_bundled_models_stored_configs_read_back_to_the_same_records(folder,
     record = TaskTrainConfig.from_dict(train).to_dict()
     assert record == {**train, **train_added}
     assert json.loads((MODELS / folder / "metrics.json").read_text())["config"] == train
+
+
+def test_field_defaults_change_a_base_fields_default_in_its_place_and_refuse_unknown_or_own_names():
+    @dataclasses.dataclass(frozen=True)
+    class Base:
+        a: int = 1
+        b: str = "x"
+
+    @dataclasses.dataclass(frozen=True)
+    @field_defaults(b="y")
+    class Child(Base):
+        c: float = 0.5
+
+    assert [(f.name, f.default) for f in dataclasses.fields(Child)] == [("a", 1), ("b", "y"), ("c", 0.5)]
+    assert Base().b == "x" and Child().b == "y" and Child(b="z").b == "z"
+    with pytest.raises(TypeError, match=r"names \['d'\], which no dataclass base declares"):
+
+        @field_defaults(d=1)
+        class Unknown(Base):
+            pass
+
+    with pytest.raises(TypeError, match=r"names \['c'\], which the class declares itself"):
+
+        @field_defaults(c=1.0)
+        class Own(Child):
+            c: float = 0.5

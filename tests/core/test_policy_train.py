@@ -90,7 +90,11 @@ def test_train_and_evaluate(backbone: str, data: PolicyData, tmp_path: Path) -> 
 def test_rollout_parallel_matches_one_by_one() -> None:
     torch.manual_seed(0)
     for kind in ("aaren", "transformer"):
-        model = PolicyModel(PolicyModelConfig(BackboneConfig(kind=kind, d_model=16, n_layers=1, n_heads=2), 11, 3))
+        model = PolicyModel(
+            PolicyModelConfig(
+                backbone=BackboneConfig(kind=kind, d_model=16, n_layers=1, n_heads=2), obs_dim=11, act_dim=3
+            )
+        )
         model.eval()
         one = rollout(model, "Hopper-v5", 2, 100.0, seed=3, max_steps=25)
         both = rollout(model, "Hopper-v5", 2, 100.0, seed=3, max_steps=25, parallel=True)

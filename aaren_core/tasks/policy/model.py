@@ -44,6 +44,7 @@ from aaren_core.nn.backbones import Backbone, BackboneConfig, build_backbone
 __all__ = [
     "BCModel",
     "BCModelConfig",
+    "EnvWidths",
     "PolicyAarenState",
     "PolicyGRUState",
     "PolicyKVState",
@@ -53,19 +54,32 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class PolicyModelConfig(ConfigRecord):
-    """Backbone, observation width ``obs_dim`` (S), action width ``act_dim`` (A), the train window
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvWidths:
+    """An environment's widths, observation ``obs_dim`` (S) and action ``act_dim`` (A): the fields
+    that the policy's and the BC baseline's model configs take from here. Keyword-only, as are those
+    configs: their fields' order is the bases' first, not the order a positional call would expect."""
+
+    obs_dim: int = 11
+    act_dim: int = 3
+
+    def width_checks(self) -> dict[str, bool]:
+        """What the widths must hold, for ``ConfigRecord.require``."""
+        return {"obs_dim >= 1, act_dim >= 1": self.obs_dim >= 1 and self.act_dim >= 1}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyModelConfig(EnvWidths, ConfigRecord):
+    """Backbone, ``EnvWidths`` (observation S, action A), the train window
     ``context`` (K steps; the Transformer's rollout window), ``max_timestep`` (rows of the timestep
     embedding less one; later steps share the last) and ``rtg_scale`` (returns are divided by it)."""
 
     CONFIG_NAME: ClassVar[str] = "policy model config"
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone",)
 
     backbone: BackboneConfig = dataclasses.field(
         default_factory=lambda: BackboneConfig(d_model=128, n_layers=3, n_heads=1, dropout=0.1)
     )
-    obs_dim: int = 11
-    act_dim: int = 3
     context: int = 20
     max_timestep: int = 1000
     rtg_scale: float = 1000.0
@@ -73,66 +87,51 @@ class PolicyModelConfig(ConfigRecord):
     def __post_init__(self) -> None:
         self.require(
             {
-                "obs_dim >= 1, act_dim >= 1": self.obs_dim >= 1 and self.act_dim >= 1,
+                **self.width_checks(),
                 "context >= 1, max_timestep >= 1": self.context >= 1 and self.max_timestep >= 1,
                 "rtg_scale > 0": self.rtg_scale > 0,
             }
         )
 
 
-# The policy states: the backbone's fields, then the policy's own, then ``n_events`` (steps seen).
-@dataclasses.dataclass(frozen=True, eq=False)
-class PolicyAarenState(State):
-    """An Aaren policy's state: ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` (``AarenState``), the last
-    action ``action [B, A]``, ``return_to_go [B]`` (raw units, ``R_t`` of the last step), the next
-    ``timestep [B]`` (int64) and ``n_events [B]`` (environment steps seen). Constant size."""
-
-    kind: ClassVar[str] = "policy-aaren"
-
-    m: Tensor
-    u: Tensor
-    w: Tensor
-    action: Tensor
-    return_to_go: Tensor
-    timestep: Tensor
-    n_events: Tensor
+#: The fields a policy adds to its backbone's state, each ``[B, ...]``: the last action ``action [B, A]``,
+#: ``return_to_go [B]`` (raw units, ``R_t`` of the last step) and the next ``timestep [B]`` (int64).
+_POLICY_OWN = ("action", "return_to_go", "timestep")
+_POLICY_FIELDS = (*_POLICY_OWN, "n_events")
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class PolicyGRUState(State):
-    """A GRU policy's state: ``h [B, L, d_model]`` and the policy fields of ``PolicyAarenState``."""
+def _policy_state(name: str, backbone_state: type[State]) -> type[State]:
+    """The policy state over a backbone's: its fields but ``n_events``, then ``_POLICY_OWN``, then
+    ``n_events`` (environment steps seen); kind ``policy-<kind>``, growing where the backbone's grows.
+    Derived, not declared, so that every backbone's policy state has the same policy fields."""
+    backbone = [f.name for f in dataclasses.fields(backbone_state) if f.name != "n_events"]  # type: ignore[arg-type]
+    cls = dataclasses.make_dataclass(
+        name,
+        [(field, Tensor) for field in (*backbone, *_POLICY_OWN, "n_events")],
+        bases=(State,),
+        namespace={"kind": f"policy-{backbone_state.kind}", "growing": backbone_state.growing},
+        frozen=True,
+        eq=False,
+    )
+    cls.__module__ = __name__
+    cls.__doc__ = (
+        f"A policy's state over ``{backbone_state.__name__}`` (``{', '.join(backbone)}``): then "
+        f"``action [B, A]``, ``return_to_go [B]``, ``timestep [B]`` and ``n_events [B]``."
+    )
+    return cls
 
-    kind: ClassVar[str] = "policy-gru"
 
-    h: Tensor
-    action: Tensor
-    return_to_go: Tensor
-    timestep: Tensor
-    n_events: Tensor
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class PolicyKVState(State):
-    """A Transformer policy's state: the KV cache ``k, v [B, L, H, T, Dh]`` (grows by up to three
-    tokens per step) and the policy fields of ``PolicyAarenState``."""
-
-    kind: ClassVar[str] = "policy-kv_cache"
-    growing: ClassVar[tuple[str, ...]] = ("k", "v")
-
-    k: Tensor
-    v: Tensor
-    action: Tensor
-    return_to_go: Tensor
-    timestep: Tensor
-    n_events: Tensor
-
+#: An Aaren policy's state (constant size), a GRU policy's (constant size) and a Transformer
+#: policy's (its KV cache grows by up to three tokens a step, so the server refuses it).
+PolicyAarenState = _policy_state("PolicyAarenState", AarenState)
+PolicyGRUState = _policy_state("PolicyGRUState", GRUState)
+PolicyKVState = _policy_state("PolicyKVState", KVCacheState)
 
 _POLICY_STATES: dict[type[State], type[State]] = {
     AarenState: PolicyAarenState,
     GRUState: PolicyGRUState,
     KVCacheState: PolicyKVState,
 }
-_POLICY_FIELDS = ("action", "return_to_go", "timestep", "n_events")
 
 
 def step_gaps(n_steps: int, device: torch.device | str | None = None) -> Tensor:
@@ -310,20 +309,19 @@ class PolicyModel(nn.Module):
         return self.state_type.from_bytes(data, like=like, model_version=model_version, device=device)
 
 
-@dataclasses.dataclass(frozen=True)
-class BCModelConfig(ConfigRecord):
-    """Behaviour cloning: an MLP of ``n_hidden`` layers of ``hidden`` units from the observation to the action."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BCModelConfig(EnvWidths, ConfigRecord):
+    """Behaviour cloning: an MLP of ``n_hidden`` layers of ``hidden`` units from the observation
+    (``EnvWidths``: S wide) to the action (A wide)."""
 
     CONFIG_NAME: ClassVar[str] = "bc model config"
 
-    obs_dim: int = 11
-    act_dim: int = 3
     hidden: int = 256
     n_hidden: int = 2
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
-        self.require({"obs_dim, act_dim, hidden, n_hidden >= 1": min(self.obs_dim, self.act_dim, self.hidden) >= 1})
+        self.require({**self.width_checks(), "hidden, n_hidden >= 1": min(self.hidden, self.n_hidden) >= 1})
 
 
 class BCModel(nn.Module):

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
-from aaren_core.config import ConfigRecord
+from aaren_core.config import ConfigRecord, field_defaults
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
 from aaren_core.tasks.policy.data import WINDOWS, PolicyData, load_policy_data
@@ -112,6 +112,9 @@ SET_KEYS: dict[str, str] = {
 
 
 @dataclasses.dataclass(frozen=True)
+@field_defaults(d_model=128, n_layers=3, n_heads=1, dropout=0.1)
+@field_defaults(batch_size=64, lr=1e-4, weight_decay=1e-4, grad_clip=0.25, out_dir="runs/policy", threads=1)
+@field_defaults(epochs=100_000, patience=100_000, max_minutes=1.0)
 class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     """Everything a policy run depends on (``SET_KEYS``); Barhate's min-decision-transformer defaults.
     How it trains is ``TrainKnobs`` (a minute's budget, epochs and patience that do not stop it first),
@@ -124,10 +127,6 @@ class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     LEGACY_BUDGET_KEY: ClassVar[str] = "time_budget_s"
 
     backbone: str = "aaren"
-    d_model: int = 128
-    n_layers: int = 3
-    n_heads: int = 1
-    dropout: float = 0.1
     time_decay: bool = False
     context: int = 20
     rtg_scale: float = 1000.0
@@ -139,19 +138,10 @@ class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
     env: str = ""
     windows: str = "random"
     val_fraction: float = 0.05
-    batch_size: int = 64
-    lr: float = 1e-4
-    weight_decay: float = 1e-4
-    grad_clip: float = 0.25
-    out_dir: str = "runs/policy"
     warmup_steps: int = 50
     steps_per_epoch: int = 25
-    epochs: int = 100_000
-    patience: int = 100_000
-    max_minutes: float = 1.0
 
     parallel_rollouts: bool = False
-    threads: int = 1
     target_return: float = 0.0
     eval_episodes: int = 10
     eval_max_steps: int = 1000
@@ -189,9 +179,22 @@ class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
 
     def model_config(self, data: PolicyData) -> PolicyModelConfig | BCModelConfig:
         if self.backbone == "bc":
-            return BCModelConfig(data.obs_dim, data.act_dim, self.bc_hidden, self.bc_layers, self.dropout)
+            return BCModelConfig(
+                obs_dim=data.obs_dim,
+                act_dim=data.act_dim,
+                hidden=self.bc_hidden,
+                n_hidden=self.bc_layers,
+                dropout=self.dropout,
+            )
         backbone = BackboneConfig.sized_as(self, self.backbone, self.time_decay)
-        return PolicyModelConfig(backbone, data.obs_dim, data.act_dim, self.context, self.max_timestep, self.rtg_scale)
+        return PolicyModelConfig(
+            obs_dim=data.obs_dim,
+            act_dim=data.act_dim,
+            backbone=backbone,
+            context=self.context,
+            max_timestep=self.max_timestep,
+            rtg_scale=self.rtg_scale,
+        )
 
 
 def build_policy_model(config: PolicyTrainConfig, data: PolicyData) -> nn.Module:
