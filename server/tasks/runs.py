@@ -94,6 +94,16 @@ class RunTask:
         self._state_type = type(fresh)
         self._state_fields = list(fresh.tensors())
 
+    @staticmethod
+    def checkpoint_names(given: Sequence[Any] | None, width: int, what: str, *, prefix: str = "") -> tuple[str, ...]:
+        """The ``width`` names of the model's ``what`` (marks, value columns, channels, classes...)
+        as the checkpoint's metadata gives them (``given``; absent or empty: ``prefix0, prefix1...``).
+        ``ValueError`` when the checkpoint names another number than the model has."""
+        names = tuple(str(x) for x in given) if given else tuple(f"{prefix}{i}" for i in range(width))
+        if len(names) != width:
+            raise ValueError(f"the checkpoint names {len(names)} {what}; its model has {width}")
+        return names
+
     def describe(
         self, name: str, *, value_names: Sequence[str], state_bytes: int, task: str, **task_fields: Any
     ) -> ModelDescription:

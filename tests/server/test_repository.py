@@ -78,3 +78,14 @@ def test_the_default_folders_model_keeps_the_stores_own_keys_whichever_model_is_
         == "redis://127.0.0.1:6379/0?timeout_s=3&prefix=app%3Agestures%3A"
     )
     assert model_store_url("memory://?capacity=5", "gestures", default=False) == "memory://?capacity=5"
+
+
+def test_a_checkpoint_that_names_another_number_of_classes_or_channels_than_its_model_is_refused(tmp_path):
+    model = tiny_class_model("aaren")
+    write_checkpoint(tmp_path / "wrong", model, "wrong", task="class", channels=["a", "b"], class_names=["x", "y"])
+    with pytest.raises(ConfigError, match="the checkpoint names 2 classes; its model has 3"):
+        _load(tmp_path)
+    shutil.rmtree(tmp_path / "wrong")
+    write_checkpoint(tmp_path / "wrong", model, "wrong", task="class", channels=["a"], class_names=list("xyz"))
+    with pytest.raises(ConfigError, match="the checkpoint names 1 channels; its model has 2"):
+        _load(tmp_path)

@@ -34,14 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aaren_core.nn.backbones import AarenModel
-from aaren_core.tasks.event.heads import (
-    MAX_LOG_SCALE,
-    MAX_TIME_LOC,
-    MAX_TIME_LOG_SCALE,
-    MIN_LOG_SCALE,
-    discrete_quantiles,
-    truncated_mean,
-)
+from aaren_core.tasks.event import heads
 
 if TYPE_CHECKING:
     from aaren_core.tasks.event.model import EventModel
@@ -217,7 +210,7 @@ class FusedEventModel:
     @classmethod
     def _fold(cls, model: EventModel) -> FusedEventModel:
         config = model.config
-        embed, heads = model.embed, model.heads
+        embed, forecast_heads = model.embed, model.heads
         weight, bias = embed._time_value_projection()
         layers = None
         if isinstance(model.backbone, AarenModel):
@@ -235,32 +228,48 @@ class FusedEventModel:
                 for layer in model.backbone.layers
             )
         norm = model.backbone.norm
-        k, m, v = heads.n_components, config.num_marks, config.value_width
-        t_w, t_b = heads.time.weight, heads.time.bias  # [3K, d]: logits, loc, log scale
+        k, m, v = forecast_heads.n_components, config.num_marks, config.value_width
+        t_w, t_b = forecast_heads.time.weight, forecast_heads.time.bias  # [3K, d]: logits, loc, log scale
         parts_w, parts_b = [t_w], [t_b]
-        if heads.value is not None:
-            parts_w += [heads.value.weight[v:], heads.mark.weight, heads.value.weight[:v]]
-            parts_b += [heads.value.bias[v:], heads.mark.bias, heads.value.bias[:v]]
+        if forecast_heads.value is not None:
+            parts_w += [forecast_heads.value.weight[v:], forecast_heads.mark.weight, forecast_heads.value.weight[:v]]
+            parts_b += [forecast_heads.value.bias[v:], forecast_heads.mark.bias, forecast_heads.value.bias[:v]]
         else:
-            parts_w.append(heads.mark.weight)
-            parts_b.append(heads.mark.bias)
-        dt_std, dt_mean = heads.log_dt_std, heads.log_dt_mean
+            parts_w.append(forecast_heads.mark.weight)
+            parts_b.append(forecast_heads.mark.bias)
+        dt_std, dt_mean = forecast_heads.log_dt_std, forecast_heads.log_dt_mean
         inf = float("inf")
 
         def fill(*pieces: tuple[int, Tensor | float]) -> Tensor:
             return torch.cat([torch.as_tensor(x, dtype=t_w.dtype, device=t_w.device).expand(n) for n, x in pieces])
 
         one, zero = 1.0, 0.0
-        low = fill((k, -inf), (k, -MAX_TIME_LOC), (k, MIN_LOG_SCALE), (v, MIN_LOG_SCALE), (m, -inf), (v, -inf))
-        high = fill((k, inf), (k, MAX_TIME_LOC), (k, MAX_TIME_LOG_SCALE), (v, MAX_LOG_SCALE), (m, inf), (v, inf))
-        scale = torch.cat([fill((k, one)), dt_std.expand(k), fill((k, one), (v, one), (m, one)), heads.value_std])
+        low = fill(
+            (k, -inf),
+            (k, -heads.MAX_TIME_LOC),
+            (k, heads.MIN_LOG_SCALE),
+            (v, heads.MIN_LOG_SCALE),
+            (m, -inf),
+            (v, -inf),
+        )
+        high = fill(
+            (k, inf),
+            (k, heads.MAX_TIME_LOC),
+            (k, heads.MAX_TIME_LOG_SCALE),
+            (v, heads.MAX_LOG_SCALE),
+            (m, inf),
+            (v, inf),
+        )
+        scale = torch.cat(
+            [fill((k, one)), dt_std.expand(k), fill((k, one), (v, one), (m, one)), forecast_heads.value_std]
+        )
         shift = torch.cat(
             [
                 fill((k, zero)),
                 dt_mean.expand(k),
                 torch.log(dt_std).expand(k),
                 fill((v, zero), (m, zero)),
-                heads.value_mean,
+                forecast_heads.value_mean,
             ]
         )
         return cls(
@@ -280,9 +289,9 @@ class FusedEventModel:
             head_scale=scale.detach(),
             head_shift=shift.detach(),
             exp_sign=fill((k, -1.0), (v, one)),
-            value_std=heads.value_std.detach().clone(),
-            gap_bound=heads.gap_bound(),
-            time_resolution=heads.time_resolution,
+            value_std=forecast_heads.value_std.detach().clone(),
+            gap_bound=forecast_heads.gap_bound(),
+            time_resolution=forecast_heads.time_resolution,
         )
 
     @property
@@ -348,7 +357,7 @@ class FusedEventModel:
 
         time = out[:, : 3 * k].double()  # [B, 3K]
         log_weights, loc, log_scale = torch.log_softmax(time[:, :k], dim=-1), time[:, k : 2 * k], time[:, 2 * k :]
-        mean = truncated_mean(log_weights, loc, log_scale, self.gap_bound)
+        mean = heads.truncated_mean(log_weights, loc, log_scale, self.gap_bound)
 
         schedule = search_schedule(y.shape[0], y.device)
         constants = self._constants.get((levels, y.dtype, schedule))
@@ -359,7 +368,7 @@ class FusedEventModel:
         weights = torch.softmax(out[:, :k], dim=-1)
         quantiles = mixture_quantiles(weights, out[:, k : 2 * k], scales[:, :k], constants)
         if self.time_resolution:
-            quantiles = discrete_quantiles(
+            quantiles = heads.discrete_quantiles(
                 log_weights, loc, log_scale, quantiles, constants.levels, self.time_resolution
             )  # float64: multiples of the resolution stay on its grid
         value_std = scales[:, k:] * self.value_std

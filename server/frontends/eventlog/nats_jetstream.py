@@ -63,15 +63,8 @@ from nats.js.errors import (
 )
 
 from aaren.server.contract.errors import ConfigError
+from aaren.server.frontends.eventlog import base
 from aaren.server.frontends.eventlog.addresses import EventWriter, LogAddress, Member
-from aaren.server.frontends.eventlog.base import (
-    JSON,
-    DeadLetter,
-    LogMessage,
-    LogUnavailableError,
-    Publication,
-    SourceStats,
-)
 
 __all__ = [
     "SINK",
@@ -127,7 +120,7 @@ def stream_name(subject: str) -> str:
 def _unavailable(label: str, exc: BaseException) -> BaseException:
     """``exc`` as ``LogUnavailableError`` when it says the server is unavailable; else ``exc`` itself."""
     if isinstance(exc, _UNAVAILABLE):
-        return LogUnavailableError(f"{label}: {type(exc).__name__}: {exc}")
+        return base.LogUnavailableError(f"{label}: {type(exc).__name__}: {exc}")
     return exc
 
 
@@ -195,7 +188,7 @@ class _Link:
             cause = last_error[0] if last_error else exc
             if refused:  # later attempts may only see the server close the connection
                 raise ConfigError(f"{label}: NATS at {host}:{port} refused the credentials: {refused[0]}") from None
-            raise LogUnavailableError(
+            raise base.LogUnavailableError(
                 f"{label}: no NATS server answered at {host}:{port} within {self.connect_timeout_s:g} s "
                 f"({type(cause).__name__}: {cause})"
             ) from exc
@@ -205,9 +198,9 @@ class _Link:
     def check(self) -> JetStreamContext:
         """The JetStream context, or ``LogUnavailableError`` while the connection is down."""
         if self.nc is None or self.js is None:
-            raise LogUnavailableError(f"{self.label}: not connected to NATS (open() first)")
+            raise base.LogUnavailableError(f"{self.label}: not connected to NATS (open() first)")
         if not self.nc.is_connected:
-            raise LogUnavailableError(f"{self.label}: the connection to NATS is down (reconnecting)")
+            raise base.LogUnavailableError(f"{self.label}: the connection to NATS is down (reconnecting)")
         return self.js
 
     async def bounded(self, call: Awaitable[T], timeout_s: float = REQUEST_TIMEOUT_S) -> T:
@@ -226,8 +219,8 @@ class _Link:
             return task.result()
         task.cancel()
         if watch in done:
-            raise LogUnavailableError(f"{self.label}: the connection to NATS went down (reconnecting)")
-        raise LogUnavailableError(f"{self.label}: NATS did not answer within {timeout_s:g} s")
+            raise base.LogUnavailableError(f"{self.label}: the connection to NATS went down (reconnecting)")
+        raise base.LogUnavailableError(f"{self.label}: NATS did not answer within {timeout_s:g} s")
 
     async def _until_down(self) -> None:
         while self.nc is not None and self.nc.is_connected:
@@ -302,7 +295,7 @@ class _Link:
             return False
         try:
             await self.bounded(self.js.account_info())
-        except (LogUnavailableError, *_UNAVAILABLE):
+        except (base.LogUnavailableError, *_UNAVAILABLE):
             return False
         return True
 
@@ -391,10 +384,10 @@ class NatsJetStreamSource:
             return True
         return self.max_ack_pending is not None and config.max_ack_pending != self.max_ack_pending
 
-    async def read(self, max_messages: int, wait_s: float) -> list[LogMessage]:
+    async def read(self, max_messages: int, wait_s: float) -> list[base.LogMessage]:
         self._link.check()
         if self._sub is None:
-            raise LogUnavailableError(f"{self.label}: not subscribed (open() first)")
+            raise base.LogUnavailableError(f"{self.label}: not subscribed (open() first)")
         try:
             wait_s = max(wait_s, 0.01)
             msgs = await self._link.bounded(self._sub.fetch(max(1, max_messages), timeout=wait_s), wait_s + 5)
@@ -406,19 +399,19 @@ class NatsJetStreamSource:
         return [self._message(msg) for msg in msgs]
 
     @staticmethod
-    def _message(msg: Msg) -> LogMessage:
+    def _message(msg: Msg) -> base.LogMessage:
         headers = _headers(msg)
         meta = msg.metadata
-        return LogMessage(
+        return base.LogMessage(
             str(meta.sequence.stream),
             msg.data,
-            headers.get("content-type", JSON),
+            headers.get("content-type", base.JSON),
             headers.get("aaren-model", ""),
             meta.num_delivered,
             msg,
         )
 
-    async def ack(self, messages: Sequence[LogMessage]) -> None:
+    async def ack(self, messages: Sequence[base.LogMessage]) -> None:
         """Ack each message and wait for the server's answer (``ack_sync``, all at once): when this
         returns, the server has recorded every ack, so none is handed out again (but after a crash
         of the server: module docstring). A message acked before is skipped."""
@@ -427,7 +420,7 @@ class NatsJetStreamSource:
             self._link.check()
             await self._link.gather([msg.ack_sync(timeout=REQUEST_TIMEOUT_S) for msg in todo])
 
-    async def hold(self, messages: Sequence[LogMessage]) -> None:
+    async def hold(self, messages: Sequence[base.LogMessage]) -> None:
         """Tell the server each message is in progress (``+WPI``, waiting for its answer): its ack
         wait starts again, so it stays this consumer's for another ``ack_wait_s``."""
         todo = [m.handle for m in messages if isinstance(m.handle, Msg) and not m.handle.is_acked]
@@ -437,14 +430,14 @@ class NatsJetStreamSource:
             assert nc is not None
             await self._link.gather([nc.request(msg.reply, b"+WPI", timeout=REQUEST_TIMEOUT_S) for msg in todo])
 
-    async def stats(self) -> SourceStats:
+    async def stats(self) -> base.SourceStats:
         """``lag``: the consumer's messages not yet delivered; ``pending``: delivered, not acked."""
         js = self._link.check()
         try:
             info = await self._link.bounded(js.consumer_info(self.stream, self.durable))
         except _UNAVAILABLE as exc:
             raise _unavailable(self.label, exc) from exc
-        return SourceStats(int(info.num_pending or 0), int(info.num_ack_pending or 0))
+        return base.SourceStats(int(info.num_pending or 0), int(info.num_ack_pending or 0))
 
     async def healthy(self) -> bool:
         return await self._link.healthy()
@@ -494,7 +487,7 @@ class NatsJetStreamSink:
         except _UNAVAILABLE as exc:
             raise _unavailable(self.label, exc) from exc
 
-    async def publish(self, items: Sequence[Publication]) -> int:
+    async def publish(self, items: Sequence[base.Publication]) -> int:
         """Publish in order (sent one after another; their PubAcks awaited together) and return how
         many the stream stored (a repeat of a ``dedup_id`` within its duplicate window is dropped:
         PubAck.duplicate). After a ``LogUnavailableError`` some may be stored: publishing them again
@@ -517,7 +510,7 @@ class NatsJetStreamSink:
         )
         return sum(1 for ack in acks if not ack.duplicate)
 
-    async def dead_letter(self, items: Sequence[DeadLetter]) -> None:
+    async def dead_letter(self, items: Sequence[base.DeadLetter]) -> None:
         if not items:
             return
         letters = []

@@ -30,15 +30,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aaren.server.contract.errors import ConfigError
+from aaren.server.frontends.eventlog import base
 from aaren.server.frontends.eventlog.addresses import EventWriter, LogAddress, Member
-from aaren.server.frontends.eventlog.base import (
-    JSON,
-    DeadLetter,
-    LogMessage,
-    LogUnavailableError,
-    Publication,
-    SourceStats,
-)
 
 __all__ = ["SINK", "SOURCE", "WRITER", "RedisEventWriter", "RedisStreamSink", "RedisStreamSource"]
 
@@ -146,10 +139,10 @@ class RedisStreamSource(_RedisLog):
                 if cursor in (b"0-0", "0-0"):
                     break
         except _UNAVAILABLE as exc:
-            raise LogUnavailableError(f"{self.label}: {exc}") from exc
+            raise base.LogUnavailableError(f"{self.label}: {exc}") from exc
         self._backlog_after = b"0"
 
-    async def read(self, max_messages: int, wait_s: float) -> list[LogMessage]:
+    async def read(self, max_messages: int, wait_s: float) -> list[base.LogMessage]:
         try:
             if self._backlog_after is not None:
                 reply = await self._redis.xreadgroup(
@@ -164,41 +157,41 @@ class RedisStreamSource(_RedisLog):
                 self.group, self.consumer, {self.stream: ">"}, count=max_messages, block=max(1, int(wait_s * 1000))
             )
         except _UNAVAILABLE as exc:
-            raise LogUnavailableError(f"{self.label}: {exc}") from exc
+            raise base.LogUnavailableError(f"{self.label}: {exc}") from exc
         entries = reply[0][1] if reply else []
         return [self._message(entry_id, fields, redelivered=False) for entry_id, fields in entries]
 
-    def _message(self, entry_id: bytes, fields: dict[bytes, bytes] | None, *, redelivered: bool) -> LogMessage:
+    def _message(self, entry_id: bytes, fields: dict[bytes, bytes] | None, *, redelivered: bool) -> base.LogMessage:
         fields = fields or {}  # an entry deleted (XDEL, trimmed) while pending: nothing to read
         model = fields.pop(b"model", b"").decode()
-        content_type = fields.pop(b"content-type", JSON.encode()).decode()
+        content_type = fields.pop(b"content-type", base.JSON.encode()).decode()
         body = fields.get(b"data")
         if body is None:  # the event's own fields
             body = json.dumps({k.decode(): v.decode() for k, v in fields.items()}).encode()
-        return LogMessage(entry_id.decode(), body, content_type, model, 2 if redelivered else 1, entry_id)
+        return base.LogMessage(entry_id.decode(), body, content_type, model, 2 if redelivered else 1, entry_id)
 
-    async def ack(self, messages: Sequence[LogMessage]) -> None:
+    async def ack(self, messages: Sequence[base.LogMessage]) -> None:
         if not messages:
             return
         try:
             await self._redis.xack(self.stream, self.group, *[m.handle for m in messages])
         except _UNAVAILABLE as exc:
-            raise LogUnavailableError(f"{self.label}: {exc}") from exc
+            raise base.LogUnavailableError(f"{self.label}: {exc}") from exc
 
-    async def hold(self, messages: Sequence[LogMessage]) -> None:
+    async def hold(self, messages: Sequence[base.LogMessage]) -> None:
         """Nothing to do: an unacknowledged entry stays this consumer's until it is claimed."""
 
-    async def stats(self) -> SourceStats:
+    async def stats(self) -> base.SourceStats:
         try:
             groups = await self._redis.xinfo_groups(self.stream)
         except _UNAVAILABLE as exc:
-            raise LogUnavailableError(f"{self.label}: {exc}") from exc
+            raise base.LogUnavailableError(f"{self.label}: {exc}") from exc
         for group in groups:
             name = group.get("name", group.get(b"name"))
             if name in (self.group, self.group.encode()):
                 lag = group.get("lag", group.get(b"lag"))
-                return SourceStats(int(lag or 0), int(group.get("pending", group.get(b"pending")) or 0))
-        return SourceStats(0, 0)
+                return base.SourceStats(int(lag or 0), int(group.get("pending", group.get(b"pending")) or 0))
+        return base.SourceStats(0, 0)
 
 
 class RedisStreamSink(_RedisLog):
@@ -218,9 +211,9 @@ class RedisStreamSink(_RedisLog):
 
     async def open(self) -> None:
         if not await self.healthy():
-            raise LogUnavailableError(f"{self.label}: Redis does not answer")
+            raise base.LogUnavailableError(f"{self.label}: Redis does not answer")
 
-    async def publish(self, items: Sequence[Publication]) -> int:
+    async def publish(self, items: Sequence[base.Publication]) -> int:
         if not items:
             return 0
         args: list[object] = [self.ttl, self.maxlen]
@@ -230,9 +223,9 @@ class RedisStreamSink(_RedisLog):
         try:
             return int(await self._publish(keys=[self.stream], args=args))
         except _UNAVAILABLE as exc:
-            raise LogUnavailableError(f"{self.label}: {exc}") from exc
+            raise base.LogUnavailableError(f"{self.label}: {exc}") from exc
 
-    async def dead_letter(self, items: Sequence[DeadLetter]) -> None:
+    async def dead_letter(self, items: Sequence[base.DeadLetter]) -> None:
         if not items:
             return
         args: list[object] = [self.ttl]
@@ -244,7 +237,7 @@ class RedisStreamSink(_RedisLog):
         try:
             await self._dead_letter(keys=[self.dead], args=args)
         except _UNAVAILABLE as exc:
-            raise LogUnavailableError(f"{self.label}: {exc}") from exc
+            raise base.LogUnavailableError(f"{self.label}: {exc}") from exc
 
 
 class RedisEventWriter(EventWriter):
@@ -266,7 +259,7 @@ class RedisEventWriter(EventWriter):
         try:
             await pipe.execute()
         except _UNAVAILABLE as exc:
-            raise LogUnavailableError(f"redis-stream:{self.stream}: {exc}") from exc
+            raise base.LogUnavailableError(f"redis-stream:{self.stream}: {exc}") from exc
 
     async def close(self) -> None:
         await self._redis.aclose()
@@ -302,6 +295,6 @@ async def read_all(url: str) -> list[tuple[str, bytes, dict[str, str]]]:
                 return out
             start = "(" + page[-1][0].decode()  # exclusive: after the last entry read
     except _UNAVAILABLE as exc:
-        raise LogUnavailableError(f"{address.label}: {exc}") from exc
+        raise base.LogUnavailableError(f"{address.label}: {exc}") from exc
     finally:
         await client.aclose()

@@ -31,13 +31,8 @@ class ClassTask(RecurrentTask):
         self.last_width = model.config.n_classes
         super().__init__(model, version=version, device=device)
         c = model.config
-        channels = tuple(metadata.get("channels") or (f"value_{i}" for i in range(c.n_channels)))
-        classes = tuple(str(x) for x in metadata.get("class_names") or range(c.n_classes))
-        if len(channels) != c.n_channels or len(classes) != c.n_classes:
-            raise ValueError(
-                f"the checkpoint names {len(channels)} channels and {len(classes)} classes; "
-                f"its model has {c.n_channels} and {c.n_classes}"
-            )
+        channels = self.checkpoint_names(metadata.get("channels"), c.n_channels, "channels", prefix="value_")
+        classes = self.checkpoint_names(metadata.get("class_names"), c.n_classes, "classes")
         self.description = self.describe_channels(
             name,
             channels,

@@ -82,13 +82,8 @@ class EventTask(RunTask):
         schema = metadata.get("schema", {})
         config = model.config
         state_bytes = model.backbone.state_nbytes(model.init_state(1, device="cpu"))
-        mark_names = schema.get("mark_names", [str(i) for i in range(config.num_marks)])
-        value_names = schema.get("value_names", [f"value_{i}" for i in range(config.value_width)])
-        if len(mark_names) != config.num_marks or len(value_names) != config.value_width:
-            raise ValueError(
-                f"the checkpoint's schema names {len(mark_names)} marks and {len(value_names)} value columns; "
-                f"its model has {config.num_marks} marks and {config.value_width} values"
-            )
+        mark_names = self.checkpoint_names(schema.get("mark_names"), config.num_marks, "marks")
+        value_names = self.checkpoint_names(schema.get("value_names"), config.value_width, "values", prefix="value_")
         self.description = self.describe(
             name,
             value_names=value_names,

@@ -44,9 +44,7 @@ class PolicyTask(RunTask):
         c = model.config
         self.last_width = c.act_dim + 1
         super().__init__(model, version=version, device=device)
-        obs = tuple(str(n) for n in metadata.get("obs_names") or (f"obs_{i}" for i in range(c.obs_dim)))
-        if len(obs) != c.obs_dim:
-            raise ValueError(f"the checkpoint names {len(obs)} observations; its model has {c.obs_dim}")
+        obs = self.checkpoint_names(metadata.get("obs_names"), c.obs_dim, "observations", prefix="obs_")
         env = str(metadata.get("env") or "")
         target = metadata.get("target_return")
         if target is None:

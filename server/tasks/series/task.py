@@ -53,9 +53,7 @@ class SeriesTask(RecurrentTask):
         self.last_width = model.config.backbone.d_model
         super().__init__(model, version=version, device=device)
         c = model.config
-        channels = tuple(metadata.get("channels") or (f"value_{i}" for i in range(c.n_channels)))
-        if len(channels) != c.n_channels:
-            raise ValueError(f"the checkpoint names {len(channels)} channels; its model has {c.n_channels}")
+        channels = self.checkpoint_names(metadata.get("channels"), c.n_channels, "channels", prefix="value_")
         step = float(metadata.get("step_seconds", 0.0))
         self.state_bytes += 4 * c.n_channels  # the FILLED row
         self.description = self.describe_channels(
