@@ -9,6 +9,7 @@ registry would have otherwise.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -49,132 +50,110 @@ class Metrics:
             PlatformCollector(registry=registry)
             GCCollector(registry=registry)
         self.registry = registry
-        r = self.registry
-        self.event_latency = Histogram(
+        # Every metric of this server registers in its own registry.
+        counter = functools.partial(Counter, registry=self.registry)
+        gauge = functools.partial(Gauge, registry=self.registry)
+        histogram = functools.partial(Histogram, registry=self.registry)
+        self.event_latency = histogram(
             "aaren_event_latency_seconds",
             "Time events spend in each phase, observed once per request (queue: arrival to batch start; "
             "total: arrival to answer) or once per batch (model: batched step; store: state write).",
             ["phase"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.request_latency = Histogram(
+        self.request_latency = histogram(
             "aaren_request_latency_seconds",
             "Time from receiving a request (a stream message or a unary call) to its response.",
             ["method"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.batch_size = Histogram(
-            "aaren_batch_size", "Sessions stepped in one batched model call.", buckets=BATCH_BUCKETS, registry=r
+        self.batch_size = histogram(
+            "aaren_batch_size", "Sessions stepped in one batched model call.", buckets=BATCH_BUCKETS
         )
-        self.batch_events = Histogram(
-            "aaren_batch_events", "Events applied by one batch.", buckets=BATCH_BUCKETS, registry=r
-        )
-        self.events = Counter(
-            "aaren_events_total", "Events by outcome: applied, duplicate or rejected.", ["outcome"], registry=r
-        )
-        self.model_events = Counter(
+        self.batch_events = histogram("aaren_batch_events", "Events applied by one batch.", buckets=BATCH_BUCKETS)
+        self.events = counter("aaren_events_total", "Events by outcome: applied, duplicate or rejected.", ["outcome"])
+        self.model_events = counter(
             "aaren_model_events_total",
             "Events by served model and outcome (applied, duplicate or rejected); aaren_events_total is their sum.",
             ["model", "outcome"],
-            registry=r,
         )
-        self.model_sessions = Gauge("aaren_model_sessions", "Sessions held per served model.", ["model"], registry=r)
-        self.model_state_bytes_per_session = Gauge(
+        self.model_sessions = gauge("aaren_model_sessions", "Sessions held per served model.", ["model"])
+        self.model_state_bytes_per_session = gauge(
             "aaren_model_state_bytes_per_session",
             "Bytes of one session's stored state, per served model (constant whatever the history).",
             ["model"],
-            registry=r,
         )
-        self.rejections = Counter("aaren_events_rejected_total", "Rejected events by reason.", ["reason"], registry=r)
-        self.sessions_started = Counter("aaren_sessions_started_total", "Sessions created.", registry=r)
-        self.sessions_ended = Counter("aaren_sessions_ended_total", "Sessions ended by EndSession.", registry=r)
-        self.sessions_evicted = Counter(
-            "aaren_sessions_evicted_total", "Sessions evicted, by cause: ttl or capacity.", ["cause"], registry=r
+        self.rejections = counter("aaren_events_rejected_total", "Rejected events by reason.", ["reason"])
+        self.sessions_started = counter("aaren_sessions_started_total", "Sessions created.")
+        self.sessions_ended = counter("aaren_sessions_ended_total", "Sessions ended by EndSession.")
+        self.sessions_evicted = counter(
+            "aaren_sessions_evicted_total", "Sessions evicted, by cause: ttl or capacity.", ["cause"]
         )
-        self.active_sessions = Gauge("aaren_active_sessions", "Sessions held by the store.", registry=r)
-        self.state_bytes_per_session = Gauge(
-            "aaren_state_bytes_per_session", "Bytes of model state kept per session.", registry=r
+        self.active_sessions = gauge("aaren_active_sessions", "Sessions held by the store.")
+        self.state_bytes_per_session = gauge("aaren_state_bytes_per_session", "Bytes of model state kept per session.")
+        self.state_bytes = gauge("aaren_state_bytes", "Bytes of model state kept for all active sessions.")
+        self.open_streams = gauge("aaren_open_streams", "Stream calls now open.")
+        self.pending_events = gauge("aaren_pending_events", "Events accepted and waiting for a batch.")
+        self.store_errors = counter(
+            "aaren_store_errors_total", "Store operations that failed, by operation.", ["operation"]
         )
-        self.state_bytes = Gauge("aaren_state_bytes", "Bytes of model state kept for all active sessions.", registry=r)
-        self.open_streams = Gauge("aaren_open_streams", "Stream calls now open.", registry=r)
-        self.pending_events = Gauge("aaren_pending_events", "Events accepted and waiting for a batch.", registry=r)
-        self.store_errors = Counter(
-            "aaren_store_errors_total", "Store operations that failed, by operation.", ["operation"], registry=r
-        )
-        self.state_conflicts = Counter(
+        self.state_conflicts = counter(
             "aaren_state_conflicts_total",
             "State writes refused because the stored seq changed since it was read (compare-and-set).",
-            registry=r,
         )
-        self.store_latency = Histogram(
+        self.store_latency = histogram(
             "aaren_store_latency_seconds",
             "Time of store operations, by operation (load and save: once per batch).",
             ["operation"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.store_up = Gauge(
-            "aaren_store_up", "1 while the session store answers its health check, else 0.", registry=r
-        )
-        self.state_resets = Counter(
+        self.store_up = gauge("aaren_store_up", "1 while the session store answers its health check, else 0.")
+        self.state_resets = counter(
             "aaren_state_resets_total",
             "Sessions whose stored state came from another model version and was reset (on_model_mismatch=reset).",
-            registry=r,
         )
-        self.auth_refusals = Counter(
+        self.auth_refusals = counter(
             "aaren_auth_refusals_total",
             "Calls refused before reaching the service: token_missing or token_invalid.",
             ["reason"],
-            registry=r,
         )
-        self.limit_refusals = Counter(
+        self.limit_refusals = counter(
             "aaren_limit_refusals_total",
             "Streams, requests and events refused by a limit, by limit (events also count in "
             "aaren_events_rejected_total).",
             ["limit"],
-            registry=r,
         )
-        self.frontend_restarts = Counter(
+        self.frontend_restarts = counter(
             "aaren_frontend_restarts_total",
             "Front-end processes started again after they died (multi-process layout).",
-            registry=r,
         )
         # The event-log consumer (aaren consume): "source" is a log's scheme and name, never its host.
-        self.log_messages = Counter(
+        self.log_messages = counter(
             "aaren_log_messages_total",
             "Log messages done with, by source and outcome: forecast (published), duplicate (nothing new), "
             "dead_letter, or skipped (another consumer member's session).",
             ["source", "outcome"],
-            registry=r,
         )
-        self.log_redeliveries = Counter(
+        self.log_redeliveries = counter(
             "aaren_log_redeliveries_total",
             "Log messages handed to the consumer more than once (after a crash, a restart or a hold).",
             ["source"],
-            registry=r,
         )
-        self.log_dead_letters = Counter(
+        self.log_dead_letters = counter(
             "aaren_log_dead_letters_total", "Log messages sent to the dead-letter stream, by reason.",
-            ["source", "reason"], registry=r,
+            ["source", "reason"],
         )  # fmt: skip
-        self.log_published = Counter(
+        self.log_published = counter(
             "aaren_log_published_total",
             "Forecasts offered to a sink, by result: new (appended) or repeat (dropped by the sink's guard).",
             ["sink", "result"],
-            registry=r,
         )
-        self.log_lag = Gauge("aaren_log_lag", "Log entries not yet read by this consumer.", ["source"], registry=r)
-        self.log_pending = Gauge(
-            "aaren_log_pending", "Log entries read and not yet acknowledged.", ["source"], registry=r
-        )
-        self.log_source_up = Gauge(
-            "aaren_log_source_up", "1 while the log source answers, else 0.", ["source"], registry=r
-        )
-        self.log_batch_messages = Histogram(
+        self.log_lag = gauge("aaren_log_lag", "Log entries not yet read by this consumer.", ["source"])
+        self.log_pending = gauge("aaren_log_pending", "Log entries read and not yet acknowledged.", ["source"])
+        self.log_source_up = gauge("aaren_log_source_up", "1 while the log source answers, else 0.", ["source"])
+        self.log_batch_messages = histogram(
             "aaren_log_batch_messages", "Messages the consumer read and handled in one batch.",
-            buckets=BATCH_BUCKETS, registry=r,
+            buckets=BATCH_BUCKETS,
         )  # fmt: skip
         for outcome in ("applied", "duplicate", "rejected"):
             self.events.labels(outcome)

@@ -132,14 +132,6 @@ class PolicyData:
             obs_std=(obs.std(0) + 1e-6).astype(np.float32),
         )
 
-    @property
-    def obs_dim(self) -> int:
-        return self.dataset.obs_dim
-
-    @property
-    def act_dim(self) -> int:
-        return self.dataset.act_dim
-
     def starts(self, episodes: np.ndarray, context: int, windows: str) -> np.ndarray:
         """Every window start of ``episodes`` (transition indices): all ``lo .. max(lo, hi - K)`` for
         ``random`` windows, the first step ``lo`` for ``episode`` ones."""

@@ -178,22 +178,12 @@ class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
         return f"aaren-policy-{stem}-{self.backbone}"[:64]
 
     def model_config(self, data: PolicyData) -> PolicyModelConfig | BCModelConfig:
+        widths = {"obs_dim": data.dataset.obs_dim, "act_dim": data.dataset.act_dim}
         if self.backbone == "bc":
-            return BCModelConfig(
-                obs_dim=data.obs_dim,
-                act_dim=data.act_dim,
-                hidden=self.bc_hidden,
-                n_hidden=self.bc_layers,
-                dropout=self.dropout,
-            )
+            return BCModelConfig(**widths, hidden=self.bc_hidden, n_hidden=self.bc_layers, dropout=self.dropout)
         backbone = BackboneConfig.sized_as(self, self.backbone, self.time_decay)
         return PolicyModelConfig(
-            obs_dim=data.obs_dim,
-            act_dim=data.act_dim,
-            backbone=backbone,
-            context=self.context,
-            max_timestep=self.max_timestep,
-            rtg_scale=self.rtg_scale,
+            **widths, backbone=backbone, context=self.context, max_timestep=self.max_timestep, rtg_scale=self.rtg_scale
         )
 
 
