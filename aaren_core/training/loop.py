@@ -240,19 +240,22 @@ class LoopState:
 
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
-    """How long and how the loop trains: at most ``epochs`` (this call ends after ``stop_after``
-    epochs in all, as an interruption would), the ``schedule``, ``grad_clip`` (0: none), early
-    stopping (``patience``, ``min_delta``, ``smoothing``), the budget ``max_minutes`` (0: none),
-    and a progress bar whose rate counts ``unit``."""
+    """How long the loop trains: at most ``epochs``, no new epoch past the budget ``max_minutes``
+    (0: none), and this call ends after ``stop_after`` epochs in all, as an interruption would; how
+    each step updates: the ``schedule`` and ``grad_clip`` (0: none); early stopping (``patience``,
+    ``min_delta``, ``smoothing``); and a progress bar whose rate counts ``unit``."""
 
     epochs: int
-    schedule: Schedule
+    max_minutes: float = 0.0
+    stop_after: int | None = None
+
+    schedule: Schedule = dataclasses.field(kw_only=True)
     grad_clip: float = 0.0
+
     patience: int = 1
     min_delta: float = 0.0
     smoothing: float = 0.0
-    max_minutes: float = 0.0
-    stop_after: int | None = None
+
     progress: bool = False
     unit: str = "items"
 

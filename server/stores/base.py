@@ -41,6 +41,13 @@ class SessionMeta:
     updated_at: float
     model_version: str
 
+    @classmethod
+    def at(
+        cls, i: int, last_seq: np.ndarray, last_time: np.ndarray, created: np.ndarray, updated: np.ndarray, version: str
+    ) -> SessionMeta:
+        """Entry ``i`` of metadata columns ``[N]`` as one object, numpy scalars made plain (cold paths)."""
+        return cls(int(last_seq[i]), float(last_time[i]), float(created[i]), float(updated[i]), version)
+
 
 @dataclasses.dataclass(frozen=True)
 class StateLayout:
@@ -104,13 +111,8 @@ class LoadedBatch:
         """Session ``i``'s metadata as one object, or None (cold paths: ``get``, tests)."""
         if not self.present[i]:
             return None
-        return SessionMeta(
-            int(self.last_seq[i]),
-            float(self.last_time[i]),
-            float(self.created_at[i]),
-            float(self.updated_at[i]),
-            self.versions[int(self.version[i])],
-        )
+        version = self.versions[int(self.version[i])]
+        return SessionMeta.at(i, self.last_seq, self.last_time, self.created_at, self.updated_at, version)
 
     @property
     def metas(self) -> list[SessionMeta | None]:
@@ -159,13 +161,7 @@ class SaveBatch:
 
     def meta(self, i: int) -> SessionMeta:
         """Session ``i``'s metadata as one object (cold paths)."""
-        return SessionMeta(
-            int(self.last_seq[i]),
-            float(self.last_time[i]),
-            float(self.created_at[i]),
-            float(self.updated_at[i]),
-            self.model_version,
-        )
+        return SessionMeta.at(i, self.last_seq, self.last_time, self.created_at, self.updated_at, self.model_version)
 
 
 class SessionStore(abc.ABC):

@@ -274,13 +274,8 @@ class MemoryStore(SessionStore):
     # -- cold paths ------------------------------------------------------------------------------
 
     def _meta(self, slot: int) -> SessionMeta:
-        return SessionMeta(
-            int(self._seq[slot]),
-            float(self._last_time[slot]),
-            float(self._created[slot]),
-            float(self._updated[slot]),
-            self._versions[int(self._version[slot])],
-        )
+        version = self._versions[int(self._version[slot])]
+        return SessionMeta.at(slot, self._seq, self._last_time, self._created, self._updated, version)
 
     async def get(self, session_id: str) -> tuple[SessionMeta, dict[str, Tensor]] | None:
         slot = self._slots.get(session_id)

@@ -50,6 +50,7 @@ __all__ = [
     "PolicyKVState",
     "PolicyModel",
     "PolicyModelConfig",
+    "PolicySteps",
     "step_gaps",
 ]
 
@@ -69,29 +70,39 @@ class EnvWidths:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PolicyModelConfig(EnvWidths, ConfigRecord):
-    """Backbone, ``EnvWidths`` (observation S, action A), the train window
-    ``context`` (K steps; the Transformer's rollout window), ``max_timestep`` (rows of the timestep
-    embedding less one; later steps share the last) and ``rtg_scale`` (returns are divided by it)."""
+class PolicySteps:
+    """How a policy reads an episode's steps, declared once for the model config and the train config
+    (which passes them on): the train window ``context`` (K steps; the Transformer's rollout window),
+    ``max_timestep`` (rows of the timestep embedding less one; later steps share the last) and
+    ``rtg_scale`` (returns are divided by it)."""
 
-    CONFIG_NAME: ClassVar[str] = "policy model config"
-    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone",)
-
-    backbone: BackboneConfig = dataclasses.field(
-        default_factory=lambda: BackboneConfig(d_model=128, n_layers=3, n_heads=1, dropout=0.1)
-    )
     context: int = 20
     max_timestep: int = 1000
     rtg_scale: float = 1000.0
 
+    def step_checks(self) -> dict[str, bool]:
+        """What these fields must hold, for ``ConfigRecord.require``."""
+        return {
+            "context >= 1, max_timestep >= 1": self.context >= 1 and self.max_timestep >= 1,
+            "rtg_scale > 0": self.rtg_scale > 0,
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PolicyModelConfig(EnvWidths, PolicySteps, ConfigRecord):
+    """Backbone, ``EnvWidths`` (observation S, action A) and ``PolicySteps`` (context, max_timestep,
+    rtg_scale)."""
+
+    CONFIG_NAME: ClassVar[str] = "policy model config"
+    #: the order records were written in before the steps' fields came from a base
+    RECORD_LEADS: ClassVar[tuple[str, ...]] = ("backbone", "obs_dim", "act_dim")
+
+    backbone: BackboneConfig = dataclasses.field(
+        default_factory=lambda: BackboneConfig(d_model=128, n_layers=3, n_heads=1, dropout=0.1)
+    )
+
     def __post_init__(self) -> None:
-        self.require(
-            {
-                **self.width_checks(),
-                "context >= 1, max_timestep >= 1": self.context >= 1 and self.max_timestep >= 1,
-                "rtg_scale > 0": self.rtg_scale > 0,
-            }
-        )
+        self.require({**self.width_checks(), **self.step_checks()})
 
 
 #: The fields a policy adds to its backbone's state, each ``[B, ...]``: the last action ``action [B, A]``,

@@ -37,11 +37,11 @@ import torch
 from torch import nn
 
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
-from aaren_core.config import ConfigRecord, field_defaults
+from aaren_core.config import ConfigRecord, field_defaults, fields_of
 from aaren_core.config import command_line as generic_command_line
 from aaren_core.nn.backbones import BackboneConfig, BackboneSizes
 from aaren_core.tasks.policy.data import WINDOWS, PolicyData, load_policy_data
-from aaren_core.tasks.policy.model import BCModel, BCModelConfig, PolicyModel, PolicyModelConfig
+from aaren_core.tasks.policy.model import BCModel, BCModelConfig, PolicyModel, PolicyModelConfig, PolicySteps
 from aaren_core.tasks.policy.rollout import action_cost_us, default_target_return, rollout
 from aaren_core.tasks.report import METRICS_FILE, write_report
 from aaren_core.training.knobs import TrainKnobs
@@ -115,7 +115,7 @@ SET_KEYS: dict[str, str] = {
 @field_defaults(d_model=128, n_layers=3, n_heads=1, dropout=0.1)
 @field_defaults(batch_size=64, lr=1e-4, weight_decay=1e-4, grad_clip=0.25, out_dir="runs/policy", threads=1)
 @field_defaults(epochs=100_000, patience=100_000, max_minutes=1.0)
-class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
+class PolicyTrainConfig(TrainKnobs, BackboneSizes, PolicySteps, ConfigRecord):
     """Everything a policy run depends on (``SET_KEYS``); Barhate's min-decision-transformer defaults.
     How it trains is ``TrainKnobs`` (a minute's budget, epochs and patience that do not stop it first),
     the backbone's sizes ``BackboneSizes``; the keys below them are the policy's own."""
@@ -128,9 +128,6 @@ class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
 
     backbone: str = "aaren"
     time_decay: bool = False
-    context: int = 20
-    rtg_scale: float = 1000.0
-    max_timestep: int = 1000
     bc_hidden: int = 256
     bc_layers: int = 2
 
@@ -162,8 +159,8 @@ class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
                 f"backbone in {list(MODELS)}": self.backbone in MODELS,
                 f"windows in {list(WINDOWS)}": self.windows in WINDOWS,
                 "time_decay only with backbone aaren": not self.time_decay or self.backbone == "aaren",
-                "context, steps_per_epoch >= 1, warmup_steps >= 0": min(self.context, self.steps_per_epoch) >= 1
-                and self.warmup_steps >= 0,
+                **self.step_checks(),
+                "steps_per_epoch >= 1, warmup_steps >= 0": self.steps_per_epoch >= 1 and self.warmup_steps >= 0,
                 "0 <= val_fraction < 1": 0 <= self.val_fraction < 1,
                 "eval_episodes >= 0, eval_max_steps >= 1": self.eval_episodes >= 0 and self.eval_max_steps >= 1,
                 "name empty or [A-Za-z0-9][A-Za-z0-9._-]{0,63}": not self.name
@@ -182,9 +179,7 @@ class PolicyTrainConfig(TrainKnobs, BackboneSizes, ConfigRecord):
         if self.backbone == "bc":
             return BCModelConfig(**widths, hidden=self.bc_hidden, n_hidden=self.bc_layers, dropout=self.dropout)
         backbone = BackboneConfig.sized_as(self, self.backbone, self.time_decay)
-        return PolicyModelConfig(
-            **widths, backbone=backbone, context=self.context, max_timestep=self.max_timestep, rtg_scale=self.rtg_scale
-        )
+        return PolicyModelConfig(**widths, backbone=backbone, **fields_of(PolicySteps, self))
 
 
 def build_policy_model(config: PolicyTrainConfig, data: PolicyData) -> nn.Module:
