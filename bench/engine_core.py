@@ -38,7 +38,7 @@ from aaren.server.tasks.event.task import load_event_task, resolve_device
 __all__ = ["KINDS", "main"]
 
 #: kind -> (sessions per request, events per session per request, requests in flight)
-KINDS = {"b1": (1, 1, 1), "b64": (64, 1, 4), "b256": (256, 1, 2), "run64": (1, 64, 8)}
+KINDS = {"b1": (1, 1, 1), "b64": (64, 1, 4), "b256": (256, 1, 2), "run64": (1, 64, 8), "q64": (1, 1, 64)}
 
 
 def build_requests(

@@ -14,6 +14,7 @@ events apply in order. Nothing here knows a protocol.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import logging
 import time
@@ -25,18 +26,15 @@ import numpy as np
 import torch
 
 from aaren.server.contract.columns import (
-    ACK,
-    DUPLICATE,
     ERROR,
-    FORECAST,
-    NEXT_SEQ,
     CoreRequest,
-    EventColumns,
     Outcomes,
     OutputColumns,
 )
 from aaren.server.contract.errors import ErrorInfo, Reasons
+from aaren.server.core import plan
 from aaren.server.core.limits import TokenBucket
+from aaren.server.core.plan import Why
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionStore, StoreUnavailableError
@@ -49,12 +47,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TENANT_COUNT_TTL_S = 5.0
-# Verdicts of the plan, per event of a batch.
-_APPLY, _DUP, _DUP_OF_BATCH, _ERR = 0, 1, 2, 3
-#: How far an event of a model of regular steps may be from its session's grid (seconds).
-GRID_TOLERANCE_S = 1e-3
-# What the grid check says of an event (``_grid``).
-_ON_GRID, _OFF_GRID, _GAP_TOO_LONG = 0, 1, 2
 
 
 PENDING_RETRY_S = 0.1
@@ -184,7 +176,9 @@ class Scope:
 
 
 class _PendingRequest:
-    """An accepted request: its outcome columns fill in as the batches holding its events finish."""
+    """An accepted request. A request settled by one piece of one batch (the common case) is answered
+    with views of that batch's columns; one split over batches, or with events refused before the
+    core, fills its own outcome columns (``settle``), made when first needed."""
 
     __slots__ = (
         "chunks",
@@ -201,31 +195,65 @@ class _PendingRequest:
     )
 
     def __init__(self, request: CoreRequest, keys: list[str], on_done: Callable[[Outcomes], None]) -> None:
-        n = request.n
         self.request = request
         self.keys = keys
         self.taken = 0
         self.remaining = len(keys)
-        self.kind = np.full(n, ERROR, dtype=np.int8)
-        self.last_seq = np.zeros(n, dtype=np.int64)
-        self.errors = dict(request.errors)
+        self.kind: np.ndarray | None = None
+        self.last_seq: np.ndarray | None = None
+        self.errors = dict(request.errors) if request.errors else {}
         self.chunks: list[tuple[np.ndarray, OutputColumns]] = []
         self.on_done = on_done
         self.received = time.perf_counter()
         self.queued = False
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """The request's own ``kind [n]`` and ``last_seq [n]`` (made on first use: every event an error)."""
+        if self.kind is None or self.last_seq is None:
+            n = self.request.n
+            self.kind = np.full(n, ERROR, dtype=np.int8)
+            self.last_seq = np.zeros(n, dtype=np.int64)
+        return self.kind, self.last_seq
+
+    def settle(self, start: int, count: int, decided: _Decided, at: int, errors: dict[int, ErrorInfo]) -> None:
+        """Write the outcomes of its events ``start : start + count`` (the batch's ``at : at + count``;
+        ``errors`` by offset in the piece) into the request's own columns."""
+        positions = self.request.index[start : start + count]
+        kind, last_seq = self.columns()
+        end = at + count
+        kind[positions] = decided.kind[at:end]
+        last_seq[positions] = decided.last_seq[at:end]
+        for j, error in errors.items():
+            self.errors[int(positions[j])] = error
+        if decided.outputs is not None:
+            rows = decided.forecast_row[at:end]
+            has = rows >= 0
+            if has.any():
+                self.chunks.append((positions[has], decided.outputs.take(rows[has])))
 
     def outcomes(self) -> Outcomes:
         outputs: OutputColumns | None
         if len(self.chunks) == 1:
             index, outputs = self.chunks[0]
         elif not self.chunks:
-            index, outputs = np.zeros(0, np.int64), None
+            index, outputs = _NO_INDEX, None
         else:  # forecasts from several batches: put them in event order
             index = np.concatenate([c[0] for c in self.chunks])
             order = np.argsort(index, kind="stable")
             index = index[order]
             outputs = type(self.chunks[0][1]).concat([c[1] for c in self.chunks]).take(order)
-        return Outcomes(self.kind, self.last_seq, self.errors, index, outputs)
+        kind, last_seq = self.columns()
+        return Outcomes(kind, last_seq, self.errors, index, outputs)
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+#: The forecast index of no forecast, and of a one-event request's forecast (shared: never written).
+_NO_INDEX = _frozen(np.zeros(0, np.int64))
+_FIRST_INDEX = _frozen(np.zeros(1, np.int64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,10 +356,13 @@ class Batcher:
         self._queued_events += len(keys)
         self._wakeup.set()
 
-    def _answer(self, accepted: _PendingRequest, took: list[float] | None = None) -> None:
-        """Hand ``accepted`` its outcomes, its total latency observed now or, with ``took``, appended
-        there for the batch to observe at once (``observe_many``)."""
-        outcomes = accepted.outcomes()
+    def _answer(
+        self, accepted: _PendingRequest, took: list[float] | None = None, outcomes: Outcomes | None = None
+    ) -> None:
+        """Hand ``accepted`` its outcomes (``outcomes``, else its own columns'), its total latency observed
+        now or, with ``took``, appended there for the batch to observe at once (``observe_many``)."""
+        if outcomes is None:
+            outcomes = accepted.outcomes()
         latency = time.perf_counter() - accepted.received
         if took is None:
             self._latency["total"].observe(latency)
@@ -440,7 +471,8 @@ class Batcher:
             if accepted.remaining <= 0:
                 continue  # answered before the failure
             index = accepted.request.index[start : start + count]
-            still = [int(i) for i in index if int(i) not in accepted.errors and accepted.kind[i] == ERROR]
+            kind = accepted.columns()[0]
+            still = [int(i) for i in index if int(i) not in accepted.errors and kind[i] == ERROR]
             for i in still:
                 accepted.errors[i] = error
             if still:
@@ -463,11 +495,7 @@ class Batcher:
                 accepted.queued = True
                 waited.append(started - accepted.received)
         observe_many(self._latency["queue"], waited)
-        cols = [(a.request.events, s, s + c) for a, s, c in pieces]
-        seq = _cat([e.seq[s:t] for e, s, t in cols])
-        times = _cat([e.time[s:t] for e, s, t in cols])
-        if (seq == NEXT_SEQ).any():
-            seq = seq.copy()  # the plan resolves them in place; the request's own columns stay as sent
+        events = _BatchEvents.of(pieces)
 
         try:
             loaded = await self.timed("load", self.store.load(ids))
@@ -477,140 +505,51 @@ class Batcher:
         stored = _StoredColumns.of(loaded, self.task.version)
         self._reset_foreign_states(ids, loaded, stored)
 
-        verdict, errors, dup_seq = await self._verdicts(ids, sess, seq, times, stored)
-        applied = np.flatnonzero(verdict == _APPLY)
-        n_events = len(sess)
-        kind = np.full(n_events, ERROR, dtype=np.int8)
-        last_seq = np.zeros(n_events, dtype=np.int64)
-        dup = verdict == _DUP
-        kind[dup] = DUPLICATE
-        last_seq[dup] = dup_seq[dup]
-        forecast_row = np.full(n_events, -1, dtype=np.int64)
-        outputs: OutputColumns | None = None
-
-        work = _BatchInFlight(
-            pieces, cols, ids, sess, seq, times, stored, loaded, verdict, errors, kind, last_seq, forecast_row
-        )
-        n_outputs = 0
-        if len(applied):
-            outputs, n_outputs = await self._apply(work, applied)
-        self._settle(pieces, kind, last_seq, errors, forecast_row, outputs, n_outputs)
+        seq, verdict, errors, dup_seq = await self._verdicts(ids, sess, events.seq, events.time, stored)
+        work = _BatchInFlight(pieces, events, ids, sess, seq, stored, loaded, verdict, dup_seq, errors)
+        self._settle(pieces, await self._apply(work), errors)
 
     async def _verdicts(
         self, ids: list[str], sess: np.ndarray, seq: np.ndarray, times: np.ndarray, stored: _StoredColumns
-    ) -> tuple[np.ndarray, dict[int, ErrorInfo], np.ndarray]:
-        """Each event's verdict against its session's stored state, in order (the applied events'
-        seqs are consecutive per session). Returns verdicts ``[E]``, errors by batch position, and
-        the last seq a duplicate is acknowledged with ``[E]``. A ``NEXT_SEQ`` in ``seq`` becomes the
-        seq after its session's last applied one, in place (a refused event takes none)."""
-        n = len(sess)
+    ) -> tuple[np.ndarray, np.ndarray, dict[int, ErrorInfo], np.ndarray]:
+        """Each event's verdict against its session's stored state, in order (``plan.verdicts``: the
+        applied events' seqs are consecutive per session), the tenants' session limits applied.
+        Returns the seqs with ``NEXT_SEQ`` resolved (a copy), verdicts ``[E]``, errors by batch
+        position, and the last seq a duplicate is acknowledged with ``[E]``."""
+        seq, verdict, reason, dup_seq, ref_seq, ref_time, refused = plan.verdicts(
+            sess, seq, times, stored.exists, stored.last_seq, stored.last_time, stored.foreign,
+            self._step_s, self._max_gap_steps,
+        )  # fmt: skip
         errors: dict[int, ErrorInfo] = {}
-        dup_seq = stored.last_seq[sess]
-        counts = np.bincount(sess, minlength=len(ids))
-        single = counts[sess] == 1
-        verdict = np.full(n, _APPLY, dtype=np.int8)
-        # One event of its session in this batch: every check at once.
-        foreign = stored.foreign[sess] & single
-        s_seq = dup_seq
-        auto = seq == NEXT_SEQ
-        next_of_stored = single & auto & stored.exists[sess]
-        if next_of_stored.any():  # (seq is then a copy: columns from the IPC are read-only)
-            seq[next_of_stored] = s_seq[next_of_stored] + 1
-        duplicate = single & ~foreign & ~auto & (seq <= s_seq)
-        missing = single & ~foreign & ~stored.exists[sess] & ((seq > 1) | auto)
-        gap = single & ~foreign & stored.exists[sess] & (seq > s_seq + 1)
-        early = single & ~(foreign | duplicate | missing | gap) & (times < stored.last_time[sess])
-        bad = foreign | missing | gap | early
-        grid = np.zeros(n, dtype=np.int8)
-        if self._step_s > 0:
-            follows = single & ~(bad | duplicate) & stored.exists[sess]
-            if follows.any():
-                dt = times[follows] - stored.last_time[sess][follows]
-                grid[follows] = _grid(dt, self._step_s, self._max_gap_steps)
-                bad = bad | (grid != _ON_GRID)
-        verdict[duplicate] = _DUP
-        verdict[bad] = _ERR
-        if bad.any():
-            shown, version = self.scope.shown, self.task.version
-            for i in np.flatnonzero(bad).tolist():
-                u, key = int(sess[i]), ids[int(sess[i])]
-                if foreign[i]:
-                    errors[i] = Reasons.model_mismatch(shown(key), stored.version_of(u), version)
-                elif missing[i]:
-                    errors[i] = Reasons.session_missing(shown(key), int(seq[i]), self.store.was_evicted(key))
-                elif gap[i]:
-                    errors[i] = Reasons.seq_gap(shown(key), int(seq[i]), int(s_seq[i]))
-                elif grid[i] != _ON_GRID:
-                    errors[i] = self._grid_error(
-                        int(grid[i]), shown(key), int(seq[i]), float(times[i]), float(stored.last_time[u])
-                    )
-                else:
-                    errors[i] = Reasons.time_before_last(
-                        shown(key), int(seq[i]), float(times[i]), float(stored.last_time[u])
-                    )
-        if not single.all():
-            dup_seq = dup_seq.copy()
-            multi = np.flatnonzero(~single)
-            for u, positions in _groups(sess[multi], multi):
-                self._session_verdicts(ids[u], positions, seq, times, stored, u, verdict, errors, dup_seq)
+        if refused:
+            for i in np.flatnonzero(reason).tolist():
+                u = int(sess[i])
+                errors[i] = self._refusal(
+                    int(reason[i]), ids[u], int(seq[i]), float(times[i]), int(ref_seq[i]), float(ref_time[i]), stored, u
+                )
         allowance = await self._session_allowance(ids, stored, sess, verdict)
         if allowance is not None:
             self._limit_new_sessions(ids, sess, seq, stored, verdict, errors, allowance)
-        return verdict, errors, dup_seq
+        return seq, verdict, errors, dup_seq
 
-    def _session_verdicts(
-        self,
-        key: str,
-        positions: np.ndarray,
-        seq: np.ndarray,
-        times: np.ndarray,
-        stored: _StoredColumns,
-        u: int,
-        verdict: np.ndarray,
-        errors: dict[int, ErrorInfo],
-        dup_seq: np.ndarray,
-    ) -> None:
-        """The verdicts of a session with several events in this batch, one event at a time: a
-        repeat of an event applied in this batch is answered after the batch is stored, like the
-        original; a rejected event changes nothing, so the ones after it see the same state."""
+    def _refusal(
+        self, why: int, key: str, seq: int, time: float, ref_seq: int, ref_time: float, stored: _StoredColumns, u: int
+    ) -> ErrorInfo:
+        """The catalogue's error for an event ``plan.verdicts`` refused (``why``: a ``plan.Why``), which
+        it compared with its session's last applied seq and time ``ref_seq``, ``ref_time``."""
         shown = self.scope.shown(key)
-        if stored.foreign[u]:
-            error = Reasons.model_mismatch(shown, stored.version_of(u), self.task.version)
-            for i in positions.tolist():
-                verdict[i], errors[i] = _ERR, error
-            return
-        stored_seq = last_seq = int(stored.last_seq[u])
-        last_time = float(stored.last_time[u])
-        step, most = self._step_s, self._max_gap_steps
-        for i in positions.tolist():
-            s, t = int(seq[i]), float(times[i])
-            if s == NEXT_SEQ and last_seq:
-                s = last_seq + 1
-                seq[i] = s
-            if s == NEXT_SEQ:
-                verdict[i], errors[i] = _ERR, Reasons.session_missing(shown, s, self.store.was_evicted(key))
-            elif s <= stored_seq:
-                verdict[i], dup_seq[i] = _DUP, stored_seq
-            elif s <= last_seq:
-                verdict[i] = _DUP_OF_BATCH
-            elif last_seq == 0 and s > 1:
-                verdict[i], errors[i] = _ERR, Reasons.session_missing(shown, s, self.store.was_evicted(key))
-            elif s > last_seq + 1:
-                verdict[i], errors[i] = _ERR, Reasons.seq_gap(shown, s, last_seq)
-            elif t < last_time:
-                verdict[i], errors[i] = _ERR, Reasons.time_before_last(shown, s, t, last_time)
-            elif last_seq and self._step_s > 0 and (g := int(_grid(np.array([t - last_time]), step, most)[0])):
-                verdict[i], errors[i] = _ERR, self._grid_error(g, shown, s, t, last_time)
-            else:
-                verdict[i] = _APPLY
-                last_seq, last_time = s, t
-
-    def _grid_error(self, kind: int, shown: str, seq: int, time: float, last_time: float) -> ErrorInfo:
-        """The refusal of an event the grid check (``_grid``) found ``kind``."""
-        if kind == _OFF_GRID:
-            return Reasons.time_off_step_grid(shown, seq, time, last_time, self._step_s)
-        missing = round((time - last_time) / self._step_s) - 1
-        return Reasons.gap_too_long(shown, seq, time, last_time, missing, self._max_gap_steps)
+        if why == Why.MODEL_MISMATCH:
+            return Reasons.model_mismatch(shown, stored.version_of(u), self.task.version)
+        if why == Why.SESSION_MISSING:
+            return Reasons.session_missing(shown, seq, self.store.was_evicted(key))
+        if why == Why.SEQ_GAP:
+            return Reasons.seq_gap(shown, seq, ref_seq)
+        if why == Why.TIME_BEFORE_LAST:
+            return Reasons.time_before_last(shown, seq, time, ref_time)
+        if why == Why.OFF_GRID:
+            return Reasons.time_off_step_grid(shown, seq, time, ref_time, self._step_s)
+        missing = round((time - ref_time) / self._step_s) - 1
+        return Reasons.gap_too_long(shown, seq, time, ref_time, missing, self._max_gap_steps)
 
     async def _session_allowance(
         self, ids: list[str], stored: _StoredColumns, sess: np.ndarray, verdict: np.ndarray
@@ -620,7 +559,7 @@ class Batcher:
         no session starts."""
         if not self.scope.tenancy:
             return None
-        starting_sessions = np.unique(sess[(verdict == _APPLY) & ~stored.exists[sess]])
+        starting_sessions = np.unique(sess[(verdict == plan.APPLY) & ~stored.exists[sess]])
         if not len(starting_sessions):
             return None
         tenants = {Scope.tenant_of(ids[u]) for u in starting_sessions.tolist()}
@@ -652,7 +591,7 @@ class Batcher:
         first event changed nothing, so the session's later events find no session."""
         decided: dict[int, bool] = {}
         limit = self.settings.max_sessions_per_tenant
-        candidates = (verdict == _APPLY) | (verdict == _DUP_OF_BATCH)
+        candidates = (verdict == plan.APPLY) | (verdict == plan.DUP_OF_BATCH)
         for i in np.flatnonzero(candidates & ~stored.exists[sess]).tolist():
             u = int(sess[i])
             starts = decided.get(u)
@@ -663,48 +602,58 @@ class Batcher:
                     allowance[tenant] -= 1
             if not starts:
                 key = ids[u]
-                verdict[i] = _ERR
+                verdict[i] = plan.ERR
                 if int(seq[i]) == 1:
                     errors[i] = Reasons.tenant_session_limit(self.scope.shown(key), limit)
                 else:
                     errors[i] = Reasons.session_missing(self.scope.shown(key), int(seq[i]), self.store.was_evicted(key))
 
-    async def _apply(self, work: _BatchInFlight, applied: np.ndarray) -> tuple[OutputColumns, int]:
-        """Run the model on the applied events, store the new states, and fill in the applied
-        events' outcomes (and the batch duplicates'). Returns the forecasts' outputs and how many
-        rows they have."""
-        pieces, cols, ids, sess, seq, times = work.pieces, work.cols, work.ids, work.sess, work.seq, work.times
-        stored, loaded = work.stored, work.loaded
-        # Applied events grouped by session (stable: each session's in order).
-        if len(applied) > 1 and (np.diff(sess[applied]) < 0).any():
-            applied = applied[np.argsort(sess[applied], kind="stable")]
-        app_sess = sess[applied]
-        bounds = np.flatnonzero(np.diff(app_sess)) + 1
-        starts = np.concatenate(([0], bounds))
-        lengths = np.diff(np.concatenate((starts, [len(applied)])))
-        run_sess = app_sess[starts]  # [R] the sessions with applied events
-        t = times[applied]
-        prev = np.empty_like(t)
-        prev[1:] = t[:-1]
-        first = t[starts]
-        prev[starts] = np.where(stored.exists[run_sess], stored.last_time[run_sess], first)
-        dt = t - prev
-        # Which applied events get a forecast: all, or the last of each session per last_only request.
-        piece_of = np.repeat(np.arange(len(pieces)), [c for _, _, c in pieces])
-        last_only = np.array([a.request.last_only for a, _, _ in pieces], dtype=bool)
-        want = np.ones(len(applied), dtype=bool)
-        if last_only.any():
-            group = app_sess * len(pieces) + piece_of[applied]
-            is_last = np.append(group[1:] != group[:-1], True)
-            want = ~last_only[piece_of[applied]] | is_last
-        marks = _cat([e.mark[s:t] for e, s, t in cols])[applied]
-        values = _cat([e.values[s:t] for e, s, t in cols])[applied]
-        runs = RunColumns(dt, marks, values, starts, lengths, want, t)
+    async def _apply(self, work: _BatchInFlight) -> _Decided:
+        """Run the model on the applied events, store the new states, and decide every event's outcome
+        (``plan.outcomes``); the errors of failed runs go into ``work.errors``."""
+        pieces, ids, sess, stored = work.pieces, work.ids, work.sess, work.stored
+        counts = np.array([c for _, _, c in pieces], dtype=np.int64)
+        last_only = np.array([a.request.last_only for a, _, _ in pieces], dtype=np.bool_)
+        shape = _Runs(
+            *plan.runs(
+                work.verdict, sess, work.events.time, stored.exists, stored.last_time, counts, last_only, len(ids)
+            )
+        )
+        session_error: dict[int, ErrorInfo] = {}
+        outputs: OutputColumns | None = None
+        ok_run = np.ones(len(shape.run_sess), dtype=np.bool_)
+        if len(shape.run_sess):
+            outputs = await self._run_model(work, shape, session_error)
+            for r in session_error:
+                ok_run[r] = False
+        kind, last_seq, forecast_row, failed_run, n_applied, n_dups, n_outputs = plan.outcomes(
+            work.verdict, sess, work.seq, work.dup_seq, shape.applied, shape.want, shape.run_of, shape.run_sess,
+            shape.ends, ok_run, len(ids),
+        )  # fmt: skip
+        if session_error:
+            for i in np.flatnonzero(failed_run >= 0).tolist():
+                work.errors[i] = session_error[int(failed_run[i])]
+        return _Decided(kind, last_seq, forecast_row, outputs, n_outputs, n_applied, n_dups)
 
-        self.metrics.batch_size.observe(len(run_sess))
+    async def _run_model(
+        self, work: _BatchInFlight, shape: _Runs, session_error: dict[int, ErrorInfo]
+    ) -> OutputColumns:
+        """The task's step over the runs (``plan.runs``), then the store's write of the new states of the
+        runs that did not fail; a failed run's error goes into ``session_error`` (by run). Returns the
+        outputs of the wanted applied events, in the order of ``applied``."""
+        events, ids, seq, stored, loaded = work.events, work.ids, work.seq, work.stored, work.loaded
+        applied, want, run_sess, ends = shape.applied, shape.want, shape.run_sess, shape.ends
+        every_event = shape.in_order  # every event applies, in batch order: the columns as they are
+        # (columns read from the IPC are read-only; torch warns on wrapping one, so those are copied)
+        t = _writable(events.time) if every_event else events.time[applied]
+        marks = _writable(events.mark) if every_event else events.mark[applied]
+        values = _writable(events.values) if every_event else events.values[applied]
+        runs = RunColumns(shape.dt, marks, values, shape.starts, shape.lengths, want, t)
+        n_runs = len(run_sess)
+        self.metrics.batch_size.observe(n_runs)
         self.metrics.batch_events.observe(len(applied))
         device = self.task.device
-        if len(run_sess) == len(ids):  # every session applies something: its rows as loaded
+        if n_runs == len(ids):  # every session applies something: its rows as loaded
             rows = loaded.tensors
         else:
             index = torch.from_numpy(run_sess).to(device)
@@ -716,98 +665,79 @@ class Batcher:
             new_rows, outputs = self.task.apply(rows, runs, self._top_k)
         store_started = time.perf_counter()
 
-        # Per session r: its last applied event, and what became of it.
-        ends = starts + lengths - 1
-        session_error: dict[int, ErrorInfo] = {}
         finite = _finite_rows(new_rows)
-        keep = np.ones(len(run_sess), dtype=bool) if finite is None else finite
-        for r in np.flatnonzero(~keep).tolist():
-            session_error[r] = Reasons.numeric_overflow(self.scope.shown(ids[int(run_sess[r])]))
-        run_of = np.repeat(np.arange(len(run_sess)), lengths)  # [A] the run of each applied event
-        shape = _Runs(applied, want, run_sess, run_of, ends)
-        hooked = [k for k, (a, _, _) in enumerate(pieces) if a.request.before_store is not None]
+        keep = np.ones(n_runs, dtype=bool) if finite is None else finite
+        if finite is not None:
+            for r in np.flatnonzero(~keep).tolist():
+                session_error[r] = Reasons.numeric_overflow(self.scope.shown(ids[int(run_sess[r])]))
+        hooked = [k for k, (a, _, _) in enumerate(work.pieces) if a.request.before_store is not None]
         if hooked and keep.any():
             for r, error in (await self._before_store(work, hooked, shape, session_error, outputs)).items():
                 session_error[r] = error
                 keep[r] = False
-        if keep.any():
-            kept = np.flatnonzero(keep)
-            every = len(kept) == len(run_sess)
-            kept_sess = run_sess if every else run_sess[kept]  # [K] their sessions
-            last = applied[ends if every else ends[kept]]  # [K] their last applied events
+        every = finite is None and not session_error
+        if every or keep.any():
+            kept = None if every else np.flatnonzero(keep)
+            kept_sess = run_sess if kept is None else run_sess[kept]  # [K] their sessions
+            last = applied[ends if kept is None else ends[kept]]  # [K] their last applied events
             now = time.time()
-            if not every:
+            if kept is not None:
                 kept_index = torch.from_numpy(kept).to(device)
                 new_rows = {k: v.index_select(0, kept_index) for k, v in new_rows.items()}
             existed = stored.exists[kept_sess]
             save = SaveBatch(
                 session_ids=[ids[u] for u in kept_sess.tolist()],
                 tensors=new_rows,
-                last_seq=seq[last].astype(np.int64, copy=False),
-                last_time=times[last].astype(np.float64, copy=False),
+                last_seq=seq[last],
+                last_time=work.events.time[last],
                 created_at=np.where(existed, stored.created_at[kept_sess], now),
-                updated_at=np.full(len(kept), now),
+                updated_at=np.full(len(kept_sess), now),
                 model_version=self.task.version,
                 expected_seqs=stored.last_seq[kept_sess],
             )
             try:
-                written = np.array(await self.timed("save", self.store.save(save)), dtype=bool)
+                written = await self.timed("save", self.store.save(save))
             except StoreUnavailableError as exc:
                 error = Reasons.store_unavailable(exc, saving=True)
-                for r in kept.tolist():
+                for r in range(n_runs) if kept is None else kept.tolist():
                     session_error[r] = error
             else:
-                if not written.all():
-                    lost = kept[~written]
-                    self.metrics.state_conflicts.inc(len(lost))
-                    for r in lost.tolist():
-                        session_error[r] = Reasons.state_conflict(self.scope.shown(ids[int(run_sess[r])]))
-                started = written & ~existed
-                n_started = int(np.count_nonzero(started))
-                if n_started:
-                    self.metrics.sessions_started.inc(n_started)
-                    self.sessions_changed(n_started)
-                    if self.store.cheap_count:  # new sessions may have evicted others: count again
-                        await self.update_session_gauges()
-                    if self.scope.tenancy:
-                        for u in kept_sess[started].tolist():
-                            self._count_tenant_session(ids[u], +1)
+                await self._count_written(ids, kept, kept_sess, existed, written, session_error)
         self._latency["model"].observe(store_started - model_started)
         self._latency["store"].observe(time.perf_counter() - store_started)
+        return outputs
 
-        self._mark(work, shape, session_error)
-        return outputs, len(want.nonzero()[0])
-
-    @staticmethod
-    def _mark(work: _BatchInFlight, shape: _Runs, session_error: dict[int, ErrorInfo]) -> None:
-        """Fill in the outcomes of the applied events and of the batch duplicates (``work.kind``,
-        ``last_seq``, ``forecast_row``, ``errors``), the runs of ``session_error`` failed."""
-        applied, want, run_sess, run_of, ends = shape.applied, shape.want, shape.run_sess, shape.run_of, shape.ends
-        kind, last_seq, forecast_row, errors = work.kind, work.last_seq, work.forecast_row, work.errors
-        seq, sess, verdict = work.seq, work.sess, work.verdict
-        ok_run = np.ones(len(run_sess), dtype=bool)
-        for r in session_error:
-            ok_run[r] = False
-        ok = ok_run[run_of]
-        good = applied[ok]
-        kind[good] = np.where(want[ok], FORECAST, ACK)
-        last_seq[good] = seq[good]
-        wanted_rows = np.flatnonzero(want)  # forecast row f belongs to applied event wanted_rows[f]
-        good_rows = ok[wanted_rows]
-        forecast_row[applied[wanted_rows[good_rows]]] = np.flatnonzero(good_rows)
-        for a in np.flatnonzero(~ok).tolist():
-            i = int(applied[a])
-            errors[i] = session_error[int(run_of[a])]
-        batch_dups = np.flatnonzero(verdict == _DUP_OF_BATCH)
-        if len(batch_dups):
-            run_of_session = {int(u): r for r, u in enumerate(run_sess.tolist())}
-            for i in batch_dups.tolist():
-                r = run_of_session.get(int(sess[i]))
-                if r is not None and ok_run[r]:
-                    kind[i] = DUPLICATE
-                    last_seq[i] = seq[applied[ends[r]]]
-                elif r is not None:
-                    errors[i] = session_error[r]
+    async def _count_written(
+        self,
+        ids: list[str],
+        kept: np.ndarray | None,
+        kept_sess: np.ndarray,
+        existed: np.ndarray,
+        written: list[bool],
+        session_error: dict[int, ErrorInfo],
+    ) -> None:
+        """After a save of the runs ``kept`` (None: all) of sessions ``kept_sess``: the runs whose state
+        lost the compare-and-set (``state_conflict``), and the sessions this batch started (counted, the
+        gauges moved)."""
+        if all(written):
+            started = ~existed
+        else:
+            ok = np.array(written, dtype=bool)
+            lost = np.flatnonzero(~ok).tolist()
+            self.metrics.state_conflicts.inc(len(lost))
+            for k in lost:
+                r = k if kept is None else int(kept[k])
+                session_error[r] = Reasons.state_conflict(self.scope.shown(ids[int(kept_sess[k])]))
+            started = ok & ~existed
+        n_started = int(np.count_nonzero(started))
+        if n_started:
+            self.metrics.sessions_started.inc(n_started)
+            self.sessions_changed(n_started)
+            if self.store.cheap_count:  # new sessions may have evicted others: count again
+                await self.update_session_gauges()
+            if self.scope.tenancy:
+                for u in kept_sess[started].tolist():
+                    self._count_tenant_session(ids[u], +1)
 
     async def _before_store(
         self,
@@ -819,14 +749,16 @@ class Batcher:
     ) -> dict[int, ErrorInfo]:
         """Await the ``before_store`` of each piece ``hooked`` with its outcomes as they will be once
         stored; the runs of a piece whose hook raised, with their error (``publish_failed``)."""
-        view = dataclasses.replace(
-            work,
-            kind=work.kind.copy(),
-            last_seq=work.last_seq.copy(),
-            forecast_row=work.forecast_row.copy(),
-            errors=dict(work.errors),
-        )
-        self._mark(view, shape, session_error)
+        ok_run = np.ones(len(shape.run_sess), dtype=np.bool_)
+        for r in session_error:
+            ok_run[r] = False
+        kind, last_seq, forecast_row, failed_run, *_ = plan.outcomes(
+            work.verdict, work.sess, work.seq, work.dup_seq, shape.applied, shape.want, shape.run_of,
+            shape.run_sess, shape.ends, ok_run, len(work.ids),
+        )  # fmt: skip
+        errors = dict(work.errors)
+        for i in np.flatnonzero(failed_run >= 0).tolist():
+            errors[i] = session_error[int(failed_run[i])]
         run_at = np.full(len(work.sess), -1, dtype=np.int64)
         run_at[shape.applied] = shape.run_of
         bounds = np.cumsum([0] + [c for _, _, c in work.pieces])
@@ -834,12 +766,12 @@ class Batcher:
         for k in hooked:
             accepted, start, count = work.pieces[k]
             at, end = int(bounds[k]), int(bounds[k + 1])
-            rows = view.forecast_row[at:end]
+            rows = forecast_row[at:end]
             has = rows >= 0
             outcomes = Outcomes(
-                view.kind[at:end].copy(),
-                view.last_seq[at:end].copy(),
-                {i - at: e for i, e in view.errors.items() if at <= i < end},
+                kind[at:end].copy(),
+                last_seq[at:end].copy(),
+                {i - at: e for i, e in errors.items() if at <= i < end},
                 np.flatnonzero(has),
                 outputs.take(rows[has]) if has.any() else None,
             )
@@ -855,54 +787,34 @@ class Batcher:
         return failed
 
     def _settle(
-        self,
-        pieces: list[tuple[_PendingRequest, int, int]],
-        kind: np.ndarray,
-        last_seq: np.ndarray,
-        errors: dict[int, ErrorInfo],
-        forecast_row: np.ndarray,
-        outputs: OutputColumns | None,
-        n_outputs: int,
+        self, pieces: list[tuple[_PendingRequest, int, int]], decided: _Decided, errors: dict[int, ErrorInfo]
     ) -> None:
-        """Write each event's outcome into its request, in the request's own positions; forecast
-        ``forecast_row[i]`` is row of ``outputs`` (``n_outputs`` rows)."""
-        n_applied = int(np.count_nonzero((kind == FORECAST) | (kind == ACK)))
-        n_dups = int(np.count_nonzero(kind == DUPLICATE))
-        if n_applied:
-            self._applied.inc(n_applied)
-        if n_dups:
-            self._duplicates.inc(n_dups)
-        for error in errors.values():
-            self.count_rejection(error)
-        bounds = np.cumsum([0] + [c for _, _, c in pieces])
+        """Hand each piece's outcomes to its request: a piece that is its whole request (the common
+        case) is answered with views of the batch's columns; the others write into their request's own
+        columns, which answers once its last piece is settled. ``errors`` by batch position."""
+        if decided.n_applied:
+            self._applied.inc(decided.n_applied)
+        if decided.n_dups:
+            self._duplicates.inc(decided.n_dups)
+        by_piece: dict[int, dict[int, ErrorInfo]] = {}
         if errors:
+            bounds = np.cumsum([0] + [c for _, _, c in pieces]).tolist()
             for i, error in errors.items():
-                p = int(np.searchsorted(bounds, i, side="right")) - 1
-                accepted, start, _ = pieces[p]
-                accepted.errors[int(accepted.request.index[start + i - bounds[p]])] = error
+                self.count_rejection(error)
+                p = bisect.bisect_right(bounds, i) - 1
+                by_piece.setdefault(p, {})[i - bounds[p]] = error
         at = 0
         took: list[float] = []
-        for accepted, start, count in pieces:
+        for p, (accepted, start, count) in enumerate(pieces):
             end = at + count
-            positions = accepted.request.index[start : start + count]
-            accepted.kind[positions] = kind[at:end]
-            accepted.last_seq[positions] = last_seq[at:end]
-            rows = forecast_row[at:end]
-            if outputs is None:
-                pass
-            elif count == 1:
-                row = int(rows[0])
-                if row >= 0:  # the batch's only forecast as it is, else its row
-                    whole = row == 0 and n_outputs == 1
-                    accepted.chunks.append((positions, outputs if whole else outputs.take(slice(row, row + 1))))
+            piece_errors = by_piece.get(p, {})
+            if count == accepted.request.n:  # every event of the request, valid all: positions 0..n-1
+                accepted.remaining = 0
+                self._answer(accepted, took, decided.outcomes(at, end, piece_errors))
             else:
-                has = rows >= 0
-                if has.any():
-                    picked = rows[has]
-                    whole = len(picked) == n_outputs and bool((picked == np.arange(len(picked))).all())
-                    accepted.chunks.append((positions[has], outputs if whole else outputs.take(picked)))
+                accepted.settle(start, count, decided, at, piece_errors)
+                self._finish_piece(accepted, count, took)
             at = end
-            self._finish_piece(accepted, count, took)
         observe_many(self._latency["total"], took)
 
     # ------------------------------------------------------------------ helpers
@@ -978,39 +890,111 @@ class _Batch:
     ids: list[str]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _BatchEvents:
+    """A batch's ``E`` events as columns: ``seq [E]`` as sent, ``time [E]``, ``mark [E]``, ``values [E, V]``
+    (the request's own arrays where the batch is one piece of one request)."""
+
+    seq: np.ndarray
+    time: np.ndarray
+    mark: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, pieces: list[tuple[_PendingRequest, int, int]]) -> _BatchEvents:
+        if len(pieces) == 1:
+            accepted, s, c = pieces[0]
+            e = accepted.request.events
+            if s == 0 and c == len(e.seq):
+                return cls(e.seq, e.time, e.mark, e.values)
+            return cls(e.seq[s : s + c], e.time[s : s + c], e.mark[s : s + c], e.values[s : s + c])
+        cols = [(a.request.events, s, s + c) for a, s, c in pieces]
+        return cls(
+            np.concatenate([e.seq[s:t] for e, s, t in cols]),
+            np.concatenate([e.time[s:t] for e, s, t in cols]),
+            np.concatenate([e.mark[s:t] for e, s, t in cols]),
+            np.concatenate([e.values[s:t] for e, s, t in cols]),
+        )
+
+
 @dataclasses.dataclass(slots=True)
 class _BatchInFlight:
-    """One batch in flight: its ``E`` events' columns and what becomes of each. ``cols`` are the
-    pieces' ``(events, start, end)``; ``verdict``, ``kind``, ``last_seq`` and ``forecast_row`` (the
-    row of a forecast in the batch's output columns, -1 for none) are ``[E]``; ``errors`` by batch
-    position."""
+    """One batch in flight: its ``E`` events (``events``; ``seq [E]`` with ``NEXT_SEQ`` resolved) of the
+    sessions ``ids [U]`` (``sess [E]`` their codes), what the store holds of them, each event's
+    ``verdict [E]`` and ``dup_seq [E]`` (``plan.verdicts``), and the errors by batch position."""
 
     pieces: list[tuple[_PendingRequest, int, int]]
-    cols: list[tuple[EventColumns, int, int]]
+    events: _BatchEvents
     ids: list[str]
     sess: np.ndarray
     seq: np.ndarray
-    times: np.ndarray
     stored: _StoredColumns
     loaded: LoadedBatch
     verdict: np.ndarray
+    dup_seq: np.ndarray
     errors: dict[int, ErrorInfo]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Decided:
+    """What became of a batch's ``E`` events (``plan.outcomes``): ``kind [E]``, ``last_seq [E]``,
+    ``forecast_row [E]`` (the row of its forecast in ``outputs``, which has ``n_outputs`` rows; -1:
+    none), and how many were applied and duplicates."""
+
     kind: np.ndarray
     last_seq: np.ndarray
     forecast_row: np.ndarray
+    outputs: OutputColumns | None
+    n_outputs: int
+    n_applied: int
+    n_dups: int
+
+    def outcomes(self, at: int, end: int, errors: dict[int, ErrorInfo]) -> Outcomes:
+        """The outcomes of the batch's events ``at : end``, a whole request's (its positions 0..n-1):
+        views of the batch's columns, the forecasts a slice of its outputs where they are contiguous."""
+        kind, last_seq, outputs = self.kind[at:end], self.last_seq[at:end], self.outputs
+        if outputs is None:
+            return Outcomes(kind, last_seq, errors, _NO_INDEX, None)
+        if end - at == 1:  # one event (the most common request): no array call
+            row = int(self.forecast_row[at])
+            if row < 0:
+                return Outcomes(kind, last_seq, errors, _NO_INDEX, None)
+            one = outputs if row == 0 and self.n_outputs == 1 else outputs.take(slice(row, row + 1))
+            return Outcomes(kind, last_seq, errors, _FIRST_INDEX, one)
+        rows = self.forecast_row[at:end]
+        has = rows >= 0
+        if has.all():
+            index, picked = np.arange(end - at), rows
+        else:
+            index = np.flatnonzero(has)
+            picked = rows[has]
+        if not len(picked):
+            return Outcomes(kind, last_seq, errors, index, None)
+        first, n = int(picked[0]), len(picked)
+        if int(picked[-1]) - first == n - 1 and (n < 3 or bool((np.diff(picked) == 1).all())):
+            whole = first == 0 and n == self.n_outputs
+            return Outcomes(kind, last_seq, errors, index, outputs if whole else outputs.take(slice(first, first + n)))
+        return Outcomes(kind, last_seq, errors, index, outputs.take(picked))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Runs:
-    """How a batch's applied events ``[A]`` (batch positions) fall into runs ``[R]``, one per session:
-    ``want [A]`` those that get a forecast, ``run_sess [R]`` each run's session, ``run_of [A]`` each
-    applied event's run, ``ends [R]`` each run's last applied event (an index into ``applied``)."""
+    """A batch's applied events ``[A]`` (batch positions, grouped by session) as runs ``[R]``, one per
+    session (``plan.runs``): run ``r`` is ``applied[starts[r] : starts[r] + lengths[r]]`` of session
+    ``run_sess[r]``, ``run_of [A]`` each applied event's run, ``ends [R]`` each run's last (an index into
+    ``applied``), ``dt [A]`` each event's gap since its session's previous one, ``want [A]`` those that get
+    a forecast."""
 
     applied: np.ndarray
-    want: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
     run_sess: np.ndarray
     run_of: np.ndarray
     ends: np.ndarray
+    dt: np.ndarray
+    want: np.ndarray
+    #: ``applied`` is every event of the batch in batch order
+    in_order: bool
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -1062,22 +1046,8 @@ def _cat(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _groups(codes: np.ndarray, positions: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """``positions`` grouped by ``codes`` (each group's positions in their order)."""
-    order = np.argsort(codes, kind="stable")
-    codes, positions = codes[order], positions[order]
-    cuts = np.flatnonzero(np.diff(codes)) + 1
-    return [(int(g[0]), p) for g, p in zip(np.split(codes, cuts), np.split(positions, cuts), strict=True)]
-
-
-def _grid(dt: np.ndarray, step: float, max_gap_steps: int) -> np.ndarray:
-    """The grid check of events ``dt [n]`` seconds after their sessions' previous ones, for a model
-    of step D = ``step``: with ``k = round(dt / D) - 1`` missing steps, ``_OFF_GRID`` where
-    ``|dt - (k + 1) D| > GRID_TOLERANCE_S`` or ``k < 0``, else ``_GAP_TOO_LONG`` where
-    ``k > max_gap_steps``, else ``_ON_GRID`` (``[n]`` int8)."""
-    steps = np.rint(dt / step)
-    off = (steps < 1) | (np.abs(dt - steps * step) > GRID_TOLERANCE_S)
-    return np.where(off, _OFF_GRID, np.where(steps - 1 > max_gap_steps, _GAP_TOO_LONG, _ON_GRID)).astype(np.int8)
+def _writable(array: np.ndarray) -> np.ndarray:
+    return array if array.flags.writeable else array.copy()
 
 
 def _finite_rows(rows: dict[str, torch.Tensor]) -> np.ndarray | None:
@@ -1089,14 +1059,15 @@ def _finite_rows(rows: dict[str, torch.Tensor]) -> np.ndarray | None:
     if not len(floats[0]):
         return None
     if all(t.device.type == "cpu" for t in floats):
-        # On the CPU numpy's reductions on the tensors' own memory cost a few calls, not torch's
-        # per-op overhead; the float sum of a row is finite only if every element is.
-        views = [t.numpy().reshape(len(t), -1) for t in floats]
-        with np.errstate(over="ignore", invalid="ignore"):
-            if all(np.isfinite(v.sum()) for v in views):
-                return None
-            finite = np.logical_and.reduce([np.isfinite(v).all(axis=1) for v in views])
-        return None if finite.all() else finite
+        # one compiled pass over the tensors' own memory (a pass a field where their dtypes differ)
+        views = [np.ascontiguousarray(t.numpy().reshape(len(t), -1)) for t in floats]
+        groups = [tuple(views)] if len({v.dtype for v in views}) == 1 else [(v,) for v in views]
+        finite, bad = plan.finite_rows(groups[0])
+        for group in groups[1:]:
+            more, more_bad = plan.finite_rows(group)
+            if more_bad:
+                finite, bad = finite & more, bad + more_bad
+        return finite if bad else None
     # One sum of everything first: finite when every element is (a finite overflow of the sum only
     # sends us to the exact check below); one concatenation and one sum, whatever the fields.
     total = torch.cat([t.reshape(-1) for t in floats]).sum()

@@ -265,8 +265,15 @@ def test_kernel_leaves_its_inputs_alone_and_refuses_what_it_cannot_serve() -> No
         kernel.step_forecast(dt, np.array([0, 1, 7, 2]), values, *arrays, 3)
     with pytest.raises(ValueError, match="mark is outside"):
         kernel.step_forecast(dt, np.array([0, -1, 2, 2]), values, *arrays, 3)
-    with pytest.raises(ValueError, match="dt: expected float32, got float64"):
-        kernel.step_forecast(dt.astype(np.float64), marks, values, *arrays, 3)
+    with pytest.raises(ValueError, match="dt: expected float32 or float64, got int64"):
+        kernel.step_forecast(dt.astype(np.int64), marks, values, *arrays, 3)
+    # float64 gaps are rounded to float32 first: the same numbers; one past float32's range overflows its row
+    wide = kernel.step_forecast(dt.astype(np.float64), marks, values, *arrays, 3)
+    assert np.array_equal(wide.y, kernel.step_forecast(dt, marks, values, *arrays, 3).y)
+    huge = dt.astype(np.float64)
+    huge[1] = 1e300
+    rows = kernel.step_forecast(huge, marks, values, *arrays, 3).w.reshape(4, -1)
+    assert np.isfinite(rows[[0, 2, 3]]).all() and not np.isfinite(rows[1]).all()
     with pytest.raises(ValueError, match="values: not the model's value width"):
         kernel.step_forecast(dt, marks, np.ascontiguousarray(values[:, :2]), *arrays, 3)
     with pytest.raises(ValueError, match="one row per event"):

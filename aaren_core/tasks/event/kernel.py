@@ -697,7 +697,8 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
         n_rows = min(BLOCK, rows - first)
         for r in range(n_rows):
             b = first + r
-            gap = dt[b] if not dt[b] < _F32_ZERO else _F32_ZERO
+            gap = np.float32(dt[b])  # a float64 gap past float32's range becomes inf: its row overflows
+            gap = gap if not gap < _F32_ZERO else _F32_ZERO
             gaps[r] = gap
             log_dt = np.log1p(gap)
             features[0] = log_dt
@@ -852,7 +853,8 @@ def _f32(t: torch.Tensor) -> np.ndarray:
 _F32 = np.dtype(np.float32)
 _I64 = np.dtype(np.int64)
 _INPUT_NAMES = ("dt", "marks", "values", "m", "u", "w", "n_events")
-_INPUT_DTYPES = (_F32, _I64, _F32, _F32, _F32, _F32, _I64)
+_F64 = np.dtype(np.float64)
+_INPUT_DTYPES = ((_F32, _F64), (_I64,), (_F32,), (_F32,), (_F32,), (_F32,), (_I64,))
 
 
 class EventKernel:
@@ -943,7 +945,8 @@ class EventKernel:
         n_events: np.ndarray,
         top_k: int,
     ) -> KernelOutputs:
-        """One event per row, then the forecast of the next: ``dt [B]`` float32, ``marks [B]`` int64,
+        """One event per row, then the forecast of the next: ``dt [B]`` float32 (or float64, rounded to
+        float32 here, where a gap past float32's range becomes inf), ``marks [B]`` int64,
         ``values [B, V]`` float32, the state ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` float32 and
         ``n_events [B]`` int64 (not changed) -> ``KernelOutputs`` with ``k = min(top_k, M)`` marks.
 
@@ -952,9 +955,9 @@ class EventKernel:
         seconds) for any other layout.
         """
         inputs = (dt, marks, values, m, u, w, n_events)
-        for name, array, dtype in zip(_INPUT_NAMES, inputs, _INPUT_DTYPES, strict=True):
-            if array.dtype != dtype:
-                raise ValueError(f"{name}: expected {dtype}, got {array.dtype}")
+        for name, array, dtypes in zip(_INPUT_NAMES, inputs, _INPUT_DTYPES, strict=True):
+            if array.dtype not in dtypes:
+                raise ValueError(f"{name}: expected {' or '.join(map(str, dtypes))}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
         y, m2, u2, w2, n2, forecast = _step_forecast_packed(inputs, k, *self._packed)
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))

@@ -132,10 +132,8 @@ class EventTask(RunTask):
         singles = len(runs.dt) == len(runs.lengths) and runs.want.all()
         if kernel is None or not (singles and self.kernel and self.fused):
             return super().apply(rows, runs, top_k)  # type: ignore[return-value]
-        with np.errstate(over="ignore"):  # a gap past float32 becomes inf: its session's step overflows, refused
-            dt = runs.dt.astype(np.float32)
         out = kernel.step_forecast(
-            dt,
+            runs.dt,  # float64: a gap past float32 becomes inf there, its session's step overflows (refused)
             runs.marks,
             runs.values.reshape(len(runs.dt), self.description.value_width),
             rows["m"].numpy(),
