@@ -88,9 +88,11 @@ async def measure(kind: str, rounds: int, warmup: int) -> dict[str, object]:
     gc.freeze()
 
     async def one_round(batch: list[CoreRequest]) -> list[Outcomes]:
+        # The core answers on this loop's thread: a future's set_result, as a front end's stream hands it
+        # (StreamLoop._submit), not a thread-safe call that wakes the loop through its self-pipe.
         futures = [loop.create_future() for _ in batch]
         for request, future in zip(batch, futures, strict=True):
-            core.submit(request, lambda o, f=future: loop.call_soon_threadsafe(f.set_result, o))
+            core.submit(request, future.set_result)
         return await asyncio.gather(*futures)
 
     try:

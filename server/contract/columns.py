@@ -76,8 +76,14 @@ class OutputColumns:
         return cls(**columns)
 
     def take(self, index: np.ndarray | slice) -> Self:
-        """The forecasts at ``index`` (rows of every field)."""
-        return type(self)(*(getattr(self, name)[index] for name in _field_names(type(self))))
+        """The forecasts at ``index`` (rows of every field): a copy of the columns at those rows, or views
+        of them for a slice. Built without the frozen ``__init__`` (a setattr a field): the core takes a
+        request's rows from its batch's outputs once per request."""
+        cls = type(self)
+        columns = self.__dict__
+        out = object.__new__(cls)
+        out.__dict__.update({name: columns[name][index] for name in _field_names(cls)})
+        return out
 
     @classmethod
     def concat(cls, parts: list[Self]) -> Self:

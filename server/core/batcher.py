@@ -39,7 +39,7 @@ from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionStore, StoreUnavailableError
 from aaren.server.tasks.base import Task
-from aaren.server.tasks.runs import RunColumns
+from aaren.server.tasks.runs import CheckedRows, RunColumns
 
 __all__ = ["Admission", "Batcher", "ModelContext", "Scope", "observe_many"]
 
@@ -665,7 +665,7 @@ class Batcher:
             new_rows, outputs = self.task.apply(rows, runs, self._top_k)
         store_started = time.perf_counter()
 
-        finite = _finite_rows(new_rows)
+        finite = new_rows.finite if isinstance(new_rows, CheckedRows) else _finite_rows(new_rows)
         keep = np.ones(n_runs, dtype=bool) if finite is None else finite
         if finite is not None:
             for r in np.flatnonzero(~keep).tolist():

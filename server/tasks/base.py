@@ -38,7 +38,8 @@ class Task(Protocol):
     def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], OutputColumns]:
         """Apply each session's run of events to its row (a batched step for runs of one event, the
         parallel scan for longer runs); new rows (``rows`` unchanged) and the outputs of the events
-        ``runs.want`` selects, in flat order."""
+        ``runs.want`` selects, in flat order. The rows may come as ``CheckedRows``: the task says
+        which of them are finite (else the batcher checks them)."""
         ...
 
     def forecast_outputs(self, features: Tensor, top_k: int) -> OutputColumns:

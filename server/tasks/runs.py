@@ -26,7 +26,7 @@ from torch import Tensor
 from aaren.server.contract.columns import ModelDescription, OutputColumns
 from aaren_core.attention.state import State
 
-__all__ = ["FEATURES", "RunColumns", "RunTask"]
+__all__ = ["FEATURES", "CheckedRows", "RunColumns", "RunTask"]
 
 #: The row of what a session's last event left (the store's key: it stays "features" for every task).
 FEATURES = "features"
@@ -69,6 +69,18 @@ class RunColumns:
             np.ones(n, dtype=bool),
             None if times is None else np.asarray(times, dtype=np.float64),
         )
+
+
+class CheckedRows(dict[str, Tensor]):
+    """New rows (``name -> [R, ...]``) that their task has checked for finiteness as it made them:
+    ``finite [R]``, which rows' every float is finite (None: all). A task's ``apply`` may return
+    these instead of a plain dict; the batcher then does not check the rows again."""
+
+    __slots__ = ("finite",)
+
+    def __init__(self, rows: dict[str, Tensor], finite: np.ndarray | None) -> None:
+        super().__init__(rows)
+        self.finite = finite
 
 
 class RunTask:

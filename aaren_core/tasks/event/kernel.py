@@ -127,7 +127,8 @@ class KernelOutputs(NamedTuple):
     ``n_events [B]`` int64; ``forecast``: the six arrays ``FusedEventModel.forecast`` returns, in its order:
     the gap's mean ``[B]`` float64 and quantiles ``[B, Q]`` (float32, or float64 multiples of the time
     resolution where the model has one), the top marks ``[B, k]`` int64 and their probabilities ``[B, k]``
-    float32 (descending), value means and stds ``[B, V]`` float32.
+    float32 (descending), value means and stds ``[B, V]`` float32; ``finite [B]``: whether row ``b``'s new
+    state and features are finite all.
     """
 
     y: np.ndarray
@@ -136,6 +137,7 @@ class KernelOutputs(NamedTuple):
     w: np.ndarray
     n_events: np.ndarray
     forecast: tuple[np.ndarray, ...]
+    finite: np.ndarray
 
 
 # --- float64 special functions, as torch evaluates them -------------------------------------------
@@ -752,7 +754,19 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
         _affine_rows(y[first : first + n_rows], head[0], head[1], scratch[0], n_rows)
         for r in range(n_rows):
             _forecast_row(first + r, scratch[0][r], top_k, head, outputs, scratch)
-    return y, m_new, u_new, w_new, n_new, outputs
+    finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
+    for b in range(rows):
+        for j in range(d):
+            if not np.isfinite(y[b, j]):
+                finite[b] = False
+        for layer in range(n_layers):
+            for hh in range(n_heads):
+                if not (np.isfinite(m_new[b, layer, hh]) and np.isfinite(u_new[b, layer, hh])):
+                    finite[b] = False
+                for e in range(head_dim):
+                    if not np.isfinite(w_new[b, layer, hh, e]):
+                        finite[b] = False
+    return y, m_new, u_new, w_new, n_new, outputs, finite
 
 
 #: the number of dimensions of each packed array, in the order of ``EventKernel``'s ``step`` then ``head`` tuples
@@ -959,8 +973,8 @@ class EventKernel:
             if array.dtype not in dtypes:
                 raise ValueError(f"{name}: expected {' or '.join(map(str, dtypes))}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
-        y, m2, u2, w2, n2, forecast = _step_forecast_packed(inputs, k, *self._packed)
-        return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast))
+        y, m2, u2, w2, n2, forecast, finite = _step_forecast_packed(inputs, k, *self._packed)
+        return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast), finite)
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
         """The forecast alone from features ``y [B, d]`` float32 (C-contiguous): ``KernelOutputs.forecast``'s

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from aaren.server.tasks.event.outputs import OUTPUT_NAMES, EventOutputs
-from aaren.server.tasks.runs import FEATURES, RunColumns, RunTask
+from aaren.server.tasks.runs import FEATURES, CheckedRows, RunColumns, RunTask
 from aaren_core.attention.state import State
 from aaren_core.checkpoint import Checkpoint, load_checkpoint
 from aaren_core.tasks.event.fused import FusedEventModel
@@ -127,7 +127,8 @@ class EventTask(RunTask):
         """``RunTask.apply``; a batch of single events that all want a forecast goes through the
         compiled kernel in one call: rows ``m, u [R, L, H]``, ``w [R, L, H, Dh]``, ``n_events [R]``,
         ``features [R, d]`` -> new rows and ``EventOutputs`` (the kernel's numbers equal the fused
-        path's within float32 rounding, tests/core/test_kernel.py)."""
+        path's within float32 rounding, tests/core/test_kernel.py), the rows ``CheckedRows`` (the kernel
+        says which are finite)."""
         kernel = self._kernel
         singles = len(runs.dt) == len(runs.lengths) and runs.want.all()
         if kernel is None or not (singles and self.kernel and self.fused):
@@ -149,7 +150,7 @@ class EventTask(RunTask):
             "n_events": torch.from_numpy(out.n_events),
             FEATURES: torch.from_numpy(out.y),
         }
-        return new, EventOutputs(*out.forecast)
+        return CheckedRows(new, None if out.finite.all() else out.finite), EventOutputs(*out.forecast)
 
     def _compile(self) -> None:
         """Swap the batched step and the forecast for ``torch.compile``d versions (inductor; the batch
