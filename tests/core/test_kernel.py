@@ -14,6 +14,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -21,6 +22,7 @@ from test_fused import bisection_quantiles, random_mixture
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.nn.backbones import BackboneConfig
+from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.heads import discrete_quantiles, truncated_mean
 from aaren_core.tasks.event.kernel import EventKernel, KernelOutputs, erf32, gap_summaries, log_ndtr, ndtr
@@ -118,6 +120,7 @@ CASES = [  # (batch, d_model, n_heads, num_marks, value_width, n_components, tim
     (17, 7, 1, 3, 0, 1, True, 1.0),
     (17, 15, 3, 7, 3, 5, False, 0.0),
     (3, 15, 5, 7, 0, 3, True, 1 / 60),
+    (70, 16, 4, 7, 2, 4, True, 1.0),  # more rows than a chunk (kernel.CHUNK), the last chunk 6 rows
 ]
 
 
@@ -363,3 +366,31 @@ def test_discrete_quantiles_recover_a_quantile_some_cells_off() -> None:
                     assert _discrete_quantile(table, off, level, resolution, 0) in (want[b, q], -1.0)
                     moved += off > 0
     assert moved > 2000  # most of the shifted quantiles stay positive: the walk runs both ways
+
+
+def test_blas_products_equal_the_kernels_loops() -> None:
+    """The layers' matrices by numpy's BLAS (found here: numpy's wheels carry OpenBLAS) and by the kernel's own
+    loops: the same products within float32 rounding, and so the same step and forecast."""
+    addr, kind = find_sgemm()
+    assert kind != NO_BLAS and addr
+    rng = np.random.default_rng(3)
+    for m, n, p in ((4, 7, 5), (9, 64, 68), (64, 256, 64)):
+        a = rng.standard_normal((m, n)).astype(np.float32)
+        b = rng.standard_normal((n, p)).astype(np.float32)
+        c = np.full((m + 2, p), 7.0, np.float32)  # rows past m are left alone
+        _sgemm_into(addr, kind, a, b, c)
+        assert np.abs(c[:m] - a.astype(np.float64) @ b).max() < 1e-5 * n and (c[m:] == 7.0).all()
+    model = model_of(d_model=16, n_heads=4, num_marks=7, value_width=2, n_components=4, time_resolution=1.0, seed=5)
+    blas = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    loops = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    loops._blas = (0, NO_BLAS)
+    state = state_arrays(tuple(model.init_state(40).tensors().values()))
+    dt, marks, values = (t.numpy() for t in events(40, 2, 7, seed=9))
+    a, b = (k.step_forecast(dt, marks, values, *state, 3) for k in (blas, loops))
+    assert rel_err(a.y, b.y) < TOL and rel_err(a.w, b.w) < TOL
+    assert_forecasts_match(a.forecast, b.forecast, 1.0)
+
+
+@numba.njit
+def _sgemm_into(addr: int, kind: int, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    sgemm(addr, kind, a, b, c)

@@ -46,6 +46,7 @@ import numba
 import numpy as np
 import torch
 
+from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
 
 __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr", "ndtr"]
@@ -659,11 +660,36 @@ def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
     return outputs
 
 
+#: rows of a batch the layers take at a time in ``_step_forecast_rows`` (their activations stay in cache)
+CHUNK = 64
+
+
+@_jit_affine
+def _matrix(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray, n_rows: int, blas: tuple) -> None:
+    """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [., n]`` into ``out [., p]`` (float32): by
+    numpy's BLAS ``sgemm`` where ``blas = (address, kind)`` has one (``aaren_core.tasks.event.blas``) and there
+    are ``BLOCK`` rows or more (its products sum each ``out_j`` over ``i`` in order, one fused multiply-add a
+    term, as ``_affine`` does; at the edges of its register tiles it may group them otherwise: the same
+    within float32 rounding), else ``_affine_rows`` ``BLOCK`` rows at a time; the bias added last."""
+    address, kind = blas
+    if kind != NO_BLAS and n_rows >= BLOCK:
+        sgemm(address, kind, x[:n_rows], weight_t, out)
+        for r in range(n_rows):
+            row = out[r]
+            for j in range(row.shape[0]):
+                row[j] += bias[j]
+        return
+    for first in range(0, n_rows, BLOCK):
+        k = min(BLOCK, n_rows - first)
+        _affine_rows(x[first : first + k], weight_t, bias, out[first : first + k], k)
+
+
 @_jit
-def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> tuple:
+def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, blas: tuple) -> tuple:
     """One event per row, then the forecast from its features (see the module docstring): ``inputs`` are
     ``EventKernel.step_forecast``'s arrays ``(dt, marks, values, m, u, w, n_events)``; ``step`` and ``head``:
-    ``EventKernel``'s packed weights. Rows go through the layers ``BLOCK`` at a time (``_affine_rows``)."""
+    ``EventKernel``'s packed weights; ``blas``: ``(address, kind)`` of numpy's ``sgemm`` (``blas.find_sgemm``).
+    Rows go through the layers ``CHUNK`` at a time, each matrix over the chunk's rows (``_matrix``)."""
     dt, marks, values, m, u, w, n_events = inputs
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
     sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps = step[7:]
@@ -686,17 +712,18 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
     u_new = np.empty_like(u)
     w_new = np.empty_like(w)
     n_new = n_events + 1
-    x = np.empty((BLOCK, d), np.float32)
-    h = np.empty((BLOCK, d), np.float32)
-    o = np.empty((BLOCK, d), np.float32)
-    acc = np.empty((BLOCK, d), np.float32)
-    sv = np.empty((BLOCK, sv_b.shape[1]), np.float32)
-    hidden = np.empty((BLOCK, fc1_b.shape[1]), np.float32)
+    size = min(rows, CHUNK)
+    x = np.empty((size, d), np.float32)
+    h = np.empty((size, d), np.float32)
+    o = np.empty((size, d), np.float32)
+    acc = np.empty((size, d), np.float32)
+    sv = np.empty((size, sv_b.shape[1]), np.float32)
+    hidden = np.empty((size, fc1_b.shape[1]), np.float32)
     features = np.empty(embed_wt.shape[0], np.float32)
-    gaps = np.empty(BLOCK, np.float32)
+    gaps = np.empty(size, np.float32)
     outputs, scratch = _forecast_buffers(rows, top_k, head)
-    for first in range(0, rows, BLOCK):
-        n_rows = min(BLOCK, rows - first)
+    for first in range(0, rows, CHUNK):
+        n_rows = min(CHUNK, rows - first)
         for r in range(n_rows):
             b = first + r
             gap = np.float32(dt[b])  # a float64 gap past float32's range becomes inf: its row overflows
@@ -717,7 +744,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
         for layer in range(n_layers):
             for r in range(n_rows):
                 _layer_norm(x[r], norms[layer, 0], norms[layer, 1], eps[layer, 0], h[r])
-            _affine_rows(h, sv_wt[layer], sv_b[layer], sv, n_rows)
+            _matrix(h, sv_wt[layer], sv_b[layer], sv, n_rows, blas)
             for r in range(n_rows):
                 b = first + r
                 for hh in range(n_heads):
@@ -735,25 +762,28 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple) -> 
                         w_next = sv[r, n_heads + hh * head_dim + e] * c_new + w[b, layer, hh, e] * c_old
                         w_new[b, layer, hh, e] = w_next
                         o[r, hh * head_dim + e] = w_next / u_next
-            _affine_rows(o, out_wt[layer], out_b[layer], acc, n_rows)
+            _matrix(o, out_wt[layer], out_b[layer], acc, n_rows, blas)
             for r in range(n_rows):
                 for j in range(d):
                     x[r, j] += acc[r, j]
                 _layer_norm(x[r], norms[layer, 2], norms[layer, 3], eps[layer, 1], h[r])
-            _affine_rows(h, fc1_wt[layer], fc1_b[layer], hidden, n_rows)
+            _matrix(h, fc1_wt[layer], fc1_b[layer], hidden, n_rows, blas)
             for r in range(n_rows):
                 for j in range(hidden.shape[1]):
                     a = hidden[r, j]
                     hidden[r, j] = a * _F32_HALF * (_F32_ONE + erf32(a * _F32_SQRT1_2))
-            _affine_rows(hidden, fc2_wt[layer], fc2_b[layer], acc, n_rows)
+            _matrix(hidden, fc2_wt[layer], fc2_b[layer], acc, n_rows, blas)
             for r in range(n_rows):
                 for j in range(d):
                     x[r, j] += acc[r, j]
         for r in range(n_rows):
             _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[first + r])
-        _affine_rows(y[first : first + n_rows], head[0], head[1], scratch[0], n_rows)
-        for r in range(n_rows):
-            _forecast_row(first + r, scratch[0][r], top_k, head, outputs, scratch)
+        heads = scratch[0]
+        for block in range(first, first + n_rows, BLOCK):
+            k = min(BLOCK, first + n_rows - block)
+            _affine_rows(y[block : block + k], head[0], head[1], heads, k)
+            for r in range(k):
+                _forecast_row(block + r, heads[r], top_k, head, outputs, scratch)
     finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
     for b in range(rows):
         for j in range(d):
@@ -826,11 +856,11 @@ def _unpack(flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple
 
 @_jit
 def _step_forecast_packed(
-    inputs: tuple, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray
+    inputs: tuple, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray, blas: tuple
 ) -> tuple:
     """``_step_forecast_rows`` on the packed weights."""
     step, head = _unpack(flat32, flat64, layout)
-    return _step_forecast_rows(inputs, top_k, step, head)
+    return _step_forecast_rows(inputs, top_k, step, head, blas)
 
 
 @_jit
@@ -890,6 +920,8 @@ class EventKernel:
         self.time_resolution = float(fused.time_resolution)
         self.levels = levels
         self._packed = _pack(step, head)
+        #: numpy's sgemm for the layers' matrices (``blas.find_sgemm``; ``(0, NO_BLAS)``: the kernel's loops)
+        self._blas = find_sgemm()
 
     @classmethod
     def from_fused(cls, fused: FusedEventModel, levels: tuple[float, ...]) -> EventKernel:
@@ -973,7 +1005,7 @@ class EventKernel:
             if array.dtype not in dtypes:
                 raise ValueError(f"{name}: expected {' or '.join(map(str, dtypes))}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
-        y, m2, u2, w2, n2, forecast, finite = _step_forecast_packed(inputs, k, *self._packed)
+        y, m2, u2, w2, n2, forecast, finite = _step_forecast_packed(inputs, k, *self._packed, self._blas)
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast), finite)
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
