@@ -377,9 +377,9 @@ def test_blas_products_equal_the_kernels_loops() -> None:
     for m, n, p in ((4, 7, 5), (9, 64, 68), (64, 256, 64)):
         a = rng.standard_normal((m, n)).astype(np.float32)
         b = rng.standard_normal((n, p)).astype(np.float32)
-        c = np.full((m + 2, p), 7.0, np.float32)  # rows past m are left alone
+        c = np.full((m + 2, p), 7.0, np.float32)  # added to the products; rows past m are left alone
         _sgemm_into(addr, kind, a, b, c)
-        assert np.abs(c[:m] - a.astype(np.float64) @ b).max() < 1e-5 * n and (c[m:] == 7.0).all()
+        assert np.abs(c[:m] - (a.astype(np.float64) @ b + 7.0)).max() < 1e-5 * n and (c[m:] == 7.0).all()
     model = model_of(d_model=16, n_heads=4, num_marks=7, value_width=2, n_components=4, time_resolution=1.0, seed=5)
     blas = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
     loops = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)

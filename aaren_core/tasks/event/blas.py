@@ -74,9 +74,10 @@ def find_sgemm() -> tuple[int, int]:
 
 @intrinsic
 def sgemm(typingctx: Any, address: Any, kind: Any, a: Any, b: Any, c: Any) -> Any:
-    """``c[:m] = a[:m] @ b`` (float32, row-major, every array C-contiguous: ``a [m, n]``, ``b [n, p]``,
+    """``c[:m] = a @ b + c[:m]`` (float32, row-major, every array C-contiguous: ``a [m, n]``, ``b [n, p]``,
     ``c [m', p]`` with ``m' >= m``) through the ``cblas_sgemm`` at ``address`` (``find_sgemm``; ``kind`` its
-    integers). The caller checks the shapes; ``kind`` ``NO_BLAS`` must not reach here."""
+    integers): ``c`` holds the bias rows, added to each finished sum (``beta = 1``: nothing is scaled or
+    zeroed first). The caller checks the shapes; ``kind`` ``NO_BLAS`` must not reach here."""
     if not all(
         isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 2 and t.layout == "C" for t in (a, b, c)
     ):
@@ -92,7 +93,7 @@ def sgemm(typingctx: Any, address: Any, kind: Any, a: Any, b: Any, c: Any) -> An
         pointers = [builder.bitcast(arr.data, f32p) for arr in arrays]
         m, n = (builder.extract_value(arrays[0].shape, i) for i in (0, 1))
         p = builder.extract_value(arrays[1].shape, 1)
-        one, zero = ir.Constant(f32, 1.0), ir.Constant(f32, 0.0)
+        one = ir.Constant(f32, 1.0)
         enums = [ir.Constant(i32, v) for v in (_ROW_MAJOR, _NO_TRANS, _NO_TRANS)]
         is_ilp64 = builder.icmp_signed("==", kind_v, ir.Constant(i64, ILP64))
         with builder.if_else(is_ilp64) as (wide, narrow):
@@ -105,7 +106,7 @@ def sgemm(typingctx: Any, address: Any, kind: Any, a: Any, b: Any, c: Any) -> An
                     arg_types = [i32, i32, i32, *[int_type] * 3, f32, *matrix, *matrix, f32, *matrix]
                     function = builder.inttoptr(address_v, ir.FunctionType(ir.VoidType(), arg_types).as_pointer())
                     a_p, b_p, c_p = pointers
-                    builder.call(function, [*enums, *ints, one, a_p, lda, b_p, ldb, zero, c_p, ldc])
+                    builder.call(function, [*enums, *ints, one, a_p, lda, b_p, ldb, one, c_p, ldc])
         return context.get_dummy_value()
 
     return signature, codegen

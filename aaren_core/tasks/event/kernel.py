@@ -673,11 +673,11 @@ def _matrix(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
     within float32 rounding), else ``_affine_rows`` ``BLOCK`` rows at a time; the bias added last."""
     address, kind = blas
     if kind != NO_BLAS and n_rows >= BLOCK:
-        sgemm(address, kind, x[:n_rows], weight_t, out)
-        for r in range(n_rows):
+        for r in range(n_rows):  # the bias first: sgemm adds each finished sum to it
             row = out[r]
             for j in range(row.shape[0]):
-                row[j] += bias[j]
+                row[j] = bias[j]
+        sgemm(address, kind, x[:n_rows], weight_t, out)
         return
     for first in range(0, n_rows, BLOCK):
         k = min(BLOCK, n_rows - first)
