@@ -22,6 +22,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+import numba
 import numpy as np
 import torch
 
@@ -32,9 +33,7 @@ from aaren.server.contract.columns import (
     OutputColumns,
 )
 from aaren.server.contract.errors import ErrorInfo, Reasons
-from aaren.server.core import plan
 from aaren.server.core.limits import TokenBucket
-from aaren.server.core.plan import Why
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionStore, StoreUnavailableError
@@ -54,6 +53,310 @@ PENDING_RETRY_S = 0.1
 
 #: up to this many amounts ``observe_many`` observes one by one (the array calls cost more below it)
 _OBSERVE_ONE_BY_ONE = 4
+
+
+# ------------------------------------------------------------------ one batch's plan, compiled
+# A batch of ``E`` events of ``U`` sessions is planned in three passes, each one compiled call (numba)
+# over plain columns, so that a batch costs a handful of calls whatever its size (a batch of one event
+# paid a hundred-odd numpy calls of about a microsecond each when each check was an array expression of
+# its own); they live here, beside their one user, so that an event's path does not leave for them:
+#
+# - ``plan_verdicts``: each event against its session's state, in batch order, the state moving with
+#   each applied event (docs/architecture.md section 3, "Validation"): a seq that duplicates the stored
+#   state or an event applied earlier in this batch, a seq gap, a time before the session's last, a
+#   model version mismatch, and for a model of regular steps the step grid and the longest gap it
+#   fills. One loop serves sessions with one event and sessions with many alike.
+# - ``plan_runs``: the applied events grouped by session (each session's in order), the gap of each
+#   event since its session's previous one, which events get a forecast.
+# - ``plan_outcomes``: what became of each event once the states are stored (or a session's run failed).
+#
+# Only codes and numbers come out; the batcher turns the rare error codes into the catalogue's errors.
+
+# Verdicts, per event of a batch.
+APPLY, DUP, DUP_OF_BATCH, ERR = 0, 1, 2, 3
+#: How far an event of a model of regular steps may be from its session's grid (seconds).
+GRID_TOLERANCE_S = 1e-3
+# Outcome kinds (aaren.server.contract.columns: FORECAST, ACK, DUPLICATE, ERROR).
+_FORECAST, _ACK, _DUPLICATE, _ERROR = 0, 1, 2, 3
+_NEXT_SEQ = 0
+
+
+class Why:
+    """Why ``plan_verdicts`` refused an event (``reason [E]``; 0 where it did not)."""
+
+    NONE, MODEL_MISMATCH, SESSION_MISSING, SEQ_GAP, TIME_BEFORE_LAST, OFF_GRID, GAP_TOO_LONG = range(7)
+
+
+def _jit(fn: Any) -> Any:
+    """``numba.njit``, cached on disk where a cache can be written (else compiled once per process)."""
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, nogil=True)(fn)
+
+
+@_jit
+def _grid_check(dt: float, step: float, max_gap_steps: int) -> int:
+    """The grid check of an event ``dt`` seconds after its session's previous one, for a model of step
+    ``D = step``: with ``k = round(dt / D) - 1`` missing steps, ``OFF_GRID`` where
+    ``|dt - (k + 1) D| > GRID_TOLERANCE_S`` or ``k < 0``, else ``GAP_TOO_LONG`` where ``k > max_gap_steps``,
+    else 0 (on the grid)."""
+    steps = np.rint(dt / step)
+    if steps < 1 or abs(dt - steps * step) > GRID_TOLERANCE_S:
+        return 5  # Why.OFF_GRID
+    if steps - 1 > max_gap_steps:
+        return 6  # Why.GAP_TOO_LONG
+    return 0
+
+
+@_jit
+def plan_verdicts(
+    sess: np.ndarray,
+    seq: np.ndarray,
+    times: np.ndarray,
+    exists: np.ndarray,
+    stored_seq: np.ndarray,
+    stored_time: np.ndarray,
+    foreign: np.ndarray,
+    step: float,
+    max_gap_steps: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The verdict of each event ``i`` of session ``sess[i]`` (``[E]``, batch order) against the stored
+    columns ``[U]`` (``exists``; ``stored_seq``, ``stored_time``: the last applied seq and time, 0 and -inf
+    for a session without state; ``foreign``: written by another model version), each applied event moving
+    its session's seq and time on for the events after it. ``step > 0``: a model of regular steps.
+
+    Returns ``seq [E]`` with ``NEXT_SEQ`` (0) resolved to the seq after the session's last applied one
+    (a copy), ``verdict [E]`` (``APPLY``, ``DUP``, ``DUP_OF_BATCH``, ``ERR``), ``reason [E]`` (``Why``),
+    ``dup_seq [E]`` (a duplicate's acknowledged seq: the stored one), what a refusal compared with:
+    ``ref_seq [E]``, ``ref_time [E]`` (the session's last applied seq and time at that event), and the
+    number refused."""
+    n = sess.shape[0]
+    out_seq = seq.astype(np.int64)
+    verdict = np.zeros(n, np.int8)
+    reason = np.zeros(n, np.int8)
+    dup_seq = np.zeros(n, np.int64)
+    ref_seq = np.zeros(n, np.int64)
+    ref_time = np.zeros(n, np.float64)
+    cur_seq = stored_seq.astype(np.int64)
+    cur_time = stored_time.astype(np.float64)
+    refused = 0
+    for i in range(n):
+        u = sess[i]
+        s = out_seq[i]
+        t = times[i]
+        last = cur_seq[u]
+        ref_seq[i] = last
+        ref_time[i] = cur_time[u]
+        if foreign[u]:
+            verdict[i] = 3
+            reason[i] = 1  # MODEL_MISMATCH
+            refused += 1
+            continue
+        if s == _NEXT_SEQ and last > 0:
+            s = last + 1
+            out_seq[i] = s
+        if s == _NEXT_SEQ or (last == 0 and s > 1):
+            verdict[i] = 3
+            reason[i] = 2  # SESSION_MISSING
+        elif s <= stored_seq[u]:
+            verdict[i] = 1  # DUP
+            dup_seq[i] = stored_seq[u]
+        elif s <= last:
+            verdict[i] = 2  # DUP_OF_BATCH
+        elif s > last + 1:
+            verdict[i] = 3
+            reason[i] = 3  # SEQ_GAP
+        elif t < cur_time[u]:
+            verdict[i] = 3
+            reason[i] = 4  # TIME_BEFORE_LAST
+        else:
+            off = _grid_check(t - cur_time[u], step, max_gap_steps) if last > 0 and step > 0 else 0
+            if off:
+                verdict[i] = 3
+                reason[i] = off
+            else:
+                cur_seq[u] = s
+                cur_time[u] = t
+        if verdict[i] == 3:
+            refused += 1
+    return out_seq, verdict, reason, dup_seq, ref_seq, ref_time, refused
+
+
+@_jit
+def plan_runs(
+    verdict: np.ndarray,
+    sess: np.ndarray,
+    times: np.ndarray,
+    exists: np.ndarray,
+    stored_time: np.ndarray,
+    piece_counts: np.ndarray,
+    last_only: np.ndarray,
+    n_sessions: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """The applied events (``verdict == APPLY``) of a batch of ``E`` events of ``n_sessions`` sessions as
+    runs, one per session with applied events, in order of their sessions' codes (each run's events in
+    batch order).
+
+    ``piece_counts [P]``: the events of each piece (request) of the batch, one after another;
+    ``last_only [P]``: whether a piece wants the forecast of each session's last applied event only
+    (the others are acknowledged).
+
+    Returns ``applied [A]`` (batch positions, grouped by run), ``starts [R]``, ``lengths [R]``,
+    ``run_sess [R]`` (each run's session), ``run_of [A]``, ``ends [R]`` (each run's last event, an index
+    into ``applied``), ``dt [A]`` (each event's gap since its session's previous one: the stored last
+    time for a run's first event of a session with state, else 0), ``want [A]``, and whether ``applied`` is
+    every event in batch order (``0..E-1``: the batch's columns serve as the runs' as they are)."""
+    n = sess.shape[0]
+    piece_of = np.empty(n, np.int64)
+    at = 0
+    for p in range(piece_counts.shape[0]):
+        piece_of[at : at + piece_counts[p]] = p
+        at += piece_counts[p]
+    count = np.zeros(n_sessions + 1, np.int64)
+    n_applied = 0
+    for i in range(n):
+        if verdict[i] == 0:
+            count[sess[i] + 1] += 1
+            n_applied += 1
+    n_runs = 0
+    for u in range(n_sessions):
+        if count[u + 1] > 0:
+            n_runs += 1
+        count[u + 1] += count[u]
+    applied = np.empty(n_applied, np.int64)
+    for i in range(n):
+        if verdict[i] == 0:
+            u = sess[i]
+            applied[count[u]] = i
+            count[u] += 1
+    starts = np.empty(n_runs, np.int64)
+    lengths = np.empty(n_runs, np.int64)
+    run_sess = np.empty(n_runs, np.int64)
+    ends = np.empty(n_runs, np.int64)
+    run_of = np.empty(n_applied, np.int64)
+    dt = np.empty(n_applied, np.float64)
+    want = np.ones(n_applied, np.bool_)
+    r = -1
+    for a in range(n_applied):
+        i = applied[a]
+        u = sess[i]
+        if a == 0 or sess[applied[a - 1]] != u:
+            r += 1
+            starts[r] = a
+            lengths[r] = 0
+            run_sess[r] = u
+            dt[a] = times[i] - stored_time[u] if exists[u] else 0.0
+        else:
+            dt[a] = times[i] - times[applied[a - 1]]
+            p = piece_of[applied[a - 1]]
+            if last_only[p] and piece_of[i] == p:
+                want[a - 1] = False
+        lengths[r] += 1
+        ends[r] = a
+        run_of[a] = r
+    in_order = n_applied == n
+    for a in range(n_applied):
+        if applied[a] != a:
+            in_order = False
+            break
+    return applied, starts, lengths, run_sess, run_of, ends, dt, want, in_order
+
+
+@_jit
+def plan_outcomes(
+    verdict: np.ndarray,
+    sess: np.ndarray,
+    seq: np.ndarray,
+    dup_seq: np.ndarray,
+    applied: np.ndarray,
+    want: np.ndarray,
+    run_of: np.ndarray,
+    run_sess: np.ndarray,
+    ends: np.ndarray,
+    ok_run: np.ndarray,
+    n_sessions: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+    """What became of each of a batch's ``E`` events, the runs where ``ok_run [R]`` is false failed.
+
+    Returns ``kind [E]`` (``FORECAST``, ``ACK``, ``DUPLICATE``, ``ERROR``), ``last_seq [E]`` (an ack's or a
+    duplicate's seq), ``forecast_row [E]`` (the row of its forecast among the outputs of the wanted
+    applied events, which the task made in the order of ``applied``; -1: none), ``failed_run [E]`` (the
+    run whose failure is the event's error; -1: none), the numbers applied and duplicate, and the rows of
+    those outputs."""
+    n = sess.shape[0]
+    kind = np.full(n, _ERROR, np.int8)
+    last_seq = np.zeros(n, np.int64)
+    forecast_row = np.full(n, -1, np.int64)
+    failed_run = np.full(n, -1, np.int64)
+    n_applied = 0
+    n_dups = 0
+    row = 0
+    for a in range(applied.shape[0]):
+        i = applied[a]
+        r = run_of[a]
+        if ok_run[r]:
+            last_seq[i] = seq[i]
+            n_applied += 1
+            if want[a]:
+                kind[i] = _FORECAST
+                forecast_row[i] = row
+            else:
+                kind[i] = _ACK
+        else:
+            failed_run[i] = r
+        if want[a]:
+            row += 1
+    run_of_sess = np.full(n_sessions, -1, np.int64)
+    for r in range(run_sess.shape[0]):
+        run_of_sess[run_sess[r]] = r
+    for i in range(n):
+        v = verdict[i]
+        if v == 1:  # DUP
+            kind[i] = _DUPLICATE
+            last_seq[i] = dup_seq[i]
+            n_dups += 1
+        elif v == 2:  # DUP_OF_BATCH: as its session's run went
+            r = run_of_sess[sess[i]]
+            if r >= 0 and ok_run[r]:
+                kind[i] = _DUPLICATE
+                last_seq[i] = seq[applied[ends[r]]]
+                n_dups += 1
+            elif r >= 0:
+                failed_run[i] = r
+    return kind, last_seq, forecast_row, failed_run, n_applied, n_dups, row
+
+
+@_jit
+def rows_finite(views: Any) -> tuple[np.ndarray, int]:
+    """Which rows ``r`` of a batch's new state are finite in every field: ``views`` is a tuple of its float
+    fields as ``[R, n]`` arrays of one dtype and layout. Returns ``finite [R]`` and how many are not (a numeric
+    overflow is an error for its session's events, never a stored state)."""
+    n_rows = views[0].shape[0]
+    finite = np.ones(n_rows, np.bool_)
+    for v in views:
+        for r in range(n_rows):
+            if finite[r]:
+                row = v[r]
+                for j in range(row.shape[0]):
+                    if not np.isfinite(row[j]):
+                        finite[r] = False
+                        break
+    bad = 0
+    for r in range(n_rows):
+        if not finite[r]:
+            bad += 1
+    return finite, bad
+
+
+def warm_plan() -> None:
+    """Compile (or load from numba's cache) every pass now, on a batch of one event, so that no request
+    pays for it: the engine core calls this as it starts."""
+    one, zero, time = np.zeros(1, np.int64), np.zeros(1, np.bool_), np.zeros(1)
+    out_seq, verdict, _, dup_seq, *_ = plan_verdicts(one, one + 1, time, zero, one, time, zero, 0.0, 0)
+    applied, _, _, run_sess, run_of, ends, _, want, _ = plan_runs(verdict, one, time, zero, time, one + 1, zero, 1)
+    plan_outcomes(verdict, one, out_seq, dup_seq, applied, want, run_of, run_sess, ends, np.ones(1, np.bool_), 1)
+    rows_finite((np.zeros((1, 1), np.float32),))
 
 
 def observe_many(histogram: Any, amounts: Iterable[float]) -> None:
@@ -512,11 +815,11 @@ class Batcher:
     async def _verdicts(
         self, ids: list[str], sess: np.ndarray, seq: np.ndarray, times: np.ndarray, stored: _StoredColumns
     ) -> tuple[np.ndarray, np.ndarray, dict[int, ErrorInfo], np.ndarray]:
-        """Each event's verdict against its session's stored state, in order (``plan.verdicts``: the
+        """Each event's verdict against its session's stored state, in order (``plan_verdicts``: the
         applied events' seqs are consecutive per session), the tenants' session limits applied.
         Returns the seqs with ``NEXT_SEQ`` resolved (a copy), verdicts ``[E]``, errors by batch
         position, and the last seq a duplicate is acknowledged with ``[E]``."""
-        seq, verdict, reason, dup_seq, ref_seq, ref_time, refused = plan.verdicts(
+        seq, verdict, reason, dup_seq, ref_seq, ref_time, refused = plan_verdicts(
             sess, seq, times, stored.exists, stored.last_seq, stored.last_time, stored.foreign,
             self._step_s, self._max_gap_steps,
         )  # fmt: skip
@@ -535,7 +838,7 @@ class Batcher:
     def _refusal(
         self, why: int, key: str, seq: int, time: float, ref_seq: int, ref_time: float, stored: _StoredColumns, u: int
     ) -> ErrorInfo:
-        """The catalogue's error for an event ``plan.verdicts`` refused (``why``: a ``plan.Why``), which
+        """The catalogue's error for an event ``plan_verdicts`` refused (``why``: a ``Why``), which
         it compared with its session's last applied seq and time ``ref_seq``, ``ref_time``."""
         shown = self.scope.shown(key)
         if why == Why.MODEL_MISMATCH:
@@ -559,7 +862,7 @@ class Batcher:
         no session starts."""
         if not self.scope.tenancy:
             return None
-        starting_sessions = np.unique(sess[(verdict == plan.APPLY) & ~stored.exists[sess]])
+        starting_sessions = np.unique(sess[(verdict == APPLY) & ~stored.exists[sess]])
         if not len(starting_sessions):
             return None
         tenants = {Scope.tenant_of(ids[u]) for u in starting_sessions.tolist()}
@@ -591,7 +894,7 @@ class Batcher:
         first event changed nothing, so the session's later events find no session."""
         decided: dict[int, bool] = {}
         limit = self.settings.max_sessions_per_tenant
-        candidates = (verdict == plan.APPLY) | (verdict == plan.DUP_OF_BATCH)
+        candidates = (verdict == APPLY) | (verdict == DUP_OF_BATCH)
         for i in np.flatnonzero(candidates & ~stored.exists[sess]).tolist():
             u = int(sess[i])
             starts = decided.get(u)
@@ -602,7 +905,7 @@ class Batcher:
                     allowance[tenant] -= 1
             if not starts:
                 key = ids[u]
-                verdict[i] = plan.ERR
+                verdict[i] = ERR
                 if int(seq[i]) == 1:
                     errors[i] = Reasons.tenant_session_limit(self.scope.shown(key), limit)
                 else:
@@ -610,12 +913,12 @@ class Batcher:
 
     async def _apply(self, work: _BatchInFlight) -> _Decided:
         """Run the model on the applied events, store the new states, and decide every event's outcome
-        (``plan.outcomes``); the errors of failed runs go into ``work.errors``."""
+        (``plan_outcomes``); the errors of failed runs go into ``work.errors``."""
         pieces, ids, sess, stored = work.pieces, work.ids, work.sess, work.stored
         counts = np.array([c for _, _, c in pieces], dtype=np.int64)
         last_only = np.array([a.request.last_only for a, _, _ in pieces], dtype=np.bool_)
         shape = _Runs(
-            *plan.runs(
+            *plan_runs(
                 work.verdict, sess, work.events.time, stored.exists, stored.last_time, counts, last_only, len(ids)
             )
         )
@@ -626,7 +929,7 @@ class Batcher:
             outputs = await self._run_model(work, shape, session_error)
             for r in session_error:
                 ok_run[r] = False
-        kind, last_seq, forecast_row, failed_run, n_applied, n_dups, n_outputs = plan.outcomes(
+        kind, last_seq, forecast_row, failed_run, n_applied, n_dups, n_outputs = plan_outcomes(
             work.verdict, sess, work.seq, work.dup_seq, shape.applied, shape.want, shape.run_of, shape.run_sess,
             shape.ends, ok_run, len(ids),
         )  # fmt: skip
@@ -638,7 +941,7 @@ class Batcher:
     async def _run_model(
         self, work: _BatchInFlight, shape: _Runs, session_error: dict[int, ErrorInfo]
     ) -> OutputColumns:
-        """The task's step over the runs (``plan.runs``), then the store's write of the new states of the
+        """The task's step over the runs (``plan_runs``), then the store's write of the new states of the
         runs that did not fail; a failed run's error goes into ``session_error`` (by run). Returns the
         outputs of the wanted applied events, in the order of ``applied``."""
         events, ids, seq, stored, loaded = work.events, work.ids, work.seq, work.stored, work.loaded
@@ -752,7 +1055,7 @@ class Batcher:
         ok_run = np.ones(len(shape.run_sess), dtype=np.bool_)
         for r in session_error:
             ok_run[r] = False
-        kind, last_seq, forecast_row, failed_run, *_ = plan.outcomes(
+        kind, last_seq, forecast_row, failed_run, *_ = plan_outcomes(
             work.verdict, work.sess, work.seq, work.dup_seq, shape.applied, shape.want, shape.run_of,
             shape.run_sess, shape.ends, ok_run, len(work.ids),
         )  # fmt: skip
@@ -921,7 +1224,7 @@ class _BatchEvents:
 class _BatchInFlight:
     """One batch in flight: its ``E`` events (``events``; ``seq [E]`` with ``NEXT_SEQ`` resolved) of the
     sessions ``ids [U]`` (``sess [E]`` their codes), what the store holds of them, each event's
-    ``verdict [E]`` and ``dup_seq [E]`` (``plan.verdicts``), and the errors by batch position."""
+    ``verdict [E]`` and ``dup_seq [E]`` (``plan_verdicts``), and the errors by batch position."""
 
     pieces: list[tuple[_PendingRequest, int, int]]
     events: _BatchEvents
@@ -937,7 +1240,7 @@ class _BatchInFlight:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Decided:
-    """What became of a batch's ``E`` events (``plan.outcomes``): ``kind [E]``, ``last_seq [E]``,
+    """What became of a batch's ``E`` events (``plan_outcomes``): ``kind [E]``, ``last_seq [E]``,
     ``forecast_row [E]`` (the row of its forecast in ``outputs``, which has ``n_outputs`` rows; -1:
     none), and how many were applied and duplicates."""
 
@@ -980,7 +1283,7 @@ class _Decided:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Runs:
     """A batch's applied events ``[A]`` (batch positions, grouped by session) as runs ``[R]``, one per
-    session (``plan.runs``): run ``r`` is ``applied[starts[r] : starts[r] + lengths[r]]`` of session
+    session (``plan_runs``): run ``r`` is ``applied[starts[r] : starts[r] + lengths[r]]`` of session
     ``run_sess[r]``, ``run_of [A]`` each applied event's run, ``ends [R]`` each run's last (an index into
     ``applied``), ``dt [A]`` each event's gap since its session's previous one, ``want [A]`` those that get
     a forecast."""
@@ -1062,9 +1365,9 @@ def _finite_rows(rows: dict[str, torch.Tensor]) -> np.ndarray | None:
         # one compiled pass over the tensors' own memory (a pass a field where their dtypes differ)
         views = [np.ascontiguousarray(t.numpy().reshape(len(t), -1)) for t in floats]
         groups = [tuple(views)] if len({v.dtype for v in views}) == 1 else [(v,) for v in views]
-        finite, bad = plan.finite_rows(groups[0])
+        finite, bad = rows_finite(groups[0])
         for group in groups[1:]:
-            more, more_bad = plan.finite_rows(group)
+            more, more_bad = rows_finite(group)
             if more_bad:
                 finite, bad = finite & more, bad + more_bad
         return finite if bad else None

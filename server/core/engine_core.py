@@ -22,7 +22,7 @@ from typing import Any
 from aaren.server.contract.columns import CoreRequest, ModelDescription, Outcomes, SampledFuture, SessionView
 from aaren.server.contract.core_api import ForecastOptions
 from aaren.server.contract.errors import ErrorInfo, Reasons
-from aaren.server.core.batcher import Admission, Batcher, ModelContext, Scope
+from aaren.server.core.batcher import Admission, Batcher, ModelContext, Scope, warm_plan
 from aaren.server.core.sessions import SessionCalls
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
@@ -69,6 +69,7 @@ class EngineCore:
         self.metrics = metrics
         self.scope = Scope(tenancy=settings.auth_tokens_file is not None)
         self.admission = Admission(settings)
+        warm_plan()  # the batch's compiled passes, ready before the first request
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aaren-model")
         self.models: dict[str, ServedModel] = {}
         for served_task, task_store in [(task, store), *more]:

@@ -30,7 +30,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from aaren.server.contract.core_api import CoreAPI
 from aaren.server.contract.errors import ConfigError
-from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
+from aaren.server.frontends.aaren_v1.servicer import ForecastServicer, add_forecast_servicer_to_server
 from aaren.server.frontends.oip.servicer import OipServicer, add_oip_servicer_to_server
 from aaren.server.frontends.reflection import enable_server_reflection
 from aaren.server.ipc.client_side import CoreClient
@@ -39,7 +39,7 @@ from aaren.server.observability.metrics import Metrics, families_of
 from aaren.server.security.auth import AuthError, TokenTable
 from aaren.server.security.interceptors import MalformedRequestInterceptor, TokenAuthInterceptor
 from aaren.server.settings import ServerSettings
-from aaren.v1 import aaren_pb2, aaren_pb2_grpc
+from aaren.v1 import aaren_pb2
 
 __all__ = ["SERVICE_NAME", "GrpcFrontEnd", "grpc_options", "server_credentials"]
 
@@ -83,7 +83,7 @@ class GrpcFrontEnd:
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
         servicer = ForecastServicer(s, metrics)
-        aaren_pb2_grpc.add_ForecastServiceServicer_to_server(servicer, server)
+        add_forecast_servicer_to_server(servicer, server)
         oip = OipServicer(s, metrics)
         add_oip_servicer_to_server(oip, server)
         if credentials is None:

@@ -5,9 +5,9 @@ Rows are addressed by slot: a batch is one gather per field on load and one scat
 save, whatever the number of layers or sessions. Slot 0 permanently holds the fresh row (and the
 metadata of a session that does not exist), so a new session is read by gathering slot 0. The
 metadata are arrays by slot (last seq, last time, created, updated, a model-version code), so a
-batch reads and writes them with one array operation each, and the only Python objects kept per
-session are its id and its entry in the one id -> slot map. The pool grows by doubling up to
-``capacity``; past it the least recently written session is evicted. Sessions idle past
+batch reads and writes them with one array operation each, and no Python object is kept per session:
+the ids live as bytes in ``IdIndex`` (below), which finds a batch's slots in one compiled call.
+The pool grows by doubling up to ``capacity``; past it the least recently written session is evicted. Sessions idle past
 ``idle_ttl_s`` are evicted by ``sweep``. Evicted ids are remembered (bounded) so that a late event
 can be told why.
 
@@ -22,14 +22,16 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
+import numba
 import numpy as np
 import torch
 from torch import Tensor
 
 from aaren.server.stores.base import ABSENT_LAST_TIME, LoadedBatch, SaveBatch, SessionMeta, SessionStore, StateLayout
 
-__all__ = ["MemoryStore"]
+__all__ = ["IdIndex", "MemoryStore"]
 
 INITIAL_ROWS = 1024
 TOMBSTONES = 100_000
@@ -48,9 +50,9 @@ class MemoryStore(SessionStore):
         #: On the CPU, the pools' own memory as numpy arrays: a gather or scatter of a few rows costs
         #: numpy's fancy indexing (about a microsecond) where torch's index ops cost three.
         self._arrays = self._numpy_views()
-        self._slots: dict[str, int] = {}
-        #: slot -> session id (None: free), for eviction.
-        self._ids: list[str | None] = [None] * rows
+        #: session id -> slot (and back, for eviction), with no Python object per session
+        _warm_ids()  # its compiled passes, ready before the first request
+        self._index = IdIndex(rows)
         # Metadata by slot [rows + 1]; slot 0 keeps what a session without state reads.
         self._seq = np.zeros(rows, dtype=np.int64)
         self._last_time = np.full(rows, ABSENT_LAST_TIME)
@@ -76,9 +78,7 @@ class MemoryStore(SessionStore):
         return len(self._seq) - 1
 
     async def load(self, session_ids: Sequence[str]) -> LoadedBatch:
-        get = self._slots.get
-        # np.array of a list: np.fromiter costs about 10 us a call whatever the length (numpy 2.4).
-        slots = np.array([get(sid, 0) for sid in session_ids], dtype=np.int64)
+        slots = self._index.lookup(session_ids)
         if self._arrays is not None:
             tensors = {k: torch.from_numpy(array[slots]) for k, array in self._arrays.items()}
         else:
@@ -97,8 +97,7 @@ class MemoryStore(SessionStore):
 
     async def save(self, batch: SaveBatch) -> list[bool]:
         session_ids = batch.session_ids
-        get = self._slots.get
-        slots = np.array([get(sid, 0) for sid in session_ids], dtype=np.int64)
+        slots = self._index.lookup(session_ids)
         # Compare-and-set: slot 0's seq is 0, so a new session is written iff 0 was expected.
         ok = self._seq[slots] == np.asarray(batch.expected_seqs, dtype=np.int64)
         self._mark = self._tail
@@ -115,11 +114,8 @@ class MemoryStore(SessionStore):
             taken = self._take(len(new))
             dst[new] = taken
             self._append(taken)
-            ids_of, slot_of = self._ids, self._slots
             new_ids = [session_ids[i] for i in (new if written is None else written[new]).tolist()]
-            for sid, slot in zip(new_ids, taken.tolist(), strict=True):
-                slot_of[sid] = slot
-                ids_of[slot] = sid
+            self._index.insert(new_ids, taken)
             self._groups.update(map(_group, new_ids))
             if self._evicted:
                 for sid in new_ids:
@@ -239,7 +235,7 @@ class MemoryStore(SessionStore):
         fresh = self.layout.empty(extra)
         self._pool = {k: torch.cat([pool, fresh[k]]) for k, pool in self._pool.items()}
         self._arrays = self._numpy_views()
-        self._ids.extend([None] * extra)
+        self._index.grow(rows + 1)
         self._seq = np.concatenate([self._seq, np.zeros(extra, dtype=np.int64)])
         self._last_time = np.concatenate([self._last_time, np.full(extra, ABSENT_LAST_TIME)])
         self._created = np.concatenate([self._created, np.zeros(extra)])
@@ -253,7 +249,7 @@ class MemoryStore(SessionStore):
 
     def _shrink(self) -> None:
         """Evict least recently written sessions down to capacity (never those this call wrote)."""
-        excess = len(self._slots) - self.capacity
+        excess = len(self._index) - self.capacity
         if excess > 0:
             victims = self._oldest(excess, self._mark)
             if len(victims):
@@ -271,14 +267,7 @@ class MemoryStore(SessionStore):
     def _remove(self, slots: np.ndarray) -> list[str]:
         """Free ``slots`` (held ones); returns their session ids. The freed rows keep their values:
         a slot is read only once a save has written its whole row again."""
-        ids_of = self._ids
-        ids: list[str] = []
-        for slot in slots.tolist():
-            sid = ids_of[slot]
-            assert sid is not None
-            ids.append(sid)
-            ids_of[slot] = None
-            del self._slots[sid]
+        ids = self._index.remove(slots)
         self._groups.subtract(map(_group, ids))
         for group in {_group(sid) for sid in ids}:
             if self._groups[group] <= 0:
@@ -296,14 +285,18 @@ class MemoryStore(SessionStore):
         version = self._versions[int(self._version[slot])]
         return SessionMeta.at(slot, self._seq, self._last_time, self._created, self._updated, version)
 
+    def _slot(self, session_id: str) -> int | None:
+        slot = int(self._index.lookup((session_id,))[0])
+        return slot or None
+
     async def get(self, session_id: str) -> tuple[SessionMeta, dict[str, Tensor]] | None:
-        slot = self._slots.get(session_id)
+        slot = self._slot(session_id)
         if slot is None:
             return None
         return self._meta(slot), {k: pool[slot : slot + 1].clone() for k, pool in self._pool.items()}
 
     async def delete(self, session_id: str) -> SessionMeta | None:
-        slot = self._slots.get(session_id)
+        slot = self._slot(session_id)
         if slot is None:
             return None
         meta = self._meta(slot)
@@ -314,7 +307,7 @@ class MemoryStore(SessionStore):
         return session_id in self._evicted
 
     async def count(self) -> int:
-        return len(self._slots)
+        return len(self._index)
 
     async def count_group(self, group: str) -> int:
         return self._groups.get(group, 0)
@@ -341,3 +334,219 @@ class MemoryStore(SessionStore):
 def _group(session_id: str) -> str:
     head, slash, _ = session_id.partition("/")
     return head if slash else ""
+
+
+# -- session ids -> slots ------------------------------------------------------------------------
+# Session ids -> slots for the memory store, without a Python object per session.
+#
+# A ``dict[str, int]`` costs a session about 150 bytes besides its state: the id ``str`` (72 bytes for 16
+# ASCII characters), the dict's entry (about 40 bytes at a million entries) and the slot ``int`` (32 bytes
+# past 256). ``IdIndex`` keeps the ids as UTF-8 bytes in one arena and finds them with an open-addressing
+# table of slots (linear probing) keyed by each id's ``hash()``, the id's bytes compared on a hit: about 50
+# bytes a session. Lookups, inserts and removals of a batch are one compiled call each (numba); the id
+# ``str`` of a slot is made again only where one is asked for (eviction's tombstones, the cold paths).
+#
+# Slot 0 is never an id's: a lookup answers 0 for an id it does not hold (the memory store keeps the fresh
+# row there). The caller owns the slots: ``insert`` takes ids it knows are absent and the free slots for them.
+
+_EMPTY, _DELETED = -1, -2
+#: the table is rebuilt (at most half full) when live and deleted entries fill more than this part of it
+_MAX_LOAD = 0.7
+#: the arena's room for the held ids' bytes after a compaction, as a multiple of them
+_ARENA_SLACK = 1.5
+_ENCODING = ("utf-8", "surrogatepass")
+
+
+def _jit(fn: Any) -> Any:
+    """``numba.njit``, cached on disk where a cache can be written (else compiled once per process)."""
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, nogil=True)(fn)
+
+
+@_jit
+def _same(arena: np.ndarray, start: int, query: np.ndarray, q_start: int, n: int) -> bool:
+    for i in range(n):  # noqa: SIM110 (a loop numba compiles; all() of a generator it does not)
+        if arena[start + i] != query[q_start + i]:
+            return False
+    return True
+
+
+@_jit
+def _lookup(
+    table: np.ndarray,
+    hashes: np.ndarray,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+    arena: np.ndarray,
+    q_hashes: np.ndarray,
+    q_bytes: np.ndarray,
+    q_ends: np.ndarray,
+) -> np.ndarray:
+    """The slot of each query id ``q`` (its hash ``q_hashes[q]``, its bytes ``q_bytes[q_ends[q-1]:q_ends[q]]``),
+    0 where none holds it."""
+    mask = table.shape[0] - 1
+    out = np.zeros(q_hashes.shape[0], np.int64)
+    start = 0
+    for q in range(q_hashes.shape[0]):
+        h = q_hashes[q]
+        n = q_ends[q] - start
+        i = h & mask
+        while True:
+            slot = table[i]
+            if slot == _EMPTY:
+                break
+            same = slot >= 0 and hashes[slot] == h and lengths[slot] == n
+            if same and _same(arena, offsets[slot], q_bytes, start, n):
+                out[q] = slot
+                break
+            i = (i + 1) & mask
+        start = q_ends[q]
+    return out
+
+
+@_jit
+def _place(table: np.ndarray, hashes: np.ndarray, slots: np.ndarray) -> int:
+    """Enter ``slots`` (their hashes set) into ``table`` at the first free place of each probe; returns how
+    many deleted places were reused."""
+    mask = table.shape[0] - 1
+    reused = 0
+    for slot in slots:
+        i = hashes[slot] & mask
+        while table[i] >= 0:
+            i = (i + 1) & mask
+        if table[i] == _DELETED:
+            reused += 1
+        table[i] = slot
+    return reused
+
+
+@_jit
+def _unplace(table: np.ndarray, hashes: np.ndarray, slots: np.ndarray) -> None:
+    """Mark the places of ``slots`` (each in the table) deleted."""
+    mask = table.shape[0] - 1
+    for slot in slots:
+        i = hashes[slot] & mask
+        while table[i] != slot:
+            i = (i + 1) & mask
+        table[i] = _DELETED
+
+
+@_jit
+def _compact(arena: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray) -> int:
+    """Copy the bytes of every held id (``lengths > 0``) into ``out``, one after another, their offsets moved
+    there; returns the bytes used."""
+    at = 0
+    for slot in range(offsets.shape[0]):
+        n = lengths[slot]
+        if n > 0:
+            start = offsets[slot]
+            out[at : at + n] = arena[start : start + n]
+            offsets[slot] = at
+            at += n
+    return at
+
+
+class IdIndex:
+    """Session ids of up to ``rows`` slots (slot 0 kept free) -> their slots (module docstring)."""
+
+    def __init__(self, rows: int) -> None:
+        self._hashes = np.zeros(rows, np.int64)
+        self._offsets = np.zeros(rows, np.int64)
+        self._lengths = np.zeros(rows, np.int32)  # 0: the slot holds no id
+        self._arena = np.zeros(256, np.uint8)
+        self._used = 0  # arena bytes written, the bytes of removed ids among them
+        self._garbage = 0
+        self._table = np.full(_table_size(rows), _EMPTY, np.int32)
+        self._live = 0
+        self._deleted = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def grow(self, rows: int) -> None:
+        """Room for slots up to ``rows`` (the store's pool grew)."""
+        extra = rows - len(self._hashes)
+        if extra > 0:
+            self._hashes = np.concatenate([self._hashes, np.zeros(extra, np.int64)])
+            self._offsets = np.concatenate([self._offsets, np.zeros(extra, np.int64)])
+            self._lengths = np.concatenate([self._lengths, np.zeros(extra, np.int32)])
+
+    def lookup(self, ids: Sequence[str]) -> np.ndarray:
+        """The slot of each id (int64 ``[n]``), 0 where the index holds none."""
+        if not self._live:
+            return np.zeros(len(ids), np.int64)
+        encoded = [sid.encode(*_ENCODING) for sid in ids]
+        ends = np.cumsum(np.array([len(b) for b in encoded], dtype=np.int64))
+        query = np.frombuffer(b"".join(encoded), np.uint8)
+        hashes = np.array([hash(sid) for sid in ids], dtype=np.int64)
+        return _lookup(self._table, self._hashes, self._offsets, self._lengths, self._arena, hashes, query, ends)
+
+    def insert(self, ids: Sequence[str], slots: np.ndarray) -> None:
+        """Enter ``ids`` (none held now, distinct) at ``slots`` (free ones)."""
+        if not len(ids):
+            return
+        encoded = [sid.encode(*_ENCODING) for sid in ids]
+        lengths = np.array([len(b) for b in encoded], dtype=np.int64)
+        size = int(lengths.sum())
+        if self._used + size > len(self._arena):
+            self._make_room(size)
+        if self._live + self._deleted + len(ids) > _MAX_LOAD * len(self._table):
+            self._rebuild(self._live + len(ids))  # the held ids only: the new ones are entered below
+        starts = self._used + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        self._arena[self._used : self._used + size] = np.frombuffer(b"".join(encoded), np.uint8)
+        self._used += size
+        self._offsets[slots] = starts
+        self._lengths[slots] = lengths
+        self._hashes[slots] = np.array([hash(sid) for sid in ids], dtype=np.int64)
+        self._deleted -= _place(self._table, self._hashes, slots)
+        self._live += len(ids)
+
+    def remove(self, slots: np.ndarray) -> list[str]:
+        """Take the ids at ``slots`` (held ones) out; returns them."""
+        ids = [self.id_of(int(slot)) for slot in slots.tolist()]
+        _unplace(self._table, self._hashes, slots)
+        self._garbage += int(self._lengths[slots].sum())
+        self._lengths[slots] = 0
+        self._live -= len(ids)
+        self._deleted += len(ids)
+        return ids
+
+    def id_of(self, slot: int) -> str:
+        """The id at ``slot`` (a held one)."""
+        start, n = int(self._offsets[slot]), int(self._lengths[slot])
+        return self._arena[start : start + n].tobytes().decode(*_ENCODING)
+
+    def _make_room(self, size: int) -> None:
+        """Room for ``size`` more bytes: the held ids' bytes copied into an arena ``_ARENA_SLACK`` times their
+        size (and ``size``), the removed ids' bytes left behind."""
+        live = self._used - self._garbage
+        arena = np.zeros(max(int(_ARENA_SLACK * (live + size)), 256), np.uint8)
+        self._used = _compact(self._arena, self._offsets, self._lengths, arena)
+        self._arena, self._garbage = arena, 0
+
+    def _rebuild(self, live: int) -> None:
+        """A table for ``live`` ids (every held slot entered again; the deleted places gone)."""
+        self._table = np.full(_table_size(live), _EMPTY, np.int32)
+        self._deleted = 0
+        held = np.flatnonzero(self._lengths > 0)
+        _place(self._table, self._hashes, held)
+
+
+def _table_size(entries: int) -> int:
+    """A power of two with ``entries`` at most half of it (rebuilt at ``_MAX_LOAD``)."""
+    size = 16
+    while size < 2 * entries:
+        size *= 2
+    return size
+
+
+def _warm_ids() -> None:
+    """Compile (or load from numba's cache) the index's passes now, not on a first request."""
+    index = IdIndex(4)
+    index.insert(["a", "b"], np.array([1, 2]))
+    index.lookup(["a", "c"])
+    index.remove(np.array([1]))
+    index.insert(["c"], np.array([1]))
+    index._make_room(0)

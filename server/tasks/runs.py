@@ -74,13 +74,10 @@ class RunColumns:
 class CheckedRows(dict[str, Tensor]):
     """New rows (``name -> [R, ...]``) that their task has checked for finiteness as it made them:
     ``finite [R]``, which rows' every float is finite (None: all). A task's ``apply`` may return
-    these instead of a plain dict; the batcher then does not check the rows again."""
+    these instead of a plain dict; the batcher then does not check the rows again. Made as a dict is
+    (``CheckedRows(rows)``), ``finite`` set after."""
 
-    __slots__ = ("finite",)
-
-    def __init__(self, rows: dict[str, Tensor], finite: np.ndarray | None) -> None:
-        super().__init__(rows)
-        self.finite = finite
+    finite: np.ndarray | None = None
 
 
 class RunTask:

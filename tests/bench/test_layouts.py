@@ -32,4 +32,4 @@ def test_layouts_quick_without_torchserve(tmp_path):
     assert {c["kind"] for c in core} == {"b1", "b64", "b256", "run64"}
     assert all(c["errors"] == 0 and c["forecasts"] == c["events"] > 0 for c in core)
     text = (tmp_path / "layouts.md").read_text()
-    assert "Issue 12's aims in this run" in text and "TorchServe not run" in text
+    assert "Issue 21's aims in this run" in text and "TorchServe not run" in text

@@ -95,3 +95,33 @@ class _RowsOnly:
     def __init__(self, inner: EventEncoder) -> None:
         self.rows = inner.rows
         self.columns = inner.columns
+
+
+def test_a_streams_reply_bytes_are_protobufs_own(start_server) -> None:
+    """The stream hands gRPC its rows replies as wire bytes (``ForecastServicer._reply``): read as bytes
+    off a real call, they are what protobuf writes for the message they parse to (a forecast, an ack, an
+    error, with and without a request id), and a refusal still arrives as a message."""
+    import grpc
+
+    srv = start_server()
+    events = [
+        pb.Event(session_id="w", seq=1, time=1.0, mark=1, values=[0.5, -1.0]),
+        pb.Event(session_id="w", seq=1, time=1.0, mark=1, values=[0.5, -1.0]),  # a duplicate: an ack
+        pb.Event(session_id="w", seq=3, time=2.0, mark=0, values=[0.0, 0.0]),  # a seq gap: an error
+    ]
+    sent = [
+        pb.StreamRequest(request_id="r1", events=events[:1]),
+        pb.StreamRequest(events=events[1:]),
+        pb.StreamRequest(request_id="r3", model="no-such-model", events=events[:1]),
+    ]
+    with grpc.insecure_channel(srv.address) as channel:
+        call = channel.stream_stream(
+            "/aaren.v1.ForecastService/Stream", request_serializer=pb.StreamRequest.SerializeToString
+        )
+        replies = list(call(iter(sent), timeout=30))
+    assert len(replies) == 3 and all(isinstance(r, bytes) for r in replies)
+    parsed = [pb.StreamResponse.FromString(r) for r in replies]
+    assert [r == p.SerializeToString() for r, p in zip(replies, parsed, strict=True)] == [True] * 3
+    assert parsed[0].request_id == "r1" and parsed[0].results[0].WhichOneof("outcome") == "forecast"
+    assert [r.WhichOneof("outcome") for r in parsed[1].results] == ["ack", "error"]
+    assert parsed[2].request_id == "r3" and parsed[2].request_error.reason == "model_unknown"

@@ -1,4 +1,4 @@
-"""The batch plan's compiled passes (``aaren.server.core.plan``) against a plain-Python statement of the
+"""The batch plan's compiled passes (``aaren.server.core.batcher``'s ``plan_*``) against a plain-Python statement of the
 rules (docs/architecture.md section 3, "Validation"), on random batches: sessions with state and
 without, seqs in and out of order with repeats and ``NEXT_SEQ``, times out of order, sessions of
 another model version, a model of regular steps, and requests that want the last forecast only."""
@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aaren.server.core import plan
-from aaren.server.core.plan import Why
+from aaren.server.core import batcher as plan
+from aaren.server.core.batcher import Why
 
 
 def oracle_verdicts(sess, seq, times, exists, stored_seq, stored_time, foreign, step, most):
@@ -78,7 +78,7 @@ def batches(draw):
 def test_the_plan_follows_the_rules(batch):
     sess, seq, times, exists, stored_seq, stored_time, foreign, step, counts, last_only = batch
     most = 2
-    got = plan.verdicts(sess, seq, times, exists, stored_seq, stored_time, foreign, step, most)
+    got = plan.plan_verdicts(sess, seq, times, exists, stored_seq, stored_time, foreign, step, most)
     out_seq, verdict, why, dup_seq, ref_seq, ref_time, refused = got
     want = oracle_verdicts(sess, seq, times, exists, stored_seq, stored_time, foreign, step, most)
     for i, (s, v, w, d, rs, rt) in enumerate(want):
@@ -90,7 +90,7 @@ def test_the_plan_follows_the_rules(batch):
     assert refused == sum(v == plan.ERR for _, v, *_ in want)
     assert (seq >= 0).all()  # the request's own column is left as it was sent
 
-    applied, starts, lengths, run_sess, run_of, ends, dt, wanted, in_order = plan.runs(
+    applied, starts, lengths, run_sess, run_of, ends, dt, wanted, in_order = plan.plan_runs(
         verdict, sess, times, exists, stored_time, counts, last_only, len(exists)
     )
     # runs: the applied events grouped by session in code order, each in batch order
@@ -111,7 +111,7 @@ def test_the_plan_follows_the_rules(batch):
             assert wanted[a] == (not last_only[piece[i]] or not later)
 
     ok_run = np.array([r % 3 != 1 for r in range(len(run_sess))], dtype=bool)
-    kind, last_seq, forecast_row, failed_run, n_applied, n_dups, n_rows = plan.outcomes(
+    kind, last_seq, forecast_row, failed_run, n_applied, n_dups, n_rows = plan.plan_outcomes(
         verdict, sess, out_seq, dup_seq, applied, wanted, run_of, run_sess, ends, ok_run, len(exists)
     )
     assert n_rows == int(wanted.sum())
@@ -158,5 +158,5 @@ def test_finite_rows_names_the_rows_with_a_nan_or_an_infinity():
     assert _finite_rows(rows).tolist() == [True, False, True, False]
     strided[2, 2] = float("inf")
     assert _finite_rows(rows).tolist() == [True, False, False, False]
-    finite, bad = plan.finite_rows((np.zeros((2, 3), np.float32), np.ones((2, 1), np.float32)))
+    finite, bad = plan.rows_finite((np.zeros((2, 3), np.float32), np.ones((2, 1), np.float32)))
     assert finite.all() and bad == 0

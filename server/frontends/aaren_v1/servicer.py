@@ -35,6 +35,7 @@ from aaren.server.contract.columns import (
 )
 from aaren.server.contract.core_api import CoreAPI, ForecastOptions, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
+from aaren.server.frontends.handlers import add_service
 from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError, StreamLoop, abort
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
@@ -44,7 +45,7 @@ from aaren.server.tasks.registry import spec_of
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
 
-__all__ = ["ForecastServicer"]
+__all__ = ["ForecastServicer", "add_forecast_servicer_to_server"]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self.settings = settings
         self.metrics = metrics
         self._core: CoreAPI | None = None
-        self._loop = StreamLoop[pb.StreamRequest, pb.StreamResponse](self, settings, metrics, "Stream")
+        self._loop = StreamLoop[pb.StreamRequest, bytes](self, settings, metrics, "Stream")
         #: The streaming rpc: each request is answered as soon as its events are applied and stored,
         #: in request order, at most ``max_inflight_requests_per_stream`` unanswered (``StreamLoop``).
         self.Stream = self._loop.serve
@@ -175,15 +176,23 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _response(
         self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
     ) -> pb.StreamResponse:
-        """The reply to ``request`` (its ``core`` request, as checked, if at hand)."""
-        response = pb.StreamResponse(request_id=request.request_id)
+        """The reply to ``request`` as a message (its ``core`` request, as checked, if at hand)."""
+        return pb.StreamResponse.FromString(self._reply(request, outcomes, view, core))
+
+    def _reply(
+        self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
+    ) -> bytes:
+        """The reply to ``request`` as the ``StreamResponse``'s wire bytes, which the stream hands gRPC as
+        they are: a rows reply written as such (``request_id`` = 1, then the results, ``_results_wire``:
+        what serializing the message would give), a refusal or a columns reply serialized."""
+        if outcomes.request_error is None and request.layout != pb.RESPONSE_LAYOUT_COLUMNS:
+            results = self._results_wire(request.events, outcomes, request.top_k, view, core)
+            rid = request.request_id.encode()
+            return b"\x0a%b%b%b" % (_varint(len(rid)), rid, results) if rid else results
         if outcomes.request_error is not None:
-            response.request_error.CopyFrom(self._error(outcomes.request_error))
-            return response
-        if request.layout == pb.RESPONSE_LAYOUT_COLUMNS:
-            return self._columns_response(request, outcomes, response, view, core)
-        response.MergeFromString(self._results_wire(request.events, outcomes, request.top_k, view, core))
-        return response
+            return self.refusal(request, outcomes.request_error)
+        response = pb.StreamResponse(request_id=request.request_id)
+        return self._columns_response(request, outcomes, response, view, core).SerializeToString()
 
     def _forecast_keys(
         self, events: Any, outcomes: Outcomes, core: CoreRequest | None
@@ -296,7 +305,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     # ------------------------------------------------------------------ the stream (StreamCodec)
 
-    def decode(self, request: pb.StreamRequest, tenant: str) -> Accepted[pb.StreamResponse]:
+    def decode(self, request: pb.StreamRequest, tenant: str) -> Accepted[bytes]:
         """The request as columns and its encoder; an unknown model or enum is refused (and counted)."""
         assert self._core is not None
         view = self._view(request.model)
@@ -314,9 +323,13 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             self._core.count_rejection(info, len(request.events), view.description.name)
             raise RefusedError(info)
         core = self.core_request(request, tenant, view)
-        return Accepted(core, lambda o: self._response(request, o, view, core), view.submit)
+        return Accepted(core, lambda o: self._reply(request, o, view, core), view.submit)
 
-    def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
+    def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> bytes:
+        """The reply that refuses ``request`` whole, as the stream sends it (wire bytes)."""
+        return self._refused(request, info).SerializeToString()
+
+    def _refused(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
         return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))
 
     # ------------------------------------------------------------------ outside a gRPC call
@@ -332,13 +345,13 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         awaited before the states of those events (positions in ``request.events``) are stored, with
         their results as they will be (``CoreRequest.before_store``; the core must be in this process)."""
         if self._core is None or self._core.lost:
-            return self.refusal(request, Reasons.loading() if self._core is None else Reasons.core_unavailable())
+            return self._refused(request, Reasons.loading() if self._core is None else Reasons.core_unavailable())
         if self._core.draining:
-            return self.refusal(request, Reasons.shutting_down())
+            return self._refused(request, Reasons.shutting_down())
         try:
             accepted = self.decode(request, tenant)
         except RefusedError as exc:
-            return self.refusal(request, exc.info)
+            return self._refused(request, exc.info)
         if before_store is not None:
             view = self._view(request.model)
             assert view is not None  # decode refused an unknown model
@@ -351,7 +364,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             accepted.request.before_store = hook
         answer: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
         accepted.submit(accepted.request, answer.set_result)
-        return accepted.encode(await answer)
+        return pb.StreamResponse.FromString(accepted.encode(await answer))
 
     async def latest(self, session_id: str, model: str = "", top_k: int = 0, tenant: str = "") -> pb.Forecast:
         """The forecast of the session's stored state, as ``Stream`` answered its last applied event;
@@ -468,3 +481,14 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             served_models=self._served_names(),
             limits=pb.ServiceLimits(**{name: getattr(s, name) for name in _LIMITS}, idle_ttl_seconds=s.idle_ttl_s),
         )
+
+
+def add_forecast_servicer_to_server(servicer: ForecastServicer, server: grpc.aio.Server) -> None:
+    """Register ``aaren.v1.ForecastService``: every rpc as ``servicer`` has it, the stream's replies
+    handed to gRPC as the wire bytes they are (``ForecastServicer._reply``, ``refusal``)."""
+    add_service(
+        server,
+        pb.DESCRIPTOR.services_by_name["ForecastService"],
+        lambda m: getattr(servicer, m.name),
+        passthrough=("Stream",),
+    )

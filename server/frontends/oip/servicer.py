@@ -21,11 +21,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import grpc
-from google.protobuf import message_factory
+from google.protobuf.descriptor import MethodDescriptor
 
 from aaren import __version__
 from aaren.oip.v2 import grpc_service_pb2 as pb
@@ -33,6 +33,7 @@ from aaren.oip.v2 import model_config_pb2 as mc
 from aaren.server.contract.columns import FORECAST, NEXT_SEQ, CoreRequest, ModelDescription, Outcomes
 from aaren.server.contract.core_api import CoreAPI, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
+from aaren.server.frontends.handlers import add_service
 from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError, StreamLoop, abort
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
@@ -536,24 +537,8 @@ def add_oip_servicer_to_server(servicer: OipServicer, server: grpc.aio.Server) -
     and the rest answering UNIMPLEMENTED with what is served instead."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     served = [m.name for m in service.methods if hasattr(servicer, m.name)]
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for method in service.methods:
-        request_class = message_factory.GetMessageClass(method.input_type)
-        response_class = message_factory.GetMessageClass(method.output_type)
-        behaviour: Callable[..., Awaitable[Any]] | Callable[..., AsyncIterator[Any]] = getattr(
-            servicer, method.name, None
-        ) or _unimplemented(method.name, served, method.server_streaming)
-        kind = {
-            (False, False): grpc.unary_unary_rpc_method_handler,
-            (False, True): grpc.unary_stream_rpc_method_handler,
-            (True, False): grpc.stream_unary_rpc_method_handler,
-            (True, True): grpc.stream_stream_rpc_method_handler,
-        }[(method.client_streaming, method.server_streaming)]
-        handlers[method.name] = kind(
-            behaviour,  # type: ignore[arg-type]
-            request_deserializer=request_class.FromString,
-            response_serializer=response_class.SerializeToString,
-        )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(OIP_SERVICE_NAME, handlers),))
-    if hasattr(server, "add_registered_method_handlers"):
-        server.add_registered_method_handlers(OIP_SERVICE_NAME, handlers)
+
+    def behaviour(method: MethodDescriptor) -> Callable[..., Any]:
+        return getattr(servicer, method.name, None) or _unimplemented(method.name, served, method.server_streaming)
+
+    add_service(server, service, behaviour, name=OIP_SERVICE_NAME)

@@ -143,14 +143,16 @@ class EventTask(RunTask):
             rows["n_events"].numpy(),
             top_k,
         )
-        new = {
-            "m": torch.from_numpy(out.m),
-            "u": torch.from_numpy(out.u),
-            "w": torch.from_numpy(out.w),
-            "n_events": torch.from_numpy(out.n_events),
-            FEATURES: torch.from_numpy(out.y),
-        }
-        return CheckedRows(new, None if out.finite.all() else out.finite), EventOutputs(*out.forecast)
+        new = CheckedRows(
+            m=torch.from_numpy(out.m),
+            u=torch.from_numpy(out.u),
+            w=torch.from_numpy(out.w),
+            n_events=torch.from_numpy(out.n_events),
+            features=torch.from_numpy(out.y),
+        )
+        if not out.finite.all():
+            new.finite = out.finite
+        return new, EventOutputs(*out.forecast)
 
     def _compile(self) -> None:
         """Swap the batched step and the forecast for ``torch.compile``d versions (inductor; the batch
