@@ -1,9 +1,9 @@
 """A gRPC service's method handlers from its descriptor, for the front ends that register one.
 
 Each rpc gets its request class's parser and its response class's serializer; a method named in
-``passthrough`` answers with replies that are already wire bytes, which gRPC sends as they are (the
-aaren.v1 stream writes its forecasts as bytes: parsing them into a message only for gRPC to serialize
-it again cost a reply two passes over the same bytes).
+``passthrough`` takes its requests as the wire bytes they are and answers with wire bytes, which gRPC
+sends as they are (the aaren.v1 stream reads its requests into columns in one compiled pass, and writes
+its forecasts as bytes: a message in between cost every request and reply a pass of its own).
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ def add_service(
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in service.methods:
         serialize = message_factory.GetMessageClass(method.output_type).SerializeToString
+        raw = method.name in passthrough
         handlers[method.name] = _KINDS[(method.client_streaming, method.server_streaming)](
             behaviour(method),  # type: ignore[arg-type]
-            request_deserializer=message_factory.GetMessageClass(method.input_type).FromString,
-            response_serializer=bytes if method.name in passthrough else serialize,  # bytes(b) is b itself
+            request_deserializer=None if raw else message_factory.GetMessageClass(method.input_type).FromString,
+            response_serializer=bytes if raw else serialize,  # bytes(b) is b itself
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     if hasattr(server, "add_registered_method_handlers"):

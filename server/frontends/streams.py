@@ -399,6 +399,8 @@ class StreamLoop(Generic[Q, R]):
                 except RefusedError as exc:
                     stream.add(_Place(request, started, reply=codec.refusal(request, exc.info)))
                     continue
+                except DecodeError:
+                    raise  # bytes that are no request end the call (``serve``), as a message gRPC could not read
                 except Exception:  # a bug must cost this request, not the stream
                     log.exception("decoding a request failed")
                     stream.add(_Place(request, started, reply=codec.refusal(request, Reasons.internal())))

@@ -20,14 +20,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+import numba
 import numpy as np
+from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from aaren.server.contract.columns import (
     ACK,
     DUPLICATE,
     FORECAST,
+    MAX_SEQ,
     CoreRequest,
+    EventColumns,
     ModelDescription,
     Outcomes,
     SampledFuture,
@@ -79,6 +83,8 @@ class _ModelView:
     wire: WireRows
     #: ``ref`` as the wire bytes of ``Forecast.model`` (field 7).
     ref_wire: bytes
+    #: what ``_read_request`` checks of an event: value width, marks, most session id bytes, NaN values pass
+    checks: tuple[int, int, int, bool]
 
 
 _DOUBLE = struct.Struct("<d")
@@ -103,6 +109,196 @@ def _timestamp(seconds: float) -> Timestamp:
     return ts
 
 
+# ------------------------------------------------------------------ a request's wire bytes, compiled
+# The stream takes its requests as wire bytes (gRPC does not parse them) and reads them here in one
+# compiled pass (numba) into columns, running the checks that need no state on the way: the common
+# request, well-formed with every event valid, becomes a ``CoreRequest`` with no Python object per
+# event but its session id. Anything else (a field this reader does not expect, a field given twice,
+# an event that fails a check, bytes that do not parse) is read by protobuf instead and checked by
+# ``EventChecker`` event by event, which says what is wrong: the same request, the same errors.
+
+#: what ``_read_request`` answers: ``_READ`` (columns, every event valid) or ``_PROTOBUF`` (read it so)
+_PROTOBUF, _READ = 0, 1
+_MAX_VARINT_BYTES = 9  # up to 2^63 - 1: a longer one (a negative enum, a seq past MAX_SEQ) goes to protobuf
+_MAX_SEQ = MAX_SEQ
+
+
+def _jit(fn: Any) -> Any:
+    """``numba.njit`` (numpy's error model), cached on disk where it can be written."""
+    try:
+        return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(cache=False, nogil=True, error_model="numpy")(fn)
+
+
+@_jit
+def _read_varint(buf: np.ndarray, at: int, end: int) -> tuple[int, int]:
+    """The varint at ``buf[at]`` and where it ends; ``(-1, at)`` where it is cut off or too long."""
+    value = 0
+    for k in range(_MAX_VARINT_BYTES):
+        if at >= end:
+            return -1, at
+        byte = np.int64(buf[at])
+        at += 1
+        value |= (byte & 0x7F) << (7 * k)
+        if byte < 0x80:
+            return value, at
+    return -1, at
+
+
+@_jit
+def _read_event(buf: np.ndarray, at: int, end: int, e: int, cols: tuple, checks: tuple) -> bool:
+    """Event ``e`` from ``buf[at:end]`` into the columns ``cols``; False where it is not as the common
+    event is (every field once at most, values packed) or fails a check (``checks``: value width, marks,
+    most id bytes, whether NaN values pass)."""
+    id_at, id_len, seqs, times, marks, values = cols
+    width, num_marks, max_id_bytes, missing_ok = checks
+    seen = 0
+    seqs[e], times[e], marks[e], id_len[e] = 0, 0.0, 0, 0
+    n_values = 0
+    while at < end:
+        key, at = _read_varint(buf, at, end)
+        if key < 0:
+            return False
+        field, wire_type = key >> 3, key & 7
+        if field < 1 or field > 5 or seen & (1 << field):
+            return False
+        seen |= 1 << field
+        if wire_type == 2 and (field == 1 or field == 5):
+            n, at = _read_varint(buf, at, end)
+            if n < 0 or at + n > end:
+                return False
+            if field == 1:
+                id_at[e], id_len[e] = at, n
+            else:
+                if n != 4 * width:
+                    return False
+                row = buf[at : at + n].view(np.float32)
+                for j in range(width):
+                    v = row[j]
+                    if not (np.isfinite(v) or (missing_ok and np.isnan(v))):
+                        return False
+                    values[e, j] = v
+                n_values = width
+            at += n
+        elif wire_type == 0 and (field == 2 or field == 4):
+            v, at = _read_varint(buf, at, end)
+            if v < 0:
+                return False
+            if field == 2:
+                seqs[e] = v
+            else:
+                marks[e] = v
+        elif wire_type == 1 and field == 3:
+            if at + 8 > end:
+                return False
+            times[e] = buf[at : at + 8].view(np.float64)[0]
+            at += 8
+        else:
+            return False
+    return (
+        n_values == width
+        and 0 < id_len[e] <= max_id_bytes
+        and 1 <= seqs[e] <= _MAX_SEQ
+        and marks[e] < num_marks
+        and np.isfinite(times[e])
+    )
+
+
+@_jit
+def _columns(n: int, width: int) -> tuple:
+    """Room for ``n`` events: session id offsets and lengths, seqs, times, marks, values ``[n, width]``."""
+    return (
+        np.empty(n, np.int64),
+        np.zeros(n, np.int64),
+        np.empty(n, np.int64),
+        np.empty(n, np.float64),
+        np.empty(n, np.int64),
+        np.zeros((n, width), np.float32),
+    )
+
+
+@_jit
+def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
+    """A ``StreamRequest``'s wire bytes: ``(how, head, cols)``, ``how`` ``_READ`` where it is the common
+    request (its fields once at most; every event read and valid), else ``_PROTOBUF``; ``head``: the
+    offsets and lengths of ``request_id`` and ``model``, ``forecast_mode``, ``top_k``, ``layout``; ``cols``:
+    the events' session id offsets and lengths, seqs, times, marks ``[n]`` and values ``[n, width]``."""
+    end = buf.shape[0]
+    head = np.zeros(7, np.int64)  # rid at, rid len, model at, model len, mode, top_k, layout
+    width = checks[0]
+    none = _columns(0, width)
+    seen = 0
+    n = 0
+    at = 0
+    while at < end:  # the request's own fields, and how many events
+        key, at = _read_varint(buf, at, end)
+        field, wire_type = key >> 3, key & 7
+        if key < 0 or field < 1 or field > 6 or (field != 2 and seen & (1 << field)):
+            return _PROTOBUF, head, none
+        seen |= 1 << field
+        if wire_type == 2 and (field == 1 or field == 2 or field == 6):
+            size, at = _read_varint(buf, at, end)
+            if size < 0 or at + size > end:
+                return _PROTOBUF, head, none
+            if field == 2:
+                n += 1
+            else:
+                k = 0 if field == 1 else 2
+                head[k], head[k + 1] = at, size
+            at += size
+        elif wire_type == 0 and field >= 3 and field <= 5:
+            v, at = _read_varint(buf, at, end)
+            if v < 0 or v > 0xFFFFFFFF:
+                return _PROTOBUF, head, none
+            head[field + 1] = v
+        else:
+            return _PROTOBUF, head, none
+    cols = _columns(n, width)
+    e = 0
+    at = 0
+    while at < end:  # the events, in order (the bytes were read above: no check needed on the way)
+        key, at = _read_varint(buf, at, end)
+        if key >> 3 == 2:
+            size, at = _read_varint(buf, at, end)
+            if not _read_event(buf, at, at + size, e, cols, checks):
+                return _PROTOBUF, head, none
+            e += 1
+            at += size
+        elif key & 7 == 2:
+            size, at = _read_varint(buf, at, end)
+            at += size
+        else:
+            _, at = _read_varint(buf, at, end)
+    return _READ, head, cols
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Header:
+    """What the stream keeps of a request it read as columns (the fields of ``pb.StreamRequest`` but
+    its events, which are in its ``CoreRequest``)."""
+
+    request_id: str
+    model: str
+    forecast_mode: int
+    top_k: int
+    layout: int
+
+
+#: A request as the stream keeps it: read as columns (its header), or by protobuf (the message).
+_Request = _Header | pb.StreamRequest
+
+
+def _key_of(request: _Request, core: CoreRequest | None, i: int) -> tuple[str, int]:
+    """Event ``i``'s session id and seq: from the message, or (a request read as columns, whose every
+    event is valid, positions ``0..n-1``) from its core request's columns."""
+    if isinstance(request, pb.StreamRequest):
+        event = request.events[i]
+        return event.session_id, event.seq
+    assert core is not None
+    return core.events.session_ids[i], int(core.events.seq[i])
+
+
 class ForecastServicer(pb_grpc.ForecastServiceServicer):
     """Registered before the server starts; calls are refused with UNAVAILABLE until ``attach``."""
 
@@ -110,7 +306,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self.settings = settings
         self.metrics = metrics
         self._core: CoreAPI | None = None
-        self._loop = StreamLoop[pb.StreamRequest, bytes](self, settings, metrics, "Stream")
+        self._loop = StreamLoop[bytes, bytes](self, settings, metrics, "Stream")
         #: The streaming rpc: each request is answered as soon as its events are applied and stored,
         #: in request order, at most ``max_inflight_requests_per_stream`` unanswered (``StreamLoop``).
         self.Stream = self._loop.serve
@@ -127,12 +323,18 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             ref = pb.ModelRef(name=d.name, version=d.version)
             ref_wire = pb.Forecast(model=ref).SerializeToString()
             submit, wire = core.submitter(d.name), wire_rows(encoder)
-            views[d.name] = _ModelView(d, ref, tuple(d.quantiles), checker, encoder, d.ranked, submit, wire, ref_wire)
+            checks = (d.value_width, d.num_marks, self.settings.max_session_id_bytes, d.missing_values)
+            views[d.name] = _ModelView(
+                d, ref, tuple(d.quantiles), checker, encoder, d.ranked, submit, wire, ref_wire, checks
+            )
         for alias, name in core.aliases.items():
             views.setdefault(alias, views[name])
         default = views[core.descriptions[0].name]
         self._views, self._default = views, default
         self._core = core
+        # the compiled request reader, ready (compiled, or loaded from numba's cache) before the first request
+        one = pb.StreamRequest(events=[pb.Event()]).SerializeToString()
+        _read_request(np.frombuffer(one, np.uint8), default.checks)
 
     def _view(self, model: str) -> _ModelView | None:
         """The model a request names ("" the default), None when this server does not serve it."""
@@ -174,19 +376,17 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         return min(k, view.ranked)
 
     def _response(
-        self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
+        self, request: _Request, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
     ) -> pb.StreamResponse:
         """The reply to ``request`` as a message (its ``core`` request, as checked, if at hand)."""
         return pb.StreamResponse.FromString(self._reply(request, outcomes, view, core))
 
-    def _reply(
-        self, request: pb.StreamRequest, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
-    ) -> bytes:
+    def _reply(self, request: _Request, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None) -> bytes:
         """The reply to ``request`` as the ``StreamResponse``'s wire bytes, which the stream hands gRPC as
         they are: a rows reply written as such (``request_id`` = 1, then the results, ``_results_wire``:
         what serializing the message would give), a refusal or a columns reply serialized."""
         if outcomes.request_error is None and request.layout != pb.RESPONSE_LAYOUT_COLUMNS:
-            results = self._results_wire(request.events, outcomes, request.top_k, view, core)
+            results = self._results_wire(request, outcomes, view, core)
             rid = request.request_id.encode()
             return b"\x0a%b%b%b" % (_varint(len(rid)), rid, results) if rid else results
         if outcomes.request_error is not None:
@@ -195,10 +395,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         return self._columns_response(request, outcomes, response, view, core).SerializeToString()
 
     def _forecast_keys(
-        self, events: Any, outcomes: Outcomes, core: CoreRequest | None
+        self, request: _Request, outcomes: Outcomes, core: CoreRequest | None
     ) -> tuple[list[str], list[int], list[float]]:
         """The session ids, seqs and times of the events with a forecast, in order: from ``core``'s
-        columns (the request as checked) when given, else from the messages ``events``."""
+        columns (the request as checked) when given, else from the request's messages."""
         positions = outcomes.forecast_index
         if not len(positions):
             return [], [], []
@@ -209,11 +409,12 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             rows = np.searchsorted(core.index, positions)  # where each sits among the valid (index increases)
             sids = [columns.session_ids[j] for j in rows.tolist()]
             return sids, columns.seq[rows].tolist(), columns.time[rows].tolist()
-        chosen = [events[i] for i in positions.tolist()]
+        assert isinstance(request, pb.StreamRequest)  # a request read as columns always has its core request
+        chosen = [request.events[i] for i in positions.tolist()]
         return [e.session_id for e in chosen], [e.seq for e in chosen], [e.time for e in chosen]
 
     def _results_wire(
-        self, events: Any, outcomes: Outcomes, top_k: int, view: _ModelView, core: CoreRequest | None = None
+        self, request: _Request, outcomes: Outcomes, view: _ModelView, core: CoreRequest | None = None
     ) -> bytes:
         """The reply's ``results`` (field 2 of ``StreamResponse``) as wire bytes, one ``EventResult``
         per event in request order: a forecast's from the task's wire bytes of its row (``wire``) and
@@ -221,8 +422,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         message. Parsed once into the reply, they cost no message object per event (``_forecast_keys``
         gives the forecasts' session ids, seqs and times)."""
         kinds = outcomes.kind.tolist()
-        sids, seqs, times = self._forecast_keys(events, outcomes, core)
-        task = view.wire(outcomes.outputs, self._top_k(top_k, view), times) if times else []
+        sids, seqs, times = self._forecast_keys(request, outcomes, core)
+        task = view.wire(outcomes.outputs, self._top_k(request.top_k, view), times) if times else []
         tail, pack, varint = view.ref_wire, _DOUBLE.pack, _varint
         parts = []
         f = 0
@@ -236,13 +437,14 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 f += 1
             else:
                 other = pb.StreamResponse()
-                self._add_result(other.results, events[i], outcomes, i, kind)
+                self._add_result(other.results, *_key_of(request, core, i), outcomes, i, kind)
                 parts.append(other.SerializeToString())
         return b"".join(parts)
 
-    def _add_result(self, results: Any, event: pb.Event, outcomes: Outcomes, i: int, kind: int) -> None:
-        """Append the row of an event answered without a forecast: an ack (maybe a duplicate) or an error."""
-        result = results.add(session_id=event.session_id, seq=event.seq)
+    def _add_result(self, results: Any, sid: str, seq: int, outcomes: Outcomes, i: int, kind: int) -> None:
+        """Append the row of event ``i`` (``sid``, ``seq``) answered without a forecast: an ack (maybe a
+        duplicate) or an error."""
+        result = results.add(session_id=sid, seq=seq)
         if kind in (ACK, DUPLICATE):
             result.duplicate = kind == DUPLICATE
             result.ack.SetInParent()
@@ -252,7 +454,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     def _columns_response(
         self,
-        request: pb.StreamRequest,
+        request: _Request,
         outcomes: Outcomes,
         response: pb.StreamResponse,
         view: _ModelView,
@@ -261,14 +463,13 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         """RESPONSE_LAYOUT_COLUMNS: one packed-field ``extend`` per column; the events without a
         forecast as ``results``."""
         index = outcomes.forecast_index
-        events = request.events
-        if len(index) != len(events):
-            kinds = outcomes.kind
+        kinds = outcomes.kind
+        if len(index) != len(kinds):
             for i in np.flatnonzero(kinds != FORECAST).tolist():
-                self._add_result(response.results, events[i], outcomes, i, int(kinds[i]))
+                self._add_result(response.results, *_key_of(request, core, i), outcomes, i, int(kinds[i]))
         if not len(index):
             return response
-        sids, seqs, last_times = self._forecast_keys(events, outcomes, core)
+        sids, seqs, last_times = self._forecast_keys(request, outcomes, core)
         block = response.forecast_columns
         block.event_index.extend(index.tolist())
         block.session_id.extend(sids)
@@ -305,9 +506,15 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
 
     # ------------------------------------------------------------------ the stream (StreamCodec)
 
-    def decode(self, request: pb.StreamRequest, tenant: str) -> Accepted[bytes]:
-        """The request as columns and its encoder; an unknown model or enum is refused (and counted)."""
+    def decode(self, request: bytes | pb.StreamRequest, tenant: str) -> Accepted[bytes]:
+        """The request (its wire bytes, or a message) as columns and its encoder; an unknown model or
+        enum is refused (and counted); bytes that do not parse raise ``DecodeError``."""
         assert self._core is not None
+        if isinstance(request, bytes):
+            read = self._read(request, tenant)
+            if read is not None:
+                return read
+            request = pb.StreamRequest.FromString(request)  # protobuf says what is wrong
         view = self._view(request.model)
         if view is None:
             info = Reasons.served_model_unknown(request.model, self._served_names())
@@ -325,11 +532,61 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         core = self.core_request(request, tenant, view)
         return Accepted(core, lambda o: self._reply(request, o, view, core), view.submit)
 
-    def refusal(self, request: pb.StreamRequest, info: ErrorInfo) -> bytes:
+    def _read(self, raw: bytes, tenant: str) -> Accepted[bytes] | None:
+        """The common request read from its wire bytes in one compiled pass (``_read_request``): a
+        request of a served model, known enums, every event valid; None for any other, which
+        ``decode`` reads with protobuf and checks event by event."""
+        view = self._default
+        assert view is not None
+        buf = np.frombuffer(raw, np.uint8)
+        how, head, cols = _read_request(buf, view.checks)
+        if how != _READ:
+            return None
+        rid_at, rid_len, model_at, model_len, mode, top_k, layout = head.tolist()
+        try:
+            model = raw[model_at : model_at + model_len].decode() if model_len else ""
+            if model:
+                named = self._view(model)
+                if named is None:
+                    return None
+                if named is not view:
+                    view = named
+                    how, _, cols = _read_request(buf, view.checks)
+                    if how != _READ:
+                        return None
+            if layout not in _LAYOUTS or mode not in _FORECAST_MODES:
+                return None
+            id_at, id_len, seqs, times, marks, values = cols
+            if len(seqs) == 1:
+                a = int(id_at[0])
+                ids = [raw[a : a + int(id_len[0])].decode()]
+            else:
+                ids = [raw[a : a + n].decode() for a, n in zip(id_at.tolist(), id_len.tolist(), strict=True)]
+            header = _Header(raw[rid_at : rid_at + rid_len].decode() if rid_len else "", model, mode, top_k, layout)
+        except UnicodeDecodeError:
+            return None  # protobuf refuses it
+        core = CoreRequest(
+            len(ids),
+            np.arange(len(ids)),
+            EventColumns(ids, seqs, times, marks, values),
+            {},
+            top_k=top_k,
+            last_only=mode == pb.FORECAST_MODE_LAST_PER_SESSION,
+            tenant=tenant,
+            model=view.description.name,
+        )
+        return Accepted(core, lambda o: self._reply(header, o, view, core), view.submit)
+
+    def refusal(self, request: bytes | _Request, info: ErrorInfo) -> bytes:
         """The reply that refuses ``request`` whole, as the stream sends it (wire bytes)."""
         return self._refused(request, info).SerializeToString()
 
-    def _refused(self, request: pb.StreamRequest, info: ErrorInfo) -> pb.StreamResponse:
+    def _refused(self, request: bytes | _Request, info: ErrorInfo) -> pb.StreamResponse:
+        if isinstance(request, bytes):  # its request id, if it has one that parses
+            try:
+                request = pb.StreamRequest.FromString(request)
+            except DecodeError:
+                request = pb.StreamRequest()
         return pb.StreamResponse(request_id=request.request_id, request_error=self._error(info))
 
     # ------------------------------------------------------------------ outside a gRPC call
