@@ -989,7 +989,8 @@ class Batcher:
                 new_rows = {k: v.index_select(0, kept_index) for k, v in new_rows.items()}
             existed = stored.exists[kept_sess]
             save = SaveBatch(
-                session_ids=[ids[u] for u in kept_sess.tolist()],
+                # every session of the batch, in order: the loaded list itself (a store may know it again)
+                session_ids=ids if len(kept_sess) == len(ids) else [ids[u] for u in kept_sess.tolist()],
                 tensors=new_rows,
                 last_seq=seq[last],
                 last_time=work.events.time[last],

@@ -34,6 +34,7 @@ from aaren.server.stores.base import ABSENT_LAST_TIME, LoadedBatch, SaveBatch, S
 __all__ = ["IdIndex", "MemoryStore"]
 
 INITIAL_ROWS = 1024
+_NOTHING_LOOKED_UP: tuple[Sequence[str], int, np.ndarray] = ((), -1, np.zeros(0, np.int64))
 TOMBSTONES = 100_000
 #: Log entries a scan of the write order reads at a time.
 SCAN_CHUNK = 4096
@@ -50,6 +51,8 @@ class MemoryStore(SessionStore):
         #: On the CPU, the pools' own memory as numpy arrays: a gather or scatter of a few rows costs
         #: numpy's fancy indexing (about a microsecond) where torch's index ops cost three.
         self._arrays = self._numpy_views()
+        #: the ids of the last load, the index's changes then, and their slots (``load``, ``save``)
+        self._looked_up: tuple[Sequence[str], int, np.ndarray] = _NOTHING_LOOKED_UP
         #: session id -> slot (and back, for eviction), with no Python object per session
         _warm_ids()  # its compiled passes, ready before the first request
         self._index = IdIndex(rows)
@@ -79,6 +82,8 @@ class MemoryStore(SessionStore):
 
     async def load(self, session_ids: Sequence[str]) -> LoadedBatch:
         slots = self._index.lookup(session_ids)
+        # a save of the same ids (the same list) before the index changes finds them here, not again
+        self._looked_up = (session_ids, self._index.changes, slots)
         if self._arrays is not None:
             tensors = {k: torch.from_numpy(array[slots]) for k, array in self._arrays.items()}
         else:
@@ -97,7 +102,10 @@ class MemoryStore(SessionStore):
 
     async def save(self, batch: SaveBatch) -> list[bool]:
         session_ids = batch.session_ids
-        slots = self._index.lookup(session_ids)
+        ids, changes, slots = self._looked_up
+        if ids is not session_ids or changes != self._index.changes:
+            slots = self._index.lookup(session_ids)
+        self._looked_up = _NOTHING_LOOKED_UP
         # Compare-and-set: slot 0's seq is 0, so a new session is written iff 0 was expected.
         ok = self._seq[slots] == np.asarray(batch.expected_seqs, dtype=np.int64)
         self._mark = self._tail
@@ -461,6 +469,8 @@ class IdIndex:
         self._table = np.full(_table_size(rows), _EMPTY, np.int32)
         self._live = 0
         self._deleted = 0
+        #: inserts and removals so far: a slot looked up before is still the id's while this is unchanged
+        self.changes = 0
 
     def __len__(self) -> int:
         return self._live
@@ -502,6 +512,7 @@ class IdIndex:
         self._hashes[slots] = np.array([hash(sid) for sid in ids], dtype=np.int64)
         self._deleted -= _place(self._table, self._hashes, slots)
         self._live += len(ids)
+        self.changes += 1
 
     def remove(self, slots: np.ndarray) -> list[str]:
         """Take the ids at ``slots`` (held ones) out; returns them."""
@@ -511,6 +522,7 @@ class IdIndex:
         self._lengths[slots] = 0
         self._live -= len(ids)
         self._deleted += len(ids)
+        self.changes += 1
         return ids
 
     def id_of(self, slot: int) -> str:
