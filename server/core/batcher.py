@@ -22,10 +22,10 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-import numba
 import numpy as np
 import torch
 
+from aaren.jit import compiled
 from aaren.server.contract.columns import (
     ERROR,
     CoreRequest,
@@ -87,15 +87,7 @@ class Why:
     NONE, MODEL_MISMATCH, SESSION_MISSING, SEQ_GAP, TIME_BEFORE_LAST, OFF_GRID, GAP_TOO_LONG = range(7)
 
 
-def _jit(fn: Any) -> Any:
-    """``numba.njit``, cached on disk where a cache can be written (else compiled once per process)."""
-    try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, nogil=True)(fn)
-
-
-@_jit
+@compiled
 def _grid_check(dt: float, step: float, max_gap_steps: int) -> int:
     """The grid check of an event ``dt`` seconds after its session's previous one, for a model of step
     ``D = step``: with ``k = round(dt / D) - 1`` missing steps, ``OFF_GRID`` where
@@ -109,7 +101,7 @@ def _grid_check(dt: float, step: float, max_gap_steps: int) -> int:
     return 0
 
 
-@_jit
+@compiled
 def plan_verdicts(
     sess: np.ndarray,
     seq: np.ndarray,
@@ -183,7 +175,7 @@ def plan_verdicts(
     return out_seq, verdict, reason, dup_seq, ref_seq, ref_time, refused
 
 
-@_jit
+@compiled
 def plan_runs(
     verdict: np.ndarray,
     sess: np.ndarray,
@@ -263,7 +255,7 @@ def plan_runs(
     return applied, starts, lengths, run_sess, run_of, ends, dt, want, in_order
 
 
-@_jit
+@compiled
 def plan_outcomes(
     verdict: np.ndarray,
     sess: np.ndarray,
@@ -327,7 +319,7 @@ def plan_outcomes(
     return kind, last_seq, forecast_row, failed_run, n_applied, n_dups, row
 
 
-@_jit
+@compiled
 def rows_finite(views: Any) -> tuple[np.ndarray, int]:
     """Which rows ``r`` of a batch's new state are finite in every field: ``views`` is a tuple of its float
     fields as ``[R, n]`` arrays of one dtype and layout. Returns ``finite [R]`` and how many are not (a numeric

@@ -22,13 +22,12 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
-import numba
 import numpy as np
 import torch
 from torch import Tensor
 
+from aaren.jit import compiled
 from aaren.server.stores.base import ABSENT_LAST_TIME, LoadedBatch, SaveBatch, SessionMeta, SessionStore, StateLayout
 
 __all__ = ["IdIndex", "MemoryStore"]
@@ -365,15 +364,7 @@ _ARENA_SLACK = 1.5
 _ENCODING = ("utf-8", "surrogatepass")
 
 
-def _jit(fn: Any) -> Any:
-    """``numba.njit``, cached on disk where a cache can be written (else compiled once per process)."""
-    try:
-        return numba.njit(cache=True, nogil=True)(fn)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, nogil=True)(fn)
-
-
-@_jit
+@compiled
 def _same(arena: np.ndarray, start: int, query: np.ndarray, q_start: int, n: int) -> bool:
     for i in range(n):  # noqa: SIM110 (a loop numba compiles; all() of a generator it does not)
         if arena[start + i] != query[q_start + i]:
@@ -381,7 +372,7 @@ def _same(arena: np.ndarray, start: int, query: np.ndarray, q_start: int, n: int
     return True
 
 
-@_jit
+@compiled
 def _lookup(
     table: np.ndarray,
     hashes: np.ndarray,
@@ -414,7 +405,7 @@ def _lookup(
     return out
 
 
-@_jit
+@compiled
 def _place(table: np.ndarray, hashes: np.ndarray, slots: np.ndarray) -> int:
     """Enter ``slots`` (their hashes set) into ``table`` at the first free place of each probe; returns how
     many deleted places were reused."""
@@ -430,7 +421,7 @@ def _place(table: np.ndarray, hashes: np.ndarray, slots: np.ndarray) -> int:
     return reused
 
 
-@_jit
+@compiled
 def _unplace(table: np.ndarray, hashes: np.ndarray, slots: np.ndarray) -> None:
     """Mark the places of ``slots`` (each in the table) deleted."""
     mask = table.shape[0] - 1
@@ -441,7 +432,7 @@ def _unplace(table: np.ndarray, hashes: np.ndarray, slots: np.ndarray) -> None:
         table[i] = _DELETED
 
 
-@_jit
+@compiled
 def _compact(arena: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, out: np.ndarray) -> int:
     """Copy the bytes of every held id (``lengths > 0``) into ``out``, one after another, their offsets moved
     there; returns the bytes used."""

@@ -42,10 +42,10 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import numba
 import numpy as np
 import torch
 
+from aaren.jit import compiled
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
 
@@ -60,18 +60,10 @@ FASTMATH: bool | set[str] = {"1": True, "reassoc": {"reassoc", "contract"}}.get(
     os.environ.get("AAREN_KERNEL_FASTMATH", ""), False
 )
 
-_JIT_OPTIONS = {"fastmath": FASTMATH, "nogil": True, "error_model": "numpy"}
-
 
 def _jit(fn: Callable[..., Any], fastmath: bool | set[str] = FASTMATH) -> Any:
-    """``numba.njit`` with the module's options, cached on disk (in ``NUMBA_CACHE_DIR`` where set, else in
-    ``__pycache__`` beside this file, else in numba's user-wide directory); where none is writable (a read-only
-    install, a user without a home), uncached: each process then compiles on its first call."""
-    options = {**_JIT_OPTIONS, "fastmath": fastmath}
-    try:
-        return numba.njit(cache=True, **options)(fn)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, **options)(fn)
+    """``aaren.jit.compiled`` (numba's disk cache) with the module's ``fastmath`` and numpy's error model."""
+    return compiled(fn, fastmath=fastmath, error_model="numpy")
 
 
 #: the matrix products' ``fastmath``: contraction (``a + x w`` as one fused multiply-add, rounded once, as

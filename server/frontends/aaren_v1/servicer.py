@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-import numba
 import numpy as np
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from aaren.jit import compiled
 from aaren.server.contract.columns import (
     ACK,
     DUPLICATE,
@@ -123,15 +123,7 @@ _MAX_VARINT_BYTES = 9  # up to 2^63 - 1: a longer one (a negative enum, a seq pa
 _MAX_SEQ = MAX_SEQ
 
 
-def _jit(fn: Any) -> Any:
-    """``numba.njit`` (numpy's error model), cached on disk where it can be written."""
-    try:
-        return numba.njit(cache=True, nogil=True, error_model="numpy")(fn)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(cache=False, nogil=True, error_model="numpy")(fn)
-
-
-@_jit
+@compiled(error_model="numpy")
 def _read_varint(buf: np.ndarray, at: int, end: int) -> tuple[int, int]:
     """The varint at ``buf[at]`` and where it ends; ``(-1, at)`` where it is cut off or too long."""
     value = 0
@@ -146,7 +138,7 @@ def _read_varint(buf: np.ndarray, at: int, end: int) -> tuple[int, int]:
     return -1, at
 
 
-@_jit
+@compiled(error_model="numpy")
 def _read_event(buf: np.ndarray, at: int, end: int, e: int, cols: tuple, checks: tuple) -> bool:
     """Event ``e`` from ``buf[at:end]`` into the columns ``cols``; False where it is not as the common
     event is (every field once at most, values packed) or fails a check (``checks``: value width, marks,
@@ -205,7 +197,7 @@ def _read_event(buf: np.ndarray, at: int, end: int, e: int, cols: tuple, checks:
     )
 
 
-@_jit
+@compiled(error_model="numpy")
 def _columns(n: int, width: int) -> tuple:
     """Room for ``n`` events: session id offsets and lengths, seqs, times, marks, values ``[n, width]``."""
     return (
@@ -218,7 +210,7 @@ def _columns(n: int, width: int) -> tuple:
     )
 
 
-@_jit
+@compiled(error_model="numpy")
 def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
     """A ``StreamRequest``'s wire bytes: ``(how, head, cols)``, ``how`` ``_READ`` where it is the common
     request (its fields once at most; every event read and valid), else ``_PROTOBUF``; ``head``: the
