@@ -86,7 +86,7 @@ class MemoryStore(SessionStore):
         if self._arrays is not None:
             tensors = {k: torch.from_numpy(array[slots]) for k, array in self._arrays.items()}
         else:
-            index = self._index(slots)
+            index = self._positions(slots)
             tensors = {k: pool.index_select(0, index) for k, pool in self._pool.items()}
         return LoadedBatch(
             present=slots != 0,
@@ -139,8 +139,8 @@ class MemoryStore(SessionStore):
                     rows = batch.tensors[k].numpy()
                     array[dst] = rows if written is None else rows[written]
             else:
-                index = self._index(dst)
-                src = None if written is None else self._index(written)
+                index = self._positions(dst)
+                src = None if written is None else self._positions(written)
                 for k, pool in self._pool.items():
                     row = batch.tensors[k] if src is None else batch.tensors[k].index_select(0, src)
                     pool.index_copy_(0, index, row.to(pool.device, pool.dtype))
@@ -153,7 +153,7 @@ class MemoryStore(SessionStore):
             return None
         return {k: pool.numpy() for k, pool in self._pool.items()}
 
-    def _index(self, positions: np.ndarray) -> Tensor:
+    def _positions(self, positions: np.ndarray) -> Tensor:
         """``positions`` (int64) as an index tensor on the pool's device (shared memory on the CPU)."""
         index = torch.from_numpy(positions)
         return index if self._device.type == "cpu" else index.to(self._device)

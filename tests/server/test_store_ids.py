@@ -56,3 +56,42 @@ def test_ids_of_one_hash_are_told_apart_by_their_bytes(monkeypatch: pytest.Monke
     assert index.lookup(names).tolist() == [1, 0, 3, 4, 0, 6, 7]
     index.insert(["s22"], np.array([9]))
     assert index.lookup(["s22", "s1"]).tolist() == [9, 0]
+
+
+def test_the_stores_torch_path_keeps_what_its_numpy_path_keeps() -> None:
+    """Off the CPU the memory store gathers and scatters with torch's index ops (on the CPU, through numpy
+    views of its pools): the same rows and metadata either way, as sessions come, change and go."""
+    import asyncio
+
+    import torch
+
+    from aaren.server.stores.base import SaveBatch, StateLayout
+    from aaren.server.stores.memory import MemoryStore
+
+    layout = StateLayout({"m": torch.zeros(2, 3), "n": torch.zeros((), dtype=torch.int64)})
+    stores = [MemoryStore(layout, capacity=40, idle_ttl_s=3600.0) for _ in range(2)]
+    stores[1]._arrays = None  # the torch path, as on a GPU
+
+    async def run() -> None:
+        rng = np.random.default_rng(0)
+        seqs: dict[str, int] = {}
+        for step in range(60):
+            ids = sorted({f"s{int(i)}" for i in rng.integers(0, 60, 8)})
+            expected = np.array([seqs.get(sid, 0) for sid in ids], dtype=np.int64)
+            rows = {"m": torch.randn(len(ids), 2, 3), "n": torch.arange(len(ids), dtype=torch.int64) + step}
+            saved = SaveBatch(ids, rows, expected + 1, np.full(len(ids), float(step)), np.zeros(len(ids)),
+                              np.full(len(ids), float(step)), "v1", expected)  # fmt: skip
+            assert await stores[0].save(saved) == await stores[1].save(saved)
+            for sid in ids:
+                seqs[sid] = seqs.get(sid, 0) + 1
+            if step % 7 == 3:
+                gone = ids[0]
+                await stores[0].delete(gone)
+                await stores[1].delete(gone)
+                seqs.pop(gone)
+            asked = [f"s{i}" for i in range(60)]
+            a, b = await stores[0].load(asked), await stores[1].load(asked)
+            assert a.present.tolist() == b.present.tolist() and a.last_seq.tolist() == b.last_seq.tolist()
+            assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in ("m", "n"))
+
+    asyncio.run(run())
