@@ -4,10 +4,10 @@ Accepted requests wait in one FIFO queue. A batch takes events from its head (up
 ``max_batch_events`` events of at most ``max_batch_size`` sessions; a request may be split over
 batches, in order), loads the sessions' state, checks every event against it (seq order, time
 order, model version; for a model of regular steps, ``step_seconds > 0``, the step grid and the
-longest gap it fills) with array operations, applies each session's events in order in one
-batched model call (``EventTask.apply``: one step for sessions with one event, the parallel scan for
-longer runs), writes the new state, and only then answers (docs/architecture.md: acknowledgement
-means durable). Batches run one after another, so a session is in one batch at a time and its
+longest gap it fills) in one compiled pass over the batch (the plan below), applies each session's
+events in order in one batched model call (``EventTask.apply``: one step for sessions with one event,
+the parallel scan for longer runs), writes the new state, and only then answers (docs/architecture.md:
+acknowledgement means durable). Batches run one after another, so a session is in one batch at a time and its
 events apply in order. Nothing here knows a protocol.
 """
 
