@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+import enum
 import logging
 import time
 from collections import Counter, deque
@@ -27,7 +28,11 @@ import torch
 
 from aaren.jit import compiled
 from aaren.server.contract.columns import (
+    ACK,
+    DUPLICATE,
     ERROR,
+    FORECAST,
+    NEXT_SEQ,
     CoreRequest,
     Outcomes,
     OutputColumns,
@@ -76,15 +81,18 @@ _OBSERVE_ONE_BY_ONE = 4
 APPLY, DUP, DUP_OF_BATCH, ERR = 0, 1, 2, 3
 #: How far an event of a model of regular steps may be from its session's grid (seconds).
 GRID_TOLERANCE_S = 1e-3
-# Outcome kinds (aaren.server.contract.columns: FORECAST, ACK, DUPLICATE, ERROR).
-_FORECAST, _ACK, _DUPLICATE, _ERROR = 0, 1, 2, 3
-_NEXT_SEQ = 0
 
 
-class Why:
+class Why(enum.IntEnum):
     """Why ``plan_verdicts`` refused an event (``reason [E]``; 0 where it did not)."""
 
-    NONE, MODEL_MISMATCH, SESSION_MISSING, SEQ_GAP, TIME_BEFORE_LAST, OFF_GRID, GAP_TOO_LONG = range(7)
+    NONE = 0
+    MODEL_MISMATCH = 1
+    SESSION_MISSING = 2
+    SEQ_GAP = 3
+    TIME_BEFORE_LAST = 4
+    OFF_GRID = 5
+    GAP_TOO_LONG = 6
 
 
 @compiled
@@ -95,10 +103,10 @@ def _grid_check(dt: float, step: float, max_gap_steps: int) -> int:
     else 0 (on the grid)."""
     steps = np.rint(dt / step)
     if steps < 1 or abs(dt - steps * step) > GRID_TOLERANCE_S:
-        return 5  # Why.OFF_GRID
+        return Why.OFF_GRID
     if steps - 1 > max_gap_steps:
-        return 6  # Why.GAP_TOO_LONG
-    return 0
+        return Why.GAP_TOO_LONG
+    return Why.NONE
 
 
 @compiled
@@ -106,7 +114,6 @@ def plan_verdicts(
     sess: np.ndarray,
     seq: np.ndarray,
     times: np.ndarray,
-    exists: np.ndarray,
     stored_seq: np.ndarray,
     stored_time: np.ndarray,
     foreign: np.ndarray,
@@ -114,8 +121,8 @@ def plan_verdicts(
     max_gap_steps: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """The verdict of each event ``i`` of session ``sess[i]`` (``[E]``, batch order) against the stored
-    columns ``[U]`` (``exists``; ``stored_seq``, ``stored_time``: the last applied seq and time, 0 and -inf
-    for a session without state; ``foreign``: written by another model version), each applied event moving
+    columns ``[U]`` (``stored_seq``, ``stored_time``: the last applied seq and time, 0 and -inf for a
+    session without state; ``foreign``: written by another model version), each applied event moving
     its session's seq and time on for the events after it. ``step > 0``: a model of regular steps.
 
     Returns ``seq [E]`` with ``NEXT_SEQ`` (0) resolved to the seq after the session's last applied one
@@ -140,37 +147,33 @@ def plan_verdicts(
         last = cur_seq[u]
         ref_seq[i] = last
         ref_time[i] = cur_time[u]
+        why = Why.NONE
         if foreign[u]:
-            verdict[i] = 3
-            reason[i] = 1  # MODEL_MISMATCH
-            refused += 1
-            continue
-        if s == _NEXT_SEQ and last > 0:
-            s = last + 1
-            out_seq[i] = s
-        if s == _NEXT_SEQ or (last == 0 and s > 1):
-            verdict[i] = 3
-            reason[i] = 2  # SESSION_MISSING
-        elif s <= stored_seq[u]:
-            verdict[i] = 1  # DUP
-            dup_seq[i] = stored_seq[u]
-        elif s <= last:
-            verdict[i] = 2  # DUP_OF_BATCH
-        elif s > last + 1:
-            verdict[i] = 3
-            reason[i] = 3  # SEQ_GAP
-        elif t < cur_time[u]:
-            verdict[i] = 3
-            reason[i] = 4  # TIME_BEFORE_LAST
+            why = Why.MODEL_MISMATCH
         else:
-            off = _grid_check(t - cur_time[u], step, max_gap_steps) if last > 0 and step > 0 else 0
-            if off:
-                verdict[i] = 3
-                reason[i] = off
+            if s == NEXT_SEQ and last > 0:
+                s = last + 1
+                out_seq[i] = s
+            if s == NEXT_SEQ or (last == 0 and s > 1):
+                why = Why.SESSION_MISSING
+            elif s <= stored_seq[u]:
+                verdict[i] = DUP
+                dup_seq[i] = stored_seq[u]
+            elif s <= last:
+                verdict[i] = DUP_OF_BATCH
+            elif s > last + 1:
+                why = Why.SEQ_GAP
+            elif t < cur_time[u]:
+                why = Why.TIME_BEFORE_LAST
             else:
-                cur_seq[u] = s
-                cur_time[u] = t
-        if verdict[i] == 3:
+                if last > 0 and step > 0:
+                    why = _grid_check(t - cur_time[u], step, max_gap_steps)
+                if why == Why.NONE:
+                    cur_seq[u] = s
+                    cur_time[u] = t
+        if why != Why.NONE:
+            verdict[i] = ERR
+            reason[i] = why
             refused += 1
     return out_seq, verdict, reason, dup_seq, ref_seq, ref_time, refused
 
@@ -208,7 +211,7 @@ def plan_runs(
     count = np.zeros(n_sessions + 1, np.int64)
     n_applied = 0
     for i in range(n):
-        if verdict[i] == 0:
+        if verdict[i] == APPLY:
             count[sess[i] + 1] += 1
             n_applied += 1
     n_runs = 0
@@ -218,7 +221,7 @@ def plan_runs(
         count[u + 1] += count[u]
     applied = np.empty(n_applied, np.int64)
     for i in range(n):
-        if verdict[i] == 0:
+        if verdict[i] == APPLY:
             u = sess[i]
             applied[count[u]] = i
             count[u] += 1
@@ -277,7 +280,7 @@ def plan_outcomes(
     run whose failure is the event's error; -1: none), the numbers applied and duplicate, and the rows of
     those outputs."""
     n = sess.shape[0]
-    kind = np.full(n, _ERROR, np.int8)
+    kind = np.full(n, ERROR, np.int8)
     last_seq = np.zeros(n, np.int64)
     forecast_row = np.full(n, -1, np.int64)
     failed_run = np.full(n, -1, np.int64)
@@ -291,10 +294,10 @@ def plan_outcomes(
             last_seq[i] = seq[i]
             n_applied += 1
             if want[a]:
-                kind[i] = _FORECAST
+                kind[i] = FORECAST
                 forecast_row[i] = row
             else:
-                kind[i] = _ACK
+                kind[i] = ACK
         else:
             failed_run[i] = r
         if want[a]:
@@ -304,14 +307,14 @@ def plan_outcomes(
         run_of_sess[run_sess[r]] = r
     for i in range(n):
         v = verdict[i]
-        if v == 1:  # DUP
-            kind[i] = _DUPLICATE
+        if v == DUP:
+            kind[i] = DUPLICATE
             last_seq[i] = dup_seq[i]
             n_dups += 1
-        elif v == 2:  # DUP_OF_BATCH: as its session's run went
+        elif v == DUP_OF_BATCH:  # as its session's run went
             r = run_of_sess[sess[i]]
             if r >= 0 and ok_run[r]:
-                kind[i] = _DUPLICATE
+                kind[i] = DUPLICATE
                 last_seq[i] = seq[applied[ends[r]]]
                 n_dups += 1
             elif r >= 0:
@@ -345,7 +348,7 @@ def warm_plan() -> None:
     """Compile (or load from numba's cache) every pass now, on a batch of one event, so that no request
     pays for it: the engine core calls this as it starts."""
     one, zero, time = np.zeros(1, np.int64), np.zeros(1, np.bool_), np.zeros(1)
-    out_seq, verdict, _, dup_seq, *_ = plan_verdicts(one, one + 1, time, zero, one, time, zero, 0.0, 0)
+    out_seq, verdict, _, dup_seq, *_ = plan_verdicts(one, one + 1, time, one, time, zero, 0.0, 0)
     applied, _, _, run_sess, run_of, ends, _, want, _ = plan_runs(verdict, one, time, zero, time, one + 1, zero, 1)
     plan_outcomes(verdict, one, out_seq, dup_seq, applied, want, run_of, run_sess, ends, np.ones(1, np.bool_), 1)
     rows_finite((np.zeros((1, 1), np.float32),))
@@ -812,7 +815,7 @@ class Batcher:
         Returns the seqs with ``NEXT_SEQ`` resolved (a copy), verdicts ``[E]``, errors by batch
         position, and the last seq a duplicate is acknowledged with ``[E]``."""
         seq, verdict, reason, dup_seq, ref_seq, ref_time, refused = plan_verdicts(
-            sess, seq, times, stored.exists, stored.last_seq, stored.last_time, stored.foreign,
+            sess, seq, times, stored.last_seq, stored.last_time, stored.foreign,
             self._step_s, self._max_gap_steps,
         )  # fmt: skip
         errors: dict[int, ErrorInfo] = {}

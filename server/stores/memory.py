@@ -48,7 +48,7 @@ class MemoryStore(SessionStore):
         self._pool: dict[str, Tensor] = layout.empty(rows)
         self._device = layout.device
         #: On the CPU, the pools' own memory as numpy arrays: a gather or scatter of a few rows costs
-        #: numpy's fancy indexing (about a microsecond) where torch's index ops cost three.
+        #: numpy's fancy indexing (a fraction of a microsecond) where torch's index ops cost about three.
         self._arrays = self._numpy_views()
         #: the ids of the last load, the index's changes then, and their slots (``load``, ``save``)
         self._looked_up: tuple[Sequence[str], int, np.ndarray] = _NOTHING_LOOKED_UP

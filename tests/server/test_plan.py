@@ -78,7 +78,7 @@ def batches(draw):
 def test_the_plan_follows_the_rules(batch):
     sess, seq, times, exists, stored_seq, stored_time, foreign, step, counts, last_only = batch
     most = 2
-    got = plan.plan_verdicts(sess, seq, times, exists, stored_seq, stored_time, foreign, step, most)
+    got = plan.plan_verdicts(sess, seq, times, stored_seq, stored_time, foreign, step, most)
     out_seq, verdict, why, dup_seq, ref_seq, ref_time, refused = got
     want = oracle_verdicts(sess, seq, times, exists, stored_seq, stored_time, foreign, step, most)
     for i, (s, v, w, d, rs, rt) in enumerate(want):

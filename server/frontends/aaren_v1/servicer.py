@@ -597,8 +597,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             return self._refused(request, Reasons.loading() if self._core is None else Reasons.core_unavailable())
         if self._core.draining:
             return self._refused(request, Reasons.shutting_down())
-        try:  # as its wire bytes: the compiled read where it applies, as the stream reads it
-            accepted = self.decode(request.SerializeToString(), tenant)
+        try:  # the compiled read of its wire bytes where it applies, as the stream reads it; else the message
+            accepted = self._read(request.SerializeToString(), tenant) or self.decode(request, tenant)
         except RefusedError as exc:
             return self._refused(request, exc.info)
         if before_store is not None:

@@ -144,11 +144,13 @@ class EventTask(RunTask):
             top_k,
         )
         new = CheckedRows(
-            m=torch.from_numpy(out.m),
-            u=torch.from_numpy(out.u),
-            w=torch.from_numpy(out.w),
-            n_events=torch.from_numpy(out.n_events),
-            features=torch.from_numpy(out.y),
+            {
+                "m": torch.from_numpy(out.m),
+                "u": torch.from_numpy(out.u),
+                "w": torch.from_numpy(out.w),
+                "n_events": torch.from_numpy(out.n_events),
+                FEATURES: torch.from_numpy(out.y),
+            }
         )
         if not out.finite.all():
             new.finite = out.finite
