@@ -32,7 +32,7 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Generic, NoReturn, Protocol, TypeVar
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 import grpc
 import numpy as np
@@ -211,11 +211,14 @@ class EventChecker:
 class Accepted(Generic[R]):
     """A decoded request: what the core is sent, and how its answer becomes a reply."""
 
-    request: CoreRequest
-    #: The reply to the core's outcomes, called on a later loop turn than the core's answer.
-    encode: Callable[[Outcomes], R]
-    #: Where the request goes: the ``CoreAPI.submitter`` of its model.
-    submit: Callable[[CoreRequest, OnDone], None]
+    #: What ``submit`` is handed: the core's request, or a codec's own form of it (aaren.v1's gathered
+    #: one-event requests, ``OneEvent``, which its ``Gather`` submits as a group).
+    request: CoreRequest | Any
+    #: The reply to the core's outcomes, called on a later loop turn than the core's answer; a
+    #: request whose answer is its reply already (aaren.v1's gathered requests) passes it on.
+    encode: Callable[[Outcomes | R], R]
+    #: Where the request goes: the ``CoreAPI.submitter`` of its model, or what hands it on to it.
+    submit: Callable[[Any, OnDone], None]
     #: Awaited before the request is submitted, once every earlier request of the stream is
     #: answered (OIP's sequence_start ends the session of that id first).
     before: Callable[[], Awaitable[None]] | None = None
@@ -249,7 +252,7 @@ class _Place(Generic[Q, R]):
 
     request: Q
     started: float
-    answer: asyncio.Future[Outcomes] | None = None
+    answer: asyncio.Future[Outcomes | R] | None = None
     accepted: Accepted[R] | None = None
     reply: R | None = None
     #: Its answer came at once (a refusal at submit) and its retry hint already paused the reader.
@@ -289,7 +292,7 @@ class OrderedReplies(Generic[Q, R]):
             else:
                 place.answer.add_done_callback(self._answered)
 
-    def _answered(self, _: asyncio.Future[Outcomes]) -> None:
+    def _answered(self, _: asyncio.Future[Outcomes | R]) -> None:
         self.wake.set()
 
     def sent(self) -> None:
@@ -300,9 +303,9 @@ class OrderedReplies(Generic[Q, R]):
         if not self.pending:
             self.idle.set()
 
-    def note(self, outcomes: Outcomes) -> None:
-        """A refusal's retry hint pauses the reading."""
-        error = outcomes.request_error
+    def note(self, outcomes: Outcomes | R) -> None:
+        """A refusal's retry hint pauses the reading (an answer that is a reply already has none)."""
+        error = outcomes.request_error if isinstance(outcomes, Outcomes) else None
         if error is not None and error.retry_after_s:
             self.pause_s = max(self.pause_s, error.retry_after_s)
 
@@ -423,7 +426,7 @@ class StreamLoop(Generic[Q, R]):
             stream.wake.set()
 
     def _submit(self, stream: OrderedReplies[Q, R], request: Q, accepted: Accepted[R], started: float) -> None:
-        answer: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Outcomes | R] = asyncio.get_running_loop().create_future()
         place = _Place(request, started, answer, accepted)
         stream.add(place)
         try:
@@ -445,7 +448,7 @@ class StreamLoop(Generic[Q, R]):
             await place.accepted.after(reply)
         return reply
 
-    def _reply(self, stream: OrderedReplies[Q, R], place: _Place[Q, R], outcomes: Outcomes) -> R:
+    def _reply(self, stream: OrderedReplies[Q, R], place: _Place[Q, R], outcomes: Outcomes | R) -> R:
         """The reply to ``place``'s ``outcomes`` (a refusal if encoding fails)."""
         assert place.accepted is not None
         if not place.noted:  # an answer that came later (over IPC): its hint pauses the reading now

@@ -40,6 +40,19 @@ def same_request(a, b) -> None:
         assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y, equal_nan=True), name
 
 
+def same_event(event, want, request_id: str) -> None:
+    """A gathered one-event request (``OneEvent``) holds what protobuf's core request holds."""
+    rid = request_id.encode()
+    assert event.prefix == (b"\x0a" + bytes([len(rid)]) + rid if rid else b"")
+    assert (event.session_id, event.seq, event.mark) == (
+        want.events.session_ids[0],
+        int(want.events.seq[0]),
+        int(want.events.mark[0]),
+    )
+    assert event.time == float(want.events.time[0]) or (math.isnan(event.time) and math.isnan(want.events.time[0]))
+    assert event.values.dtype == want.events.values.dtype and np.array_equal(event.values, want.events.values)
+
+
 VALID = {
     "session_id": ["a", "b", "é", "🙂", "s" * 256, "x\x00y"],
     "seq": [1, 2, 7, 2**62],
@@ -137,4 +150,11 @@ def test_the_compiled_read_is_protobufs(servicer, seed: int) -> None:
             assert tweak not in odd and not twice, (case, tweak)
             assert not isinstance(want, str), (case, want)
             same_request(read.request, want)
+            # the stream's read of the same bytes: a one-event request of the rows layout as its numbers
+            gathered = servicer._read(raw, "t", gather=True).request
+            message = pb.StreamRequest.FromString(raw)
+            if want.n == 1 and message.layout != pb.RESPONSE_LAYOUT_COLUMNS:
+                same_event(gathered, want, message.request_id)
+            else:
+                same_request(gathered, want)
     assert taken > 50  # the compiled pass was exercised

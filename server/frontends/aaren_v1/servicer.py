@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import struct
@@ -39,6 +40,7 @@ from aaren.server.contract.columns import (
 )
 from aaren.server.contract.core_api import CoreAPI, ForecastOptions, OnDone
 from aaren.server.contract.errors import ErrorInfo, Reasons, ServiceError
+from aaren.server.frontends.aaren_v1.gather import Gather, OneEvent
 from aaren.server.frontends.handlers import add_service
 from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError, StreamLoop, abort
 from aaren.server.observability.metrics import Metrics
@@ -65,7 +67,7 @@ _DESCRIBED = tuple(
 _LIMITS = tuple(f.name for f in pb.ServiceLimits.DESCRIPTOR.fields if f.name in ServerSettings.model_fields)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class _ModelView:
     """What the front end keeps of one served model: its description, reference, checks and the
     encoder of its task (``aaren.server.tasks.aaren_v1.Encoder``)."""
@@ -197,29 +199,35 @@ def _read_event(buf: np.ndarray, at: int, end: int, e: int, cols: tuple, checks:
     )
 
 
+#: where ``_read_request``'s ``ints`` hold the request's own fields: request_id's offset and length, model's,
+#: forecast_mode, top_k, layout; the events' columns follow (``_HEAD`` values, then ``[n]`` each)
+_HEAD = 7
+
+
 @compiled(error_model="numpy")
 def _columns(n: int, width: int) -> tuple:
-    """Room for ``n`` events: session id offsets and lengths, seqs, times, marks, values ``[n, width]``."""
-    return (
-        np.empty(n, np.int64),
-        np.zeros(n, np.int64),
-        np.empty(n, np.int64),
-        np.empty(n, np.float64),
-        np.empty(n, np.int64),
-        np.zeros((n, width), np.float32),
-    )
+    """Room for the request's fields and ``n`` events: ``ints [_HEAD + 4 n]`` (the fields, then the session id
+    offsets and lengths, seqs and marks ``[n]`` each), ``times [n]``, ``values [n, width]``, and the views of
+    ``ints`` that ``_read_event`` writes (id offsets, id lengths, seqs, times, marks, values)."""
+    ints = np.zeros(_HEAD + 4 * n, np.int64)
+    times = np.empty(n, np.float64)
+    values = np.zeros((n, width), np.float32)
+    h = _HEAD
+    cols = (ints[h : h + n], ints[h + n : h + 2 * n], ints[h + 2 * n : h + 3 * n], times, ints[h + 3 * n :], values)
+    return ints, times, values, cols
 
 
 @compiled(error_model="numpy")
 def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
-    """A ``StreamRequest``'s wire bytes: ``(how, head, cols)``, ``how`` ``_READ`` where it is the common
-    request (its fields once at most; every event read and valid), else ``_PROTOBUF``; ``head``: the
-    offsets and lengths of ``request_id`` and ``model``, ``forecast_mode``, ``top_k``, ``layout``; ``cols``:
-    the events' session id offsets and lengths, seqs, times, marks ``[n]`` and values ``[n, width]``."""
+    """A ``StreamRequest``'s wire bytes: ``(how, ints, times, values)``, ``how`` ``_READ`` where it is the
+    common request (its fields once at most; every event read and valid), else ``_PROTOBUF``; ``ints``:
+    the offsets and lengths of ``request_id`` and ``model``, ``forecast_mode``, ``top_k``, ``layout``
+    (``_HEAD`` values), then the events' session id offsets, their lengths, seqs and marks ``[n]`` each;
+    ``times [n]``, ``values [n, width]`` (three arrays: each one returned costs its boxing)."""
     end = buf.shape[0]
-    head = np.zeros(7, np.int64)  # rid at, rid len, model at, model len, mode, top_k, layout
     width = checks[0]
-    none = _columns(0, width)
+    none_ints, none_times, none_values, _ = _columns(0, width)
+    head = none_ints
     seen = 0
     n = 0
     at = 0
@@ -227,12 +235,12 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
         key, at = _read_varint(buf, at, end)
         field, wire_type = key >> 3, key & 7
         if key < 0 or field < 1 or field > 6 or (field != 2 and seen & (1 << field)):
-            return _PROTOBUF, head, none
+            return _PROTOBUF, head, none_times, none_values
         seen |= 1 << field
         if wire_type == 2 and (field == 1 or field == 2 or field == 6):
             size, at = _read_varint(buf, at, end)
             if size < 0 or at + size > end:
-                return _PROTOBUF, head, none
+                return _PROTOBUF, head, none_times, none_values
             if field == 2:
                 n += 1
             else:
@@ -242,11 +250,12 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
         elif wire_type == 0 and field >= 3 and field <= 5:
             v, at = _read_varint(buf, at, end)
             if v < 0 or v > 0xFFFFFFFF:
-                return _PROTOBUF, head, none
+                return _PROTOBUF, head, none_times, none_values
             head[field + 1] = v
         else:
-            return _PROTOBUF, head, none
-    cols = _columns(n, width)
+            return _PROTOBUF, head, none_times, none_values
+    ints, times, values, cols = _columns(n, width)
+    ints[:_HEAD] = head[:_HEAD]
     e = 0
     at = 0
     while at < end:  # the events, in order (the bytes were read above: no check needed on the way)
@@ -254,7 +263,7 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
         if key >> 3 == 2:
             size, at = _read_varint(buf, at, end)
             if not _read_event(buf, at, at + size, e, cols, checks):
-                return _PROTOBUF, head, none
+                return _PROTOBUF, head, none_times, none_values
             e += 1
             at += size
         elif key & 7 == 2:
@@ -262,7 +271,7 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
             at += size
         else:
             _, at = _read_varint(buf, at, end)
-    return _READ, head, cols
+    return _READ, ints, times, values
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -279,6 +288,11 @@ class _Header:
 
 #: A request as the stream keeps it: read as columns (its header), or by protobuf (the message).
 _Request = _Header | pb.StreamRequest
+#: The header a gathered group's replies are written with (their events' keys come from the group's columns).
+_GROUP = _Header("", "", 0, 0, 0)
+#: The index of a one-event request (shared: never written).
+_ONE = np.zeros(1, np.int64)
+_ONE.flags.writeable = False
 
 
 def _key_of(request: _Request, core: CoreRequest | None, i: int) -> tuple[str, int]:
@@ -305,6 +319,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self._views: dict[str, _ModelView] = {}
         self._default: _ModelView | None = None
         self.draining = False
+        #: The stream's one-event requests of a loop turn, submitted as one (``gather.py``).
+        self._gather = Gather(self._group_parts, min(settings.max_events_per_request, settings.max_batch_events))
 
     def attach(self, core: CoreAPI) -> None:
         """Serve through ``core``: an ``EngineCore`` or the IPC client of one."""
@@ -413,9 +429,20 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         what every forecast has (session id, seq, last time, model); an ack's or error's from its
         message. Parsed once into the reply, they cost no message object per event (``_forecast_keys``
         gives the forecasts' session ids, seqs and times)."""
+        return b"".join(self._results_parts(request, outcomes, view, self._top_k(request.top_k, view), core))
+
+    def _group_parts(self, view: _ModelView, k: int, group: CoreRequest, outcomes: Outcomes) -> list[bytes]:
+        """A gathered group's replies but their ``request_id``: each event's ``results`` field, from the
+        group's core request and outcomes (``Gather``)."""
+        return self._results_parts(_GROUP, outcomes, view, k, group)
+
+    def _results_parts(
+        self, request: _Request, outcomes: Outcomes, view: _ModelView, k: int, core: CoreRequest | None
+    ) -> list[bytes]:
+        """``_results_wire``'s bytes, one item per event: its ``results`` field (``k``: the top marks)."""
         kinds = outcomes.kind.tolist()
         sids, seqs, times = self._forecast_keys(request, outcomes, core)
-        task = view.wire(outcomes.outputs, self._top_k(request.top_k, view), times) if times else []
+        task = view.wire(outcomes.outputs, k, times) if times else []
         tail, pack, varint = view.ref_wire, _DOUBLE.pack, _varint
         parts = []
         f = 0
@@ -431,7 +458,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                 other = pb.StreamResponse()
                 self._add_result(other.results, *_key_of(request, core, i), outcomes, i, kind)
                 parts.append(other.SerializeToString())
-        return b"".join(parts)
+        return parts
 
     def _add_result(self, results: Any, sid: str, seq: int, outcomes: Outcomes, i: int, kind: int) -> None:
         """Append the row of event ``i`` (``sid``, ``seq``) answered without a forecast: an ack (maybe a
@@ -503,7 +530,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         enum is refused (and counted); bytes that do not parse raise ``DecodeError``."""
         assert self._core is not None
         if isinstance(request, bytes):
-            read = self._read(request, tenant)
+            read = self._read(request, tenant, gather=True)
             if read is not None:
                 return read
             request = pb.StreamRequest.FromString(request)  # protobuf says what is wrong
@@ -522,19 +549,24 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             self._core.count_rejection(info, len(request.events), view.description.name)
             raise RefusedError(info)
         core = self.core_request(request, tenant, view)
-        return Accepted(core, lambda o: self._reply(request, o, view, core), view.submit)
+        submit = functools.partial(self._gather.submit_now, view.submit)
+        return Accepted(core, lambda o: self._reply(request, o, view, core), submit)
 
-    def _read(self, raw: bytes, tenant: str) -> Accepted[bytes] | None:
+    def _read(self, raw: bytes, tenant: str, gather: bool = False) -> Accepted[bytes] | None:
         """The common request read from its wire bytes in one compiled pass (``_read_request``): a
         request of a served model, known enums, every event valid; None for any other, which
-        ``decode`` reads with protobuf and checks event by event."""
+        ``decode`` reads with protobuf and checks event by event. ``gather``: a one-event request of
+        the rows layout goes to the loop turn's group (``Gather``), as its numbers, no arrays of its own;
+        its answer is its reply itself."""
         view = self._default
         assert view is not None
         buf = np.frombuffer(raw, np.uint8)
-        how, head, cols = _read_request(buf, view.checks)
+        how, ints, times, values = _read_request(buf, view.checks)
         if how != _READ:
             return None
-        rid_at, rid_len, model_at, model_len, mode, top_k, layout = head.tolist()
+        numbers = ints.tolist()
+        rid_at, rid_len, model_at, model_len, mode, top_k, layout = numbers[:_HEAD]
+        n = len(times)
         try:
             model = raw[model_at : model_at + model_len].decode() if model_len else ""
             if model:
@@ -543,31 +575,51 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                     return None
                 if named is not view:
                     view = named
-                    how, _, cols = _read_request(buf, view.checks)
+                    how, ints, times, values = _read_request(buf, view.checks)
                     if how != _READ:
                         return None
+                    numbers = ints.tolist()
             if layout not in _LAYOUTS or mode not in _FORECAST_MODES:
                 return None
-            id_at, id_len, seqs, times, marks, values = cols
-            if len(seqs) == 1:
-                a = int(id_at[0])
-                ids = [raw[a : a + int(id_len[0])].decode()]
+            rid = raw[rid_at : rid_at + rid_len]
+            request_id = rid.decode() if rid_len else ""
+            if n == 1:
+                at, size = numbers[_HEAD], numbers[_HEAD + 1]
+                ids = [raw[at : at + size].decode()]
             else:
-                ids = [raw[a : a + n].decode() for a, n in zip(id_at.tolist(), id_len.tolist(), strict=True)]
-            header = _Header(raw[rid_at : rid_at + rid_len].decode() if rid_len else "", model, mode, top_k, layout)
+                starts, sizes = numbers[_HEAD : _HEAD + n], numbers[_HEAD + n : _HEAD + 2 * n]
+                ids = [raw[a : a + size].decode() for a, size in zip(starts, sizes, strict=True)]
         except UnicodeDecodeError:
             return None  # protobuf refuses it
+        if gather and n == 1 and layout != pb.RESPONSE_LAYOUT_COLUMNS:
+            prefix = b"\x0a%b%b" % (_varint(rid_len), rid) if rid_len else b""
+            # seq and mark follow the id's offset and length (``_read_request``'s ``ints``)
+            event = OneEvent(prefix, ids[0], numbers[_HEAD + 2], float(times[0]), numbers[_HEAD + 3], values)
+            submit = functools.partial(self._gather.add, (view, tenant, self._top_k(top_k, view)))
+            return Accepted(event, functools.partial(self._gathered_reply, request_id), submit)
+        h = _HEAD
         core = CoreRequest(
-            len(ids),
-            np.arange(len(ids)),
-            EventColumns(ids, seqs, times, marks, values),
+            n,
+            _ONE if n == 1 else np.arange(n),
+            EventColumns(ids, ints[h + 2 * n : h + 3 * n], times, ints[h + 3 * n :], values),
             {},
             top_k=top_k,
             last_only=mode == pb.FORECAST_MODE_LAST_PER_SESSION,
             tenant=tenant,
             model=view.description.name,
         )
-        return Accepted(core, lambda o: self._reply(header, o, view, core), view.submit)
+        header = _Header(request_id, model, mode, top_k, layout)
+        if not gather:
+            return Accepted(core, lambda o: self._reply(header, o, view, core), view.submit)
+        submit = functools.partial(self._gather.submit_now, view.submit)
+        return Accepted(core, lambda o: self._reply(header, o, view, core), submit)
+
+    def _gathered_reply(self, request_id: str, answer: bytes | Outcomes) -> bytes:
+        """A gathered request's reply: its answer, or the refusal its outcomes hold (``Gather``)."""
+        if isinstance(answer, bytes):
+            return answer
+        info = answer.request_error or Reasons.internal()
+        return pb.StreamResponse(request_id=request_id, request_error=self._error(info)).SerializeToString()
 
     def refusal(self, request: bytes | _Request, info: ErrorInfo) -> bytes:
         """The reply that refuses ``request`` whole, as the stream sends it (wire bytes)."""
