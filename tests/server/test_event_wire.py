@@ -77,11 +77,58 @@ def test_wire_bytes_parse_to_what_rows_writes(num_marks: int, quantiles: tuple[f
         # The generic form (from the rows writer) gives the same forecasts.
         generic = wire_rows(_RowsOnly(encoder))(outputs, k, last_times)
         assert [_canonical(b) for b in generic] == [_canonical(b) for b in got]
+        # The block (one compiled pass over every forecast's numbers) is the same bytes, row by row.
+        block = encoder.wire_block(outputs, k, np.array(last_times))
+        assert block.dtype == np.uint8 and block.shape == (len(got), len(got[0]))
+        assert [row.tobytes() for row in block] == got
 
 
 def test_no_forecast_gives_no_bytes() -> None:
     encoder = EventEncoder(_description(16, (0.5,), 2), 3)
     assert encoder.wire(EventOutputs.empty(3, 1, 2), 3, []) == []
+    assert encoder.wire_block(EventOutputs.empty(3, 1, 2), 3, np.zeros(0)).shape[0] == 0
+
+
+def test_a_replys_results_in_one_pass_are_what_the_parts_give(start_server) -> None:
+    """The stream's replies where every event has a forecast are assembled in one compiled pass
+    (``_results_block``): the same bytes as event by event (``_results_parts`` without the task's block),
+    for session ids of one and of several UTF-8 bytes, long ones (two-byte length varints), and seqs
+    past one varint byte."""
+    import asyncio
+    import dataclasses
+
+    srv = start_server()
+    servicer = srv.server.servicer
+    sids = ["a", "é-ü", "s" * 200, "🙂" * 40]
+    request = pb.StreamRequest(
+        events=[
+            pb.Event(session_id=sid, seq=1, time=10.0 * i + 0.5, mark=1, values=[0.5, -1.0])
+            for i, sid in enumerate(sids)
+        ]
+        + [
+            pb.Event(session_id=sid, seq=2, time=10.0 * i + 3.25, mark=2, values=[1.5, 0.0])
+            for i, sid in enumerate(sids)
+        ],
+        top_k=2,
+    )
+
+    async def answer():
+        accepted = servicer.decode(request.SerializeToString(), "")
+        future = asyncio.get_running_loop().create_future()
+        accepted.submit(accepted.request, future.set_result)
+        return accepted.request, await future
+
+    core, outcomes = srv.call(answer())
+    assert (outcomes.kind == 0).all() and len(outcomes.kind) == 8
+    view = servicer._default
+    assert view.block is not None
+    one_pass = servicer._results_parts(request, outcomes, view, 2, core)
+    by_parts = servicer._results_parts(request, outcomes, dataclasses.replace(view, block=None), 2, core)
+    assert one_pass == by_parts
+    parsed = pb.StreamResponse.FromString(b"".join(one_pass))
+    assert [(r.session_id, r.seq, r.forecast.seq) for r in parsed.results] == [
+        (e.session_id, e.seq, e.seq) for e in request.events
+    ]
 
 
 def test_wire_rows_prefers_the_encoders_own() -> None:

@@ -46,7 +46,7 @@ from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError,
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
-from aaren.server.tasks.aaren_v1 import Encoder, WireRows, wire_rows
+from aaren.server.tasks.aaren_v1 import Encoder, WireBlock, WireRows, pack_rows, wire_blocks, wire_rows
 from aaren.server.tasks.registry import spec_of
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
@@ -87,6 +87,10 @@ class _ModelView:
     ref_wire: bytes
     #: what ``_read_request`` checks of an event: value width, marks, most session id bytes, NaN values pass
     checks: tuple[int, int, int, bool]
+    #: Every forecast's task part as one ``uint8 [F, S]`` (``wire_blocks``; None: the task has no fixed layout).
+    block: WireBlock | None
+    #: ``ref_wire`` as an array (``_results_block``'s ``tail``).
+    ref_array: np.ndarray
 
 
 _DOUBLE = struct.Struct("<d")
@@ -103,6 +107,77 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+@compiled
+def _varint_size(value: int) -> int:
+    size = 1
+    while value >= 0x80:
+        value >>= 7
+        size += 1
+    return size
+
+
+@compiled
+def _put_varint(out: np.ndarray, at: int, value: int) -> int:
+    while value >= 0x80:
+        out[at] = (value & 0x7F) | 0x80
+        value >>= 7
+        at += 1
+    out[at] = value
+    return at + 1
+
+
+@compiled
+def _results_block(
+    task: np.ndarray, sids: np.ndarray, sid_sizes: np.ndarray, seqs: np.ndarray, times: np.ndarray, tail: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_results_parts``' bytes for ``F`` events that each have a forecast, in one pass: event ``f``'s
+    ``results`` field (``StreamResponse.results`` = 2: ``EventResult`` {session_id = 1, seq = 2, forecast = 4
+    {session_id = 1, seq = 2, last_time = 3, the task's part ``task[f]``, ``tail``: the model = 7}}) from its
+    session id (``sids``: the ids' UTF-8 bytes one after another, ``sid_sizes [F]`` their lengths), ``seqs [F]``,
+    ``times [F]`` and ``task [F, S]`` (``wire_block``). Returns the bytes and where each event's ends ``[F]``."""
+    n, size = task.shape
+    total = 0
+    for f in range(n):
+        head = 2 + _varint_size(sid_sizes[f]) + sid_sizes[f] + _varint_size(seqs[f])
+        forecast = head + 9 + size + tail.shape[0]
+        result = head + 1 + _varint_size(forecast) + forecast
+        total += 1 + _varint_size(result) + result
+    out = np.empty(total, np.uint8)
+    ends = np.empty(n, np.int64)
+    double = np.empty(1, np.float64)
+    raw = double.view(np.uint8)
+    at = 0
+    start = 0
+    for f in range(n):
+        sid = sids[start : start + sid_sizes[f]]
+        start += sid_sizes[f]
+        head = 2 + _varint_size(sid.shape[0]) + sid.shape[0] + _varint_size(seqs[f])
+        forecast = head + 9 + size + tail.shape[0]
+        result = head + 1 + _varint_size(forecast) + forecast
+        out[at] = 0x12
+        at = _put_varint(out, at + 1, result)
+        for copy in range(2):  # the head: the result's own, then the forecast's (session_id, seq)
+            out[at] = 0x0A
+            at = _put_varint(out, at + 1, sid.shape[0])
+            out[at : at + sid.shape[0]] = sid
+            at += sid.shape[0]
+            out[at] = 0x10
+            at = _put_varint(out, at + 1, seqs[f])
+            if copy == 0:
+                out[at] = 0x22
+                at = _put_varint(out, at + 1, forecast)
+        out[at] = 0x19
+        double[0] = times[f]
+        out[at + 1 : at + 9] = raw
+        at += 9
+        out[at : at + size] = task[f]
+        at += size
+        out[at : at + tail.shape[0]] = tail
+        at += tail.shape[0]
+        ends[f] = at
+    return out, ends
 
 
 def _timestamp(seconds: float) -> Timestamp:
@@ -332,17 +407,22 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             ref_wire = pb.Forecast(model=ref).SerializeToString()
             submit, wire = core.submitter(d.name), wire_rows(encoder)
             checks = (d.value_width, d.num_marks, self.settings.max_session_id_bytes, d.missing_values)
+            block, ref_array = wire_blocks(encoder), np.frombuffer(ref_wire, np.uint8)
             views[d.name] = _ModelView(
-                d, ref, tuple(d.quantiles), checker, encoder, d.ranked, submit, wire, ref_wire, checks
+                d, ref, tuple(d.quantiles), checker, encoder, d.ranked, submit, wire, ref_wire, checks, block, ref_array
             )
         for alias, name in core.aliases.items():
             views.setdefault(alias, views[name])
         default = views[core.descriptions[0].name]
         self._views, self._default = views, default
         self._core = core
-        # the compiled request reader, ready (compiled, or loaded from numba's cache) before the first request
+        # the compiled request reader and reply writer, ready (compiled, or loaded from numba's cache) before
+        # the first request
         one = pb.StreamRequest(events=[pb.Event()]).SerializeToString()
         _read_request(np.frombuffer(one, np.uint8), default.checks)
+        ones, byte = np.ones(1, np.int64), np.frombuffer(b"\0", np.uint8)  # read-only, as the real ones
+        _results_block(np.zeros((1, 1), np.uint8), byte, ones, ones, np.zeros(1), default.ref_array)
+        pack_rows(np.zeros((1, 1)), np.zeros((1, 3), np.int64), byte, 0)
 
     def _view(self, model: str) -> _ModelView | None:
         """The model a request names ("" the default), None when this server does not serve it."""
@@ -439,7 +519,18 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _results_parts(
         self, request: _Request, outcomes: Outcomes, view: _ModelView, k: int, core: CoreRequest | None
     ) -> list[bytes]:
-        """``_results_wire``'s bytes, one item per event: its ``results`` field (``k``: the top marks)."""
+        """``_results_wire``'s bytes, one item per event: its ``results`` field (``k``: the top marks). Where
+        every event of a request read as columns has a forecast (the common answer) and the task writes its
+        part as one block (``wire_block``), all of them in one compiled pass (``_results_block``)."""
+        if view.block is not None and core is not None and len(outcomes.forecast_index) == len(outcomes.kind) == core.n:
+            events = core.events
+            encoded = [sid.encode() for sid in events.session_ids]
+            task = view.block(outcomes.outputs, k, events.time)
+            sizes = np.array([len(sid) for sid in encoded], dtype=np.int64)
+            sids = np.frombuffer(b"".join(encoded), np.uint8)
+            out, ends = _results_block(task, sids, sizes, events.seq, events.time, view.ref_array)
+            data, stops = out.tobytes(), ends.tolist()
+            return [data[a:b] for a, b in zip([0, *stops[:-1]], stops, strict=True)]
         kinds = outcomes.kind.tolist()
         sids, seqs, times = self._forecast_keys(request, outcomes, core)
         task = view.wire(outcomes.outputs, k, times) if times else []

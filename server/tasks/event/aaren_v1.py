@@ -16,8 +16,10 @@ import operator
 import struct
 from collections.abc import Sequence
 
+import numpy as np
+
 from aaren.server.contract.columns import ModelDescription
-from aaren.server.tasks.aaren_v1 import RowWriter, TaskEncoder
+from aaren.server.tasks.aaren_v1 import CONST, DOUBLE, VARINT, RowWriter, TaskEncoder, pack_rows
 from aaren.server.tasks.event.outputs import EventOutputs
 from aaren.v1 import aaren_pb2 as pb
 
@@ -102,6 +104,20 @@ class EventEncoder(TaskEncoder):
             for f, (mean, t) in enumerate(zip(means, last_times, strict=True))
         ]
 
+    def wire_block(self, outputs: EventOutputs, k: int, last_times: np.ndarray) -> np.ndarray:
+        """What ``wire`` writes, as ``uint8 [F, S]``: every forecast's numbers in one ``[F, N]`` float64 array
+        (in ``wire``'s order: mean, expected time, quantiles, marks, probabilities, value means, stds) written
+        by the layout's template in one compiled pass (``pack_rows``)."""
+        o = outputs
+        ranked = o.top_marks.shape[1]
+        layout = self._layouts.get((k, ranked)) or self._layout(
+            k, ranked, o.time_quantiles.shape[1], o.value_mean.shape[1]
+        )
+        mean = o.time_mean
+        columns = [o.time_quantiles, o.top_marks, o.top_probs, o.value_mean, o.value_std]
+        numbers = np.concatenate([mean[:, None], (last_times + mean)[:, None], *columns], axis=1, dtype=np.float64)
+        return pack_rows(numbers, layout.ops, layout.const_bytes, layout.size)
+
     def _layout(self, k: int, ranked: int, q: int, v: int) -> _Layout:
         """The bytes' layout of the first ``k`` of ``ranked`` marks (built once per ``k`` and ``ranked``)."""
         levels = self.description.quantiles
@@ -173,7 +189,19 @@ class _Layout:
             else:
                 codes.append(item[0])
                 positions.append(item[1])
-        self.pack = struct.Struct("<" + "".join(codes)).pack
+        format_ = struct.Struct("<" + "".join(codes))
+        self.pack = format_.pack
+        # the same bytes as ``pack_rows``' template: its operations, constant bytes and row length
+        ops, runs = [], []
+        for item in items:
+            if isinstance(item, bytes):
+                ops.append((CONST, sum(map(len, runs)), len(item)))
+                runs.append(item)
+            else:
+                ops.append((DOUBLE, item[1], 0) if item[0] == "d" else (VARINT, item[1], mark_width))
+        self.ops = np.array(ops, dtype=np.int64)
+        self.const_bytes = np.frombuffer(b"".join(runs), dtype=np.uint8)
+        self.size = format_.size
         self.order = operator.itemgetter(*positions)
         self.constants = tuple(constants)
         self.mark_bytes = None if mark_width == 1 else functools.partial(_padded_varint, width=mark_width)
