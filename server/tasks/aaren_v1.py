@@ -13,8 +13,7 @@ per served model, built once with ``(description, default_top_k)``:
   layout, which are assembled as bytes and parsed once per reply (no message object per event).
   ``wire_rows(encoder)`` gives an encoder's own ``wire`` or one built on its ``rows`` writer;
 - optionally ``wire_block(outputs, k, last_times)``: the same bytes, every forecast's of one fixed
-  length, as one ``uint8 [F, S]`` array written in one compiled pass (``pack_rows``: a template of
-  constant bytes, doubles and fixed-width varints over a row of numbers), for a stream's replies
+  length, as one ``uint8 [F, S]`` array (the event task's: written in one compiled pass), for a stream's replies
   assembled by the front end's own compiled pass (``wire_blocks(encoder)``: None without one).
 
 ``k`` is the request's top_k already cut to ``ModelDescription.ranked``; ``outputs`` are the
@@ -28,23 +27,10 @@ from typing import Protocol
 
 import numpy as np
 
-from aaren.jit import compiled
 from aaren.server.contract.columns import ModelDescription, OutputColumns
 from aaren.v1 import aaren_pb2 as pb
 
-__all__ = [
-    "CONST",
-    "DOUBLE",
-    "VARINT",
-    "Encoder",
-    "RowWriter",
-    "TaskEncoder",
-    "WireBlock",
-    "WireRows",
-    "pack_rows",
-    "wire_blocks",
-    "wire_rows",
-]
+__all__ = ["Encoder", "RowWriter", "TaskEncoder", "WireBlock", "WireRows", "wire_blocks", "wire_rows"]
 
 #: ``write(forecast, f, last_time)``: forecast ``f``'s task part into ``forecast`` (in place).
 RowWriter = Callable[[pb.Forecast, int, float], None]
@@ -52,39 +38,6 @@ RowWriter = Callable[[pb.Forecast, int, float], None]
 WireRows = Callable[[OutputColumns, int, Sequence[float]], list[bytes]]
 #: ``wire_block(outputs, k, last_times [F])``: those bytes, of one length ``S``, as ``uint8 [F, S]``.
 WireBlock = Callable[[OutputColumns, int, np.ndarray], np.ndarray]
-
-#: ``pack_rows``' operations, one row ``(op, a, b)`` each: ``CONST`` copies ``consts[a : a + b]``, ``DOUBLE``
-#: writes number ``a`` as a little-endian float64, ``VARINT`` number ``a`` as a varint of exactly ``b`` bytes
-#: (continuation bits set on the padding: every protobuf parser reads it as the same number).
-CONST, DOUBLE, VARINT = 0, 1, 2
-
-
-@compiled
-def pack_rows(numbers: np.ndarray, ops: np.ndarray, consts: np.ndarray, size: int) -> np.ndarray:
-    """Row ``f`` of ``numbers [F, N]`` (float64) written by the template ``ops [M, 3]`` (``CONST``, ``DOUBLE``,
-    ``VARINT``) into row ``f`` of the result ``uint8 [F, size]`` (``size``: the template's length)."""
-    n_rows = numbers.shape[0]
-    out = np.empty((n_rows, size), np.uint8)
-    double = np.empty(1, np.float64)
-    raw = double.view(np.uint8)
-    for f in range(n_rows):
-        at = 0
-        for o in range(ops.shape[0]):
-            op, a, b = ops[o, 0], ops[o, 1], ops[o, 2]
-            if op == CONST:
-                out[f, at : at + b] = consts[a : a + b]
-                at += b
-            elif op == DOUBLE:
-                double[0] = numbers[f, a]
-                out[f, at : at + 8] = raw
-                at += 8
-            else:
-                value = np.int64(numbers[f, a])
-                for i in range(b):
-                    byte = (value >> (7 * i)) & 0x7F
-                    out[f, at + i] = byte | 0x80 if i < b - 1 else byte
-                at += b
-    return out
 
 
 class Encoder(Protocol):

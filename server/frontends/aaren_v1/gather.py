@@ -110,7 +110,15 @@ class Gather:
             group[0].values if n == 1 else np.concatenate([e.values for e in group]),
         )
         request = CoreRequest(n, np.arange(n), events, {}, top_k=k, tenant=tenant, model=view.description.name)
-        view.submit(request, lambda outcomes: self._answer(view, k, request, items, outcomes))
+        # the core answers with a future's set_result (a C call: the core never calls into a front end); the
+        # group's replies are made in the future's callback, on a turn of the loop of their own
+        answer: asyncio.Future[Outcomes] = asyncio.get_running_loop().create_future()
+        answer.add_done_callback(lambda done: self._answer(view, k, request, items, done.result()))
+        try:
+            view.submit(request, answer.set_result)
+        except Exception:  # a bug must cost these requests, not the streams
+            log.exception("submitting a group of requests failed")
+            answer.set_result(Outcomes.refused(Reasons.internal()))
 
     def _answer(
         self,

@@ -46,7 +46,7 @@ from aaren.server.frontends.streams import Accepted, EventChecker, RefusedError,
 from aaren.server.observability.metrics import Metrics
 from aaren.server.security.auth import current_tenant
 from aaren.server.settings import ServerSettings
-from aaren.server.tasks.aaren_v1 import Encoder, WireBlock, WireRows, pack_rows, wire_blocks, wire_rows
+from aaren.server.tasks.aaren_v1 import Encoder, WireBlock, WireRows, wire_blocks, wire_rows
 from aaren.server.tasks.registry import spec_of
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
@@ -417,12 +417,11 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         self._views, self._default = views, default
         self._core = core
         # the compiled request reader and reply writer, ready (compiled, or loaded from numba's cache) before
-        # the first request
+        # the first request (a task's own compiled writer is made ready by its encoder)
         one = pb.StreamRequest(events=[pb.Event()]).SerializeToString()
         _read_request(np.frombuffer(one, np.uint8), default.checks)
         ones, byte = np.ones(1, np.int64), np.frombuffer(b"\0", np.uint8)  # read-only, as the real ones
         _results_block(np.zeros((1, 1), np.uint8), byte, ones, ones, np.zeros(1), default.ref_array)
-        pack_rows(np.zeros((1, 1)), np.zeros((1, 3), np.int64), byte, 0)
 
     def _view(self, model: str) -> _ModelView | None:
         """The model a request names ("" the default), None when this server does not serve it."""
