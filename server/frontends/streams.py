@@ -9,9 +9,10 @@ finite or NaN).
 
 ``StreamLoop.serve`` runs one call: it admits the stream (``CoreAPI.open_stream``), reads requests,
 has the protocol's ``StreamCodec`` decode each into a ``CoreRequest`` (or a refusal), submits it to
-the model's queue with a future as its answer, and sends the replies. The core only sets that
-future's result: the writer encodes it on a later turn of the event loop, so the core's batcher
-never builds a proto and never calls into a front end.
+the model's queue with the request's place in the stream as its ``on_done``, and sends the replies.
+The core only hands the place its answer, which the place keeps, waking the writer where it waits
+for it (no more than a future's ``set_result`` would do, without a future a request): the writer
+encodes it on a later turn of the event loop, so the core's batcher never builds a proto.
 
 Replies leave in the order their requests arrived (``OrderedReplies``): the writer waits for the
 oldest answer first, so a session's results reach the client in the order its events were sent,
@@ -247,16 +248,33 @@ class StreamCodec(Protocol[Q, R]):
 
 @dataclasses.dataclass(slots=True, eq=False)
 class _Place(Generic[Q, R]):
-    """One request's place in its stream's order: its answer to come (``answer``, set by the core)
-    or its reply already made (a refusal)."""
+    """One request's place in its stream's order: its answer to come (the core calls the place with
+    it: ``on_done``) or its reply already made (``reply``: a refusal)."""
 
     request: Q
     started: float
-    answer: asyncio.Future[Outcomes | R] | None = None
+    stream: OrderedReplies[Q, R]
     accepted: Accepted[R] | None = None
     reply: R | None = None
+    #: The core's outcomes, or a reply made already (``answered``: it has come).
+    answer: Outcomes | R | None = None
+    answered: bool = False
     #: Its answer came at once (a refusal at submit) and its retry hint already paused the reader.
     noted: bool = False
+
+    def __call__(self, answer: Outcomes | R) -> None:
+        """The core's answer (``OnDone``), on the loop's thread: kept, and the writer woken where it waits
+        for this place (the oldest). No future a request: one wake-up, not a future's callback and then
+        one."""
+        self.answer, self.answered = answer, True
+        pending = self.stream.pending
+        if pending and pending[0] is self:
+            self.stream.wake.set()
+
+    @property
+    def ready(self) -> bool:
+        """Its reply can be made now."""
+        return self.answered or self.reply is not None
 
 
 class OrderedReplies(Generic[Q, R]):
@@ -278,22 +296,16 @@ class OrderedReplies(Generic[Q, R]):
         self.closing = False
 
     def add(self, place: _Place[Q, R]) -> None:
-        """The next request's place. The writer waits for the oldest place's answer itself; when this
-        place is the oldest, the writer is woken once its reply can be made (at once for a refusal),
-        not before: a wake-up that would only find the answer missing costs the loop a turn."""
+        """The next request's place. When this place is the oldest, the writer is woken once its reply
+        can be made (at once for a refusal; for an answer to come, by the place when it comes), not
+        before: a wake-up that would only find the answer missing costs the loop a turn."""
         first = not self.pending
         self.pending.append(place)
         self.idle.clear()
         if len(self.pending) >= self.limit:
             self.room.clear()
-        if first:
-            if place.answer is None or place.answer.done():
-                self.wake.set()
-            else:
-                place.answer.add_done_callback(self._answered)
-
-    def _answered(self, _: asyncio.Future[Outcomes | R]) -> None:
-        self.wake.set()
+        if first and place.ready:
+            self.wake.set()
 
     def sent(self) -> None:
         """The oldest request's reply leaves."""
@@ -367,13 +379,17 @@ class StreamLoop(Generic[Q, R]):
                     await stream.wake.wait()
                     continue
                 place = stream.pending[0]
-                answer = place.answer
-                if answer is None:
+                if not place.ready:  # the place wakes the writer when its answer comes
+                    stream.wake.clear()
+                    await stream.wake.wait()
+                    continue
+                if place.reply is not None:
                     reply = place.reply
-                elif answer.done() and place.accepted.after is None:  # type: ignore[union-attr]
-                    reply = self._reply(stream, place, answer.result())  # no coroutine for what is there
                 else:
-                    reply = await self._encode(stream, place)
+                    reply = self._reply(stream, place, place.answer)  # type: ignore[arg-type]
+                    after = place.accepted.after  # type: ignore[union-attr]
+                    if after is not None:
+                        await after(reply)
                 stream.sent()
                 self._finish(reply, place.started)
                 yield reply  # type: ignore[misc]
@@ -400,13 +416,13 @@ class StreamLoop(Generic[Q, R]):
                 try:
                     accepted = codec.decode(request, tenant)
                 except RefusedError as exc:
-                    stream.add(_Place(request, started, reply=codec.refusal(request, exc.info)))
+                    stream.add(_Place(request, started, stream, reply=codec.refusal(request, exc.info)))
                     continue
                 except DecodeError:
                     raise  # bytes that are no request end the call (``serve``), as a message gRPC could not read
                 except Exception:  # a bug must cost this request, not the stream
                     log.exception("decoding a request failed")
-                    stream.add(_Place(request, started, reply=codec.refusal(request, Reasons.internal())))
+                    stream.add(_Place(request, started, stream, reply=codec.refusal(request, Reasons.internal())))
                     continue
                 if accepted.before is not None:
                     # Whatever this stream sent before is answered before the request's own step.
@@ -426,27 +442,18 @@ class StreamLoop(Generic[Q, R]):
             stream.wake.set()
 
     def _submit(self, stream: OrderedReplies[Q, R], request: Q, accepted: Accepted[R], started: float) -> None:
-        answer: asyncio.Future[Outcomes | R] = asyncio.get_running_loop().create_future()
-        place = _Place(request, started, answer, accepted)
+        place = _Place(request, started, stream, accepted)
         stream.add(place)
         try:
-            accepted.submit(accepted.request, answer.set_result)
+            accepted.submit(accepted.request, place)  # the place is the answer's callback (``_Place.__call__``)
         except Exception:  # a bug must cost this request, not the stream
             log.exception("submitting a request failed")
-            place.answer, place.reply = None, self.codec.refusal(request, Reasons.internal())
+            place.reply = self.codec.refusal(request, Reasons.internal())
             stream.wake.set()  # its answer will never come: the writer sends the refusal
             return
-        if answer.done():  # refused at once (a limit): pause before the next read
-            stream.note(answer.result())
+        if place.answered:  # refused at once (a limit): pause before the next read
+            stream.note(place.answer)  # type: ignore[arg-type]
             place.noted = True
-
-    async def _encode(self, stream: OrderedReplies[Q, R], place: _Place[Q, R]) -> R:
-        """The reply to ``place``'s answer, once it is there (awaiting an answered future does not wait)."""
-        assert place.answer is not None and place.accepted is not None
-        reply = self._reply(stream, place, await place.answer)
-        if place.accepted.after is not None:
-            await place.accepted.after(reply)
-        return reply
 
     def _reply(self, stream: OrderedReplies[Q, R], place: _Place[Q, R], outcomes: Outcomes | R) -> R:
         """The reply to ``place``'s ``outcomes`` (a refusal if encoding fails)."""

@@ -521,7 +521,8 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         """``_results_wire``'s bytes, one item per event: its ``results`` field (``k``: the top marks). Where
         every event of a request read as columns has a forecast (the common answer) and the task writes its
         part as one block (``wire_block``), all of them in one compiled pass (``_results_block``)."""
-        if view.block is not None and core is not None and len(outcomes.forecast_index) == len(outcomes.kind) == core.n:
+        n = len(outcomes.kind)
+        if view.block is not None and core is not None and n and len(outcomes.forecast_index) == n == core.n:
             events = core.events
             encoded = [sid.encode() for sid in events.session_ids]
             task = view.block(outcomes.outputs, k, events.time)
