@@ -6,9 +6,9 @@ the one-event requests that the stream readers decode in the same turn of the ev
 them by model, tenant and ``top_k``, and hands each group to the core as one ``CoreRequest`` (its
 events in arrival order, so each stream's requests keep their order: the core applies a request's
 events in order). A gathered request is read as its numbers (``OneEvent``), not arrays of its own:
-the group's columns are made once. The group's answer is split back into one reply per request in one pass (one
-``results_parts`` call: the task's wire bytes of every forecast at once), and each stream's answer
-is its reply itself, made before the stream's writer wakes.
+the group's columns are made once. The group's answer is split back into one reply per request in
+one pass (one ``results_parts`` call: the task's wire bytes of every forecast at once), and each
+stream's answer is its reply itself, made before the stream's writer wakes.
 
 What a request sees is what it saw alone: its event's result, in its own reply, with its own
 ``request_id``. Two things are the group's: a refusal by a limit (the server's or the tenant's
@@ -140,7 +140,4 @@ class Gather:
                 log.exception("encoding the answers of a group of requests failed")
                 replies = [Outcomes.refused(Reasons.internal())] * len(items)
         for (_, on_done), reply in zip(items, replies, strict=True):
-            try:  # noqa: SIM105 (a suppress() context per reply costs more than the try)
-                on_done(reply)
-            except asyncio.InvalidStateError:
-                pass  # its stream is gone: nobody waits for the answer
+            on_done(reply)  # the request's place in its stream: it keeps the reply (a gone stream's too)
