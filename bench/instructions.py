@@ -94,11 +94,19 @@ def _callgrind(folder: Path, python: str, *args: str) -> list[str]:
     ]  # fmt: skip
 
 
+#: where ``--keep`` copies each measured dump (for ``callgrind_annotate``); None: dumps are dropped
+KEEP: Path | None = None
+
+
 def _measured_ir(folder: Path, what: str) -> int:
-    """The instructions of the one dump in ``folder`` that the helper wrote for the measured ``what``."""
+    """The instructions of the one dump in ``folder`` that the helper wrote for the measured ``what`` (copied
+    into ``KEEP`` where set)."""
     dumps = [p for p in folder.glob("callgrind.out.*") if "aaren-measured" in p.read_text(errors="replace")[:4000]]
     if len(dumps) != 1:
         raise SystemExit(f"expected one dump of the measured {what}, found {len(dumps)}")
+    if KEEP is not None:
+        KEEP.mkdir(parents=True, exist_ok=True)
+        shutil.copy(dumps[0], KEEP / f"{dumps[0].name}.{time.time_ns()}")
     return _total_ir(dumps[0])
 
 
@@ -372,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=2, help="runs per kind (the count's spread)")
     p.add_argument("--label", default="this tree", help="what the table's rows are of (e.g. a commit)")
     p.add_argument("--out", type=Path, default=None, help="also append the Markdown table to this file")
+    p.add_argument("--keep", type=Path, default=None, help="copy each measured dump here (for callgrind_annotate)")
     p.add_argument("--inside", default=None, help=argparse.SUPPRESS)
     p.add_argument("--helper", default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve-inside", default=None, help=argparse.SUPPRESS)
@@ -382,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.inside:
         _inside(a.inside, a.rounds, a.warmup, a.helper)
         return 0
+    global KEEP
+    KEEP = a.keep
     rows = []
     for kind in a.kind.split(","):
         rounds = a.rounds * 8 if kind in ("b1", "s1", "e1") else a.rounds

@@ -346,25 +346,27 @@ def test_discrete_quantiles_recover_a_quantile_some_cells_off() -> None:
     answer for the exact one all the same (a q off by more than a cell would fail without that walk). The
     bounded walk's fallback (a full search) is covered by the narrow components (sigma e^-7) of
     test_gap_summaries_equal_the_float64_reference_on_the_same_mixture, where the short search lands far off."""
-    from aaren_core.tasks.event.kernel import _SEARCH_MAX, MIX_ROWS, _discrete_quantile, _mixture
+    from aaren_core.tasks.event.kernel import _ANSWER, _SEARCH_MAX, MIX_ROWS, _discrete_quantiles, _gap_work, _mixture
 
     mix = random_mixture(200, 5, 5, -1.5)
     lw, loc, ls = torch.log_softmax(mix.logits.double(), -1), mix.loc.double(), mix.log_scale.double()
     exact = bisection_quantiles(mix, LEVELS32)
     table = np.empty((MIX_ROWS, 5), np.float64)
+    work = _gap_work(5, len(LEVELS32))
+    levels = np.array(LEVELS32)
     moved = 0
     for resolution in (1.0, 0.05):
         want = discrete_quantiles(lw, loc, ls, exact, torch.tensor(LEVELS, dtype=torch.float32), resolution).numpy()
         for b in range(200):
             _mixture(*(t[b].numpy() for t in (mix.logits, mix.loc, mix.log_scale)), table)
-            for q, level in enumerate(LEVELS32):
-                for cells in (-3.0, -1.0, 1.0, 3.0):
-                    off = float(exact[b, q]) + cells * resolution
-                    got = _discrete_quantile(table, off, level, resolution, _SEARCH_MAX)
-                    assert got == want[b, q], (resolution, b, q, cells)
-                    # a walk cut short says so (-1), and then the kernel runs its full search instead
-                    assert _discrete_quantile(table, off, level, resolution, 0) in (want[b, q], -1.0)
-                    moved += off > 0
+            for cells in (-3.0, -1.0, 1.0, 3.0):  # every level off by the same cells, walked side by side
+                off = exact[b].numpy() + cells * resolution
+                _discrete_quantiles(table, work, off, levels, resolution, _SEARCH_MAX)
+                assert np.array_equal(work[3][_ANSWER], want[b]), (resolution, b, cells)
+                # a walk cut short says so (-1), and then the kernel runs its full search instead
+                _discrete_quantiles(table, work, off, levels, resolution, 0)
+                assert all(got in (w, -1.0) for got, w in zip(work[3][_ANSWER], want[b], strict=True))
+                moved += int((off > 0).sum())
     assert moved > 2000  # most of the shifted quantiles stay positive: the walk runs both ways
 
 

@@ -20,17 +20,18 @@ four of ``W^T`` per pass, the same sums in the same order):
 - the gap summaries in float64 from the float32 mixture ``(logits, mu, log sigma)`` cast to float64,
   as ``heads.truncated_mean`` and ``heads.discrete_quantiles`` compute them (the same expressions;
   ``log_ndtr`` as torch evaluates it, below ``-20`` by its asymptotic series, where ``erfc`` nears
-  underflow; ``ndtr`` from ``erfc`` in the tails, within 1.1e-16 of torch's ``(1 + erf) / 2`` and
-  relatively exact where that one is not);
+  underflow, for the log-space sums only); ``Phi`` and the normal density at all the arguments a step
+  needs at once (``special.phi_many``: branch-free float64, vectorized across the arguments; within 2^-53
+  of torch's ``(1 + erf) / 2``, relatively exact in the left tail);
 - the continuous gap quantiles by a safeguarded Halley search in float64 (not the fused's float32
   grid): ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` on ``z = log tau``, bracketed by the
   components' own quantiles ``min_k / max_k (mu_k + sigma_k Phi^-1(p))``, started from their
   weighted mean, Halley steps kept inside the bracket (a bisection step where one would leave it;
-  ``mixture_quantile``). The result is the root of the float32 parameters' mixture to about 1e-9,
+  ``_search``, all levels side by side). The result is the root of the float32 parameters' mixture to about 1e-9,
   within the fused search's own error of its (float32) result. On a grid it only places
   ``heads.discrete_quantiles``' candidates: the search stops at a step under half a cell, and the
   cell is then found from the CDF at the grid points, which the candidates' integrated CDFs give
-  (``_discrete_quantile``; the full search where that is more than ``_WALK`` cells off).
+  (``_discrete_quantiles``; the full search where that is more than ``_WALK`` cells off).
 
 Levels compare as float32 numbers cast to float64, as both torch paths hold them.
 """
@@ -48,6 +49,7 @@ import torch
 from aaren.jit import compiled
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
+from aaren_core.tasks.event.special import phi_many
 
 __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr", "ndtr"]
 
@@ -101,15 +103,15 @@ _SEARCH_MAX = 200
 #: ``_BRACKET_TOL (1 + |z|)``
 _STEP_TOL = 1e-6
 _BRACKET_TOL = 1e-13
-#: on a grid the search stops at a step under this part of a cell (``mixture_quantile``; the cell is then found
-#: from the CDF at the grid points, ``_discrete_quantile``)
+#: on a grid the search stops at a step under this part of a cell (``_search``; the cell is then found
+#: from the CDF at the grid points, ``_discrete_quantiles``)
 _GRID_STEP = 0.5
-#: cells ``_discrete_quantile`` walks from the short search's quantile before the full search is run instead
+#: cells ``_discrete_quantiles`` walks from the short search's quantile before the full search is run instead
 _WALK = 2
 #: sums of positive terms below this are taken in log space (``_truncated_mean``): a term that underflowed to 0
 #: in the direct sum would weigh more than rounding there
 _DIRECT_FLOOR = 1e-280
-#: ``_discrete_quantile`` skips the lowest candidate where ``F`` there is this far below the level
+#: ``_discrete_quantiles`` skips the lowest candidate where ``F`` there is this far below the level
 _DISCRETE_MARGIN = 1e-6
 
 
@@ -231,18 +233,46 @@ def _log_partial_expectation(mix: np.ndarray, log_x: float) -> float:
     return _logsumexp(terms, terms.shape[0])
 
 
+#: ``work``, the scratch of the gap summaries (``_gap_work``): the arguments of ``Phi``, its values and the density
+#: there (``[N]`` each, ``N = 4 K Q``), the levels' search
+#: state ``[5, Q]`` (bracket low and high, ``z``, the candidates' ``m0`` or whether still searching, the answer)
+#: and the points whose ``(I, F)`` are wanted ``[3, 2 Q + 1]`` (``x``, ``I(x)``, ``F(x)``)
+_LO, _HI, _Z, _M0, _ANSWER = range(5)
+_X, _INTEGRAL, _CDF = range(3)
+
+
 @_jit
-def _truncated_mean(mix: np.ndarray, bound: float) -> float:
+def _gap_work(k_all: int, n_levels: int) -> tuple:
+    """``work`` for mixtures of ``k_all`` components and ``n_levels`` levels."""
+    n = 4 * k_all * max(n_levels, 1)
+    return (
+        np.empty(n, np.float64),
+        np.empty(n, np.float64),
+        np.empty(n, np.float64),
+        np.empty((5, max(n_levels, 1)), np.float64),
+        np.empty((3, 2 * max(n_levels, 1) + 1), np.float64),  # and one slot for _integrated_cdf
+    )
+
+
+@_jit
+def _truncated_mean(mix: np.ndarray, work: tuple, bound: float) -> float:
     """``heads.truncated_mean``: ``E[tau | tau <= U] = sum_k pi_k e^(mu_k + sigma_k^2/2) Phi(z_k - sigma_k) /
-    sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``: both sums directly, unless one
-    comes within ``_DIRECT_FLOOR`` of underflow (or a factor overflows), then in log space as the heads."""
+    sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``: both sums directly (the ``2 K``
+    values of ``Phi`` in one ``phi_many``), unless one comes within ``_DIRECT_FLOOR`` of underflow (or a factor
+    overflows), then in log space as the heads."""
+    args, phi, density = work[:3]
+    k_all = mix.shape[1]
     log_u = math.log(bound)
+    for k in range(k_all):
+        scale = mix[_SCALE, k]
+        args[2 * k] = (log_u - mix[_LOC, k]) / scale - scale
+        args[2 * k + 1] = (log_u - mix[_LOC, k]) * mix[_INV_SCALE, k]
+    phi_many(args, phi, density, 2 * k_all)
     num = 0.0
     den = 0.0
-    for k in range(mix.shape[1]):
-        scale = mix[_SCALE, k]
-        num += mix[_PARTIAL, k] * ndtr((log_u - mix[_LOC, k]) / scale - scale)
-        den += mix[_WEIGHTS, k] * ndtr((log_u - mix[_LOC, k]) * mix[_INV_SCALE, k])
+    for k in range(k_all):
+        num += mix[_PARTIAL, k] * phi[2 * k]
+        den += mix[_WEIGHTS, k] * phi[2 * k + 1]
     if _DIRECT_FLOOR < num < math.inf and den > _DIRECT_FLOOR:
         out = num / den
         return bound if out > bound else out
@@ -255,126 +285,197 @@ def _truncated_mean(mix: np.ndarray, bound: float) -> float:
 
 
 @_jit
-def _integrated_cdf(mix: np.ndarray, x: float) -> tuple[float, float]:
-    """``heads.integrated_cdf``: ``(I(x), F(x))`` with ``I(x) = x F(x) - E[tau; tau <= x]``, both 0 for ``x <= 0``.
+def _integrated_cdfs(mix: np.ndarray, work: tuple, first: int, n_points: int) -> None:
+    """``heads.integrated_cdf`` at the points ``work``'s ``[_X, first : first + n_points]``: ``(I(x), F(x))`` into
+    ``[_INTEGRAL]`` and ``[_CDF]``, ``I(x) = x F(x) - E[tau; tau <= x]``, both 0 for ``x <= 0``; every point's
+    ``2 K`` values of ``Phi`` in one ``phi_many``.
 
-    ``E[tau; tau <= x] = sum_k pi_k e^(mu_k + sigma_k^2 / 2) Phi(z_k - sigma_k)`` summed directly (one ``ndtr`` a
+    ``E[tau; tau <= x] = sum_k pi_k e^(mu_k + sigma_k^2 / 2) Phi(z_k - sigma_k)`` summed directly (one ``Phi`` a
     term where the heads' log-space sum takes a ``log_ndtr`` and an ``exp``), unless a term's factor overflows:
     a sum of positive terms either way, the same to rounding."""
-    if not x > 0.0:
-        return 0.0, 0.0
-    log_x = math.log(x)
-    cdf = 0.0
-    partial = 0.0
-    for k in range(mix.shape[1]):
-        z = (log_x - mix[_LOC, k]) * mix[_INV_SCALE, k]
-        cdf += mix[_WEIGHTS, k] * ndtr(z)
-        scale = mix[_SCALE, k]
-        partial += mix[_PARTIAL, k] * ndtr((log_x - mix[_LOC, k]) / scale - scale)
-    if not partial < math.inf:
-        partial = math.exp(_log_partial_expectation(mix, log_x))
-    out = x * cdf - partial
-    return (0.0 if out < 0.0 else out), cdf
+    args, phi, density, _, points = work
+    k_all = mix.shape[1]
+    n = 0
+    for p in range(first, first + n_points):
+        x = points[_X, p]
+        log_x = math.log(x) if x > 0.0 else 0.0
+        for k in range(k_all):
+            args[n] = (log_x - mix[_LOC, k]) * mix[_INV_SCALE, k]
+            scale = mix[_SCALE, k]
+            args[n + 1] = (log_x - mix[_LOC, k]) / scale - scale
+            n += 2
+    phi_many(args, phi, density, n)
+    n = 0
+    for p in range(first, first + n_points):
+        x = points[_X, p]
+        cdf = 0.0
+        partial = 0.0
+        for k in range(k_all):
+            cdf += mix[_WEIGHTS, k] * phi[n]
+            partial += mix[_PARTIAL, k] * phi[n + 1]
+            n += 2
+        if not x > 0.0:
+            points[_INTEGRAL, p] = 0.0
+            points[_CDF, p] = 0.0
+            continue
+        if not partial < math.inf:
+            partial = math.exp(_log_partial_expectation(mix, math.log(x)))
+        out = x * cdf - partial
+        points[_INTEGRAL, p] = 0.0 if out < 0.0 else out
+        points[_CDF, p] = cdf
 
 
 @_jit
-def _discrete_quantile(mix: np.ndarray, quantile: float, level: float, resolution: float, walk: int) -> float:
-    """``heads.discrete_quantiles`` for one level: the first of ``m0 - 1, m0, m0 + 1`` (``m0 = max(ceil(q / w), 1)``)
-    with ``H(m w) = (I(m w) - I((m - 1) w)) / w >= p`` (the last always), served as ``max(m - 1, 0) w``.
+def _integrated_cdf(mix: np.ndarray, work: tuple, x: float) -> tuple[float, float]:
+    """``(I(x), F(x))`` at one point (``_integrated_cdfs``; in ``work``'s last point slot)."""
+    points = work[4]
+    last = points.shape[1] - 1
+    points[_X, last] = x
+    _integrated_cdfs(mix, work, last, 1)
+    return points[_INTEGRAL, last], points[_CDF, last]
 
-    ``q`` may be a few cells off (``mixture_quantile`` on a grid stops early): ``m0`` moves up while
-    ``F(m0 w) < p`` and down while ``F((m0 - 1) w) >= p``, one ``I`` a cell (``F`` comes with ``I``), to the
-    ``m0`` of the exact ``q``; -1 where that takes more than ``walk`` cells. ``H(x) <= F(x)``, and
+
+@_jit
+def _discrete_quantiles(
+    mix: np.ndarray, work: tuple, quantiles: np.ndarray, levels: np.ndarray, resolution: float, walk: int
+) -> None:
+    """``heads.discrete_quantiles`` for each level ``p`` of ``levels [Q]`` into ``work``'s ``[_ANSWER, :Q]``: the
+    first of ``m0 - 1, m0, m0 + 1`` (``m0 = max(ceil(q / w), 1)``) with ``H(m w) = (I(m w) - I((m - 1) w)) / w
+    >= p`` (the last always), served as ``max(m - 1, 0) w``.
+
+    The quantile ``q`` (``quantiles [Q]``) may be a few cells off (``_search`` on a grid stops early): ``m0``
+    moves up while ``F(m0 w) < p`` and down while ``F((m0 - 1) w) >= p``, one ``I`` a cell (``F`` comes with
+    ``I``), to the ``m0`` of the exact ``q``; -1 where that takes more than ``walk`` cells. ``H(x) <= F(x)``, and
     ``F((m0 - 1) w) < p`` then: ``I((m0 - 2) w)`` is needed only where ``F((m0 - 1) w)`` comes within
     ``_DISCRETE_MARGIN`` of ``p`` (far above rounding: then ``H((m0 - 1) w)`` is computed and compared as
-    ``heads.discrete_quantiles`` does)."""
+    ``heads.discrete_quantiles`` does). The first two points of every level are evaluated together."""
+    state, points = work[3], work[4]
     w = resolution
-    m0 = max(np.ceil(quantile / w), 1.0)
-    mid, cdf_mid = _integrated_cdf(mix, (m0 - 1.0) * w)
-    high, cdf_high = _integrated_cdf(mix, m0 * w)
-    for moves in range(walk + 1):
-        up = cdf_high < level
-        if not up and not (m0 > 1.0 and cdf_mid >= level):
-            break
-        if moves == walk:
-            return -1.0
-        if up:
-            m0 += 1.0
-            mid, cdf_mid = high, cdf_high
-            high, cdf_high = _integrated_cdf(mix, m0 * w)
-        else:
-            m0 -= 1.0
-            high, cdf_high = mid, cdf_mid
-            mid, cdf_mid = _integrated_cdf(mix, (m0 - 1.0) * w)
-    if cdf_mid >= level - _DISCRETE_MARGIN:
-        low = _integrated_cdf(mix, (m0 - 2.0) * w)[0]
-        if (mid - low) / w >= level:
-            return max(m0 - 2.0, 0.0) * w
-    if (high - mid) / w >= level:
-        return (m0 - 1.0) * w
-    return m0 * w
+    n_levels = levels.shape[0]
+    for q in range(n_levels):
+        m0 = max(np.ceil(quantiles[q] / w), 1.0)
+        state[_M0, q] = m0
+        points[_X, 2 * q] = (m0 - 1.0) * w
+        points[_X, 2 * q + 1] = m0 * w
+    _integrated_cdfs(mix, work, 0, 2 * n_levels)
+    for q in range(n_levels):
+        level = levels[q]
+        m0 = state[_M0, q]
+        mid, cdf_mid = points[_INTEGRAL, 2 * q], points[_CDF, 2 * q]
+        high, cdf_high = points[_INTEGRAL, 2 * q + 1], points[_CDF, 2 * q + 1]
+        answer = 0.0
+        for moves in range(walk + 1):
+            up = cdf_high < level
+            if not up and not (m0 > 1.0 and cdf_mid >= level):
+                break
+            if moves == walk:
+                answer = -1.0
+                break
+            if up:
+                m0 += 1.0
+                mid, cdf_mid = high, cdf_high
+                high, cdf_high = _integrated_cdf(mix, work, m0 * w)
+            else:
+                m0 -= 1.0
+                high, cdf_high = mid, cdf_mid
+                mid, cdf_mid = _integrated_cdf(mix, work, (m0 - 1.0) * w)
+        if answer < 0.0:
+            state[_ANSWER, q] = answer
+            continue
+        if cdf_mid >= level - _DISCRETE_MARGIN:
+            low = _integrated_cdf(mix, work, (m0 - 2.0) * w)[0]
+            if (mid - low) / w >= level:
+                state[_ANSWER, q] = max(m0 - 2.0, 0.0) * w
+                continue
+        state[_ANSWER, q] = (m0 - 1.0) * w if (high - mid) / w >= level else m0 * w
 
 
 @_jit
-def mixture_quantile(mix: np.ndarray, level: float, ppf: float, resolution: float = 0.0) -> float:
-    """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` (``mix`` from ``_mixture``,
-    ``ppf = Phi^-1(p)``): Halley's method (``z -= 2 g F' / (2 F'^2 - g F'')``, ``g = F(z) - p``; cubic where
-    Newton is quadratic, for the ``F''`` that the density's terms give at no cost; Newton's step where
-    ``|g F''| > F'^2``, whose Halley step could be small far from the root) in the bracket
+def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, resolution: float) -> None:
+    """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` for each level ``p`` of ``levels [Q]``
+    (``mix`` from ``_mixture``, ``ppf = Phi^-1(p)``) into ``work``'s ``[_Z, :Q]``, the levels searched side by side
+    (one ``phi_many`` a step over every level still searching): Halley's method (``z -= 2 g F' / (2 F'^2 - g F'')``,
+    ``g = F(z) - p``; cubic where Newton is quadratic, for the ``F''`` that the density's terms give at no cost;
+    Newton's step where ``|g F''| > F'^2``, whose Halley step could be small far from the root) in the bracket
     ``[min_k, max_k] (mu_k + sigma_k Phi^-1(p))``, where every component is below, resp. above, its own level,
     so ``F(lo) <= p <= F(hi)``. A step that would leave the bracket bisects it instead (``_STEP_TOL``).
 
-    For a quantile of the gap recorded at ``resolution`` ``w > 0`` (``_discrete_quantile`` places its candidates
+    For a quantile of the gap recorded at ``resolution`` ``w > 0`` (``_discrete_quantiles`` places its candidates
     from ``e^z`` and walks to the right cell where that is off) the search stops at a step under
     ``_GRID_STEP min(1, w e^-z)``, half a cell in ``z`` (the error then is of the order of its cube), where that is
     the looser: 1.5 evaluations a level where 3 reach ``_STEP_TOL`` (the bundled model)."""
+    args, phi, density, state = work[:4]
     k_all = mix.shape[1]
-    lo = math.inf
-    hi = -math.inf
-    for k in range(k_all):
-        z = mix[_LOC, k] + mix[_SCALE, k] * ppf
-        lo = min(lo, z)
-        hi = max(hi, z)
-    if not hi > lo:
-        return lo
-    z = 0.0  # the components' quantiles averaged with their weights: inside the bracket, often near the root
-    for k in range(k_all):
-        z += mix[_WEIGHTS, k] * (mix[_LOC, k] + mix[_SCALE, k] * ppf)
-    for _ in range(_SEARCH_MAX):
-        cdf = 0.0
-        pdf = 0.0  # F' sqrt(2 pi)
-        slope = 0.0  # F'' sqrt(2 pi)
+    n_levels = levels.shape[0]
+    searching = 0
+    for q in range(n_levels):
+        lo = math.inf
+        hi = -math.inf
+        z = 0.0  # the components' quantiles averaged with their weights: inside the bracket, often near the root
         for k in range(k_all):
-            inv = mix[_INV_SCALE, k]
-            t = (z - mix[_LOC, k]) * inv
-            cdf += mix[_WEIGHTS, k] * ndtr(t)
-            density = mix[_WEIGHTS, k] * inv * math.exp(-0.5 * t * t)
-            pdf += density
-            slope -= density * t * inv
-        gap = cdf - level
-        if gap == 0.0:
-            return z
-        if gap < 0.0:
-            lo = z
-        else:
-            hi = z
-        f1 = pdf * _INV_SQRT_2PI
-        curve = gap * slope * _INV_SQRT_2PI  # g F''
-        # Halley's step where it is within 2/3 .. 2 of Newton's (so small only near the root), else Newton's:
-        # where F' is small for its curvature (between narrow components), often a bisection then
-        nxt = z - 2.0 * gap * f1 / (2.0 * f1 * f1 - curve) if abs(curve) <= f1 * f1 else z - gap / f1
-        if lo < nxt < hi:
-            step = abs(nxt - z)
-            if step <= _STEP_TOL * (1.0 + abs(z)):
-                return nxt
-            if resolution > 0.0 and step <= _GRID_STEP and step <= _GRID_STEP * resolution * math.exp(-nxt):
-                return nxt
-        else:
-            nxt = 0.5 * (lo + hi)
-            if hi - lo <= _BRACKET_TOL * (1.0 + abs(z)):
-                return nxt
-        z = nxt
-    return z
+            zk = mix[_LOC, k] + mix[_SCALE, k] * ppf[q]
+            lo = min(lo, zk)
+            hi = max(hi, zk)
+            z += mix[_WEIGHTS, k] * zk
+        state[_LO, q] = lo
+        state[_HI, q] = hi
+        state[_Z, q] = z if hi > lo else lo
+        state[_M0, q] = 1.0 if hi > lo else 0.0  # 1: still searching
+        searching += hi > lo
+    for _ in range(_SEARCH_MAX):
+        if searching == 0:
+            return
+        n = 0
+        for q in range(n_levels):
+            if state[_M0, q] > 0.0:
+                for k in range(k_all):
+                    args[n] = (state[_Z, q] - mix[_LOC, k]) * mix[_INV_SCALE, k]
+                    n += 1
+        phi_many(args, phi, density, n)
+        n = 0
+        for q in range(n_levels):
+            if not state[_M0, q] > 0.0:
+                continue
+            cdf = 0.0
+            pdf = 0.0  # F' sqrt(2 pi)
+            slope = 0.0  # F'' sqrt(2 pi)
+            for k in range(k_all):
+                inv = mix[_INV_SCALE, k]
+                cdf += mix[_WEIGHTS, k] * phi[n]
+                term = mix[_WEIGHTS, k] * inv * density[n]
+                pdf += term
+                slope -= term * args[n] * inv
+                n += 1
+            z = state[_Z, q]
+            gap = cdf - levels[q]
+            if gap == 0.0:
+                state[_M0, q] = 0.0
+                searching -= 1
+                continue
+            if gap < 0.0:
+                state[_LO, q] = z
+            else:
+                state[_HI, q] = z
+            lo, hi = state[_LO, q], state[_HI, q]
+            f1 = pdf * _INV_SQRT_2PI
+            curve = gap * slope * _INV_SQRT_2PI  # g F''
+            # Halley's step where it is within 2/3 .. 2 of Newton's (so small only near the root), else Newton's:
+            # where F' is small for its curvature (between narrow components), often a bisection then
+            nxt = z - 2.0 * gap * f1 / (2.0 * f1 * f1 - curve) if abs(curve) <= f1 * f1 else z - gap / f1
+            done = False
+            if lo < nxt < hi:
+                step = abs(nxt - z)
+                on_grid = resolution > 0.0 and step <= _GRID_STEP
+                done = step <= _STEP_TOL * (1.0 + abs(z)) or (
+                    on_grid and step <= _GRID_STEP * resolution * math.exp(-nxt)
+                )
+            else:
+                nxt = 0.5 * (lo + hi)
+                done = hi - lo <= _BRACKET_TOL * (1.0 + abs(z))
+            state[_Z, q] = nxt
+            if done:
+                state[_M0, q] = 0.0
+                searching -= 1
 
 
 # --- float32 building blocks --------------------------------------------------------------------
@@ -515,26 +616,36 @@ def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.floa
 
 @_jit
 def _gap_row(
-    b: int, mixture: tuple, spec: tuple, mix: np.ndarray, time_mean: np.ndarray, quantiles: np.ndarray
+    b: int, mixture: tuple, spec: tuple, mix: np.ndarray, work: tuple, time_mean: np.ndarray, quantiles: np.ndarray
 ) -> None:
     """Row ``b`` of the gap summaries from one float32 mixture ``(logits, loc, log_scale)`` ``[K]`` each, at
     ``spec = (levels [Q], Phi^-1(levels) [Q], gap_bound, resolution)``: ``time_mean[b]`` and ``quantiles[b]``
-    (float64; the continuous quantiles rounded to float32 values where ``resolution`` is 0)."""
+    (float64; the continuous quantiles rounded to float32 values where ``resolution`` is 0). ``mix``: the
+    ``[MIX_ROWS, K]`` table, ``work``: ``_gap_work``'s scratch."""
     logits, loc, log_scale = mixture
     levels, ppf, gap_bound, resolution = spec
+    n_levels = levels.shape[0]
+    state = work[3]
     _mixture(logits, loc, log_scale, mix)
-    time_mean[b] = _truncated_mean(mix, gap_bound)
-    for q in range(levels.shape[0]):
-        z = mixture_quantile(mix, levels[q], ppf[q], resolution)
-        if resolution > 0.0:
-            # the short search's quantile is off by more than _WALK cells only where a narrow component misleads it
-            out = _discrete_quantile(mix, math.exp(z), levels[q], resolution, _WALK)
-            if out < 0.0:
-                z = mixture_quantile(mix, levels[q], ppf[q], 0.0)
-                out = _discrete_quantile(mix, math.exp(z), levels[q], resolution, _SEARCH_MAX)
-            quantiles[b, q] = out
-        else:
-            quantiles[b, q] = np.float32(math.exp(z))
+    time_mean[b] = _truncated_mean(mix, work, gap_bound)
+    _search(mix, work, levels, ppf, resolution)
+    if resolution == 0.0:
+        for q in range(n_levels):
+            quantiles[b, q] = np.float32(math.exp(state[_Z, q]))
+        return
+    for q in range(n_levels):
+        state[_ANSWER, q] = math.exp(state[_Z, q])
+    _discrete_quantiles(mix, work, state[_ANSWER], levels, resolution, _WALK)
+    for q in range(n_levels):
+        quantiles[b, q] = state[_ANSWER, q]
+    for q in range(n_levels):
+        if quantiles[b, q] < 0.0:
+            # the short search's quantile is off by more than _WALK cells only where a narrow component misleads
+            # it: the full search and walk for this level alone
+            _search(mix, work, levels[q : q + 1], ppf[q : q + 1], 0.0)
+            state[_ANSWER, 0] = math.exp(state[_Z, 0])
+            _discrete_quantiles(mix, work, state[_ANSWER, :1], levels[q : q + 1], resolution, _SEARCH_MAX)
+            quantiles[b, q] = state[_ANSWER, 0]
 
 
 @_jit
@@ -543,10 +654,11 @@ def _gap_rows(mixtures: tuple, spec: tuple) -> tuple[np.ndarray, np.ndarray]:
     logits, loc, log_scale = mixtures
     rows, k_all = loc.shape
     mix = np.empty((MIX_ROWS, k_all), np.float64)
+    work = _gap_work(k_all, spec[0].shape[0])
     time_mean = np.empty(rows, np.float64)
     quantiles = np.empty((rows, spec[0].shape[0]), np.float64)
     for b in range(rows):
-        _gap_row(b, (logits[b], loc[b], log_scale[b]), spec, mix, time_mean, quantiles)
+        _gap_row(b, (logits[b], loc[b], log_scale[b]), spec, mix, work, time_mean, quantiles)
     return time_mean, quantiles
 
 
@@ -577,7 +689,8 @@ def gap_summaries(
 @_jit
 def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
     """The outputs ``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of ``rows``
-    forecasts, and the scratch: ``(heads [BLOCK, P], probs [M], taken [M], mix [MIX_ROWS, K])``."""
+    forecasts, and the scratch: ``(heads [BLOCK, P], probs [M], taken [M], mix [MIX_ROWS, K], work)``
+    (``work``: ``_gap_work``'s)."""
     head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[11], head[12], head[13]
     outputs = (
         np.empty(rows, np.float64),
@@ -592,6 +705,7 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
         np.empty(num_marks, np.float32),
         np.empty(num_marks, np.bool_),
         np.empty((MIX_ROWS, n_components), np.float64),
+        _gap_work(n_components, levels.shape[0]),
     )
     return outputs, scratch
 
@@ -605,7 +719,7 @@ def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tup
     head_low, head_high, head_scale, head_shift, value_std = head[2:7]
     levels, ppf, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
-    probs, taken, mix = scratch[1:]
+    probs, taken, mix, work = scratch[1:]
     for j in range(out.shape[0]):
         c = min(max(out[j], head_low[j]), head_high[j])
         out[j] = head_shift[j] + c * head_scale[j]
@@ -636,7 +750,7 @@ def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tup
         top_marks[b, r] = best
         top_probs[b, r] = probs[best]
     logits, loc, log_scale = out[:k_all], out[k_all : 2 * k_all], out[2 * k_all : 3 * k_all]
-    _gap_row(b, (logits, loc, log_scale), (levels, ppf, gap_bound, resolution), mix, time_mean, quantiles)
+    _gap_row(b, (logits, loc, log_scale), (levels, ppf, gap_bound, resolution), mix, work, time_mean, quantiles)
 
 
 @_jit
