@@ -49,7 +49,7 @@ import torch
 from aaren.jit import compiled
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
-from aaren_core.tasks.event.special import phi_many
+from aaren_core.tasks.event.special import exp_many, phi_many
 
 __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr", "ndtr"]
 
@@ -196,30 +196,30 @@ def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np
     (``(x - max) - log sum exp(x - max)``, as torch), ``pi = exp(x - max) / sum exp(x - max)`` (the same to an
     ulp or two, from the sum's terms), ``sigma``, ``1 / sigma`` and ``log pi_k + mu_k + sigma_k^2 / 2``, the part
     of ``log_partial_expectation``'s terms that ``x`` leaves alone, and its ``exp`` (``_integrated_cdf``'s terms;
-    inf where it overflows)."""
+    inf where it overflows); the ``exp``s of a kind in one ``special.exp_many``."""
     k_all = loc.shape[0]
     top = -math.inf
     for k in range(k_all):
         top = max(top, np.float64(logits[k]))
+    for k in range(k_all):
+        mix[_TERMS, k] = np.float64(logits[k]) - top
+        mix[_LOG_SCALE, k] = np.float64(log_scale[k])
+    exp_many(mix[_TERMS], mix[_WEIGHTS], k_all)
+    exp_many(mix[_LOG_SCALE], mix[_SCALE], k_all)
     total = 0.0
     for k in range(k_all):
-        e = math.exp(np.float64(logits[k]) - top)
-        mix[_WEIGHTS, k] = e
-        total += e
+        total += mix[_WEIGHTS, k]
     log_total = math.log(total)
     for k in range(k_all):
-        lw = (np.float64(logits[k]) - top) - log_total
+        lw = mix[_TERMS, k] - log_total
         mu = np.float64(loc[k])
-        ls = np.float64(log_scale[k])
-        scale = math.exp(ls)
+        scale = mix[_SCALE, k]
         mix[_LOG_WEIGHTS, k] = lw
         mix[_LOC, k] = mu
-        mix[_LOG_SCALE, k] = ls
         mix[_WEIGHTS, k] = mix[_WEIGHTS, k] / total
-        mix[_SCALE, k] = scale
         mix[_INV_SCALE, k] = 1.0 / scale
         mix[_LPE_CONST, k] = (lw + mu) + 0.5 * (scale * scale)
-        mix[_PARTIAL, k] = math.exp(mix[_LPE_CONST, k])
+    exp_many(mix[_LPE_CONST], mix[_PARTIAL], k_all)
 
 
 @_jit

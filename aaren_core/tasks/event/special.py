@@ -35,7 +35,7 @@ import numpy as np
 
 from aaren.jit import compiled
 
-__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "phi_many"]
+__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "exp_many", "phi_many"]
 
 #: ``c`` of ``h(z) = erfcx(z) (1 + z / c)`` and the end of its series' range (``erfc(27.3)`` rounds to 0)
 ERFCX_C = 3.0
@@ -65,8 +65,9 @@ _LN2_HI = math.ldexp(math.floor(math.ldexp(math.log(2.0), 32)), -32)
 _LN2_LO = (math.log(2.0) - _LN2_HI) + 2.3190468138462996e-17
 #: adding then subtracting ``1.5 2^52`` rounds a float64 below 2^51 in size to the nearest integer
 _ROUND = 6755399441055744.0
-#: ``-z^2`` is held at or above this: ``2^n`` of it is 0 as two factors, and ``n`` stays a small integer
-_EXP_FLOOR = -1500.0
+#: ``_exp_split`` holds its argument to ``[_EXP_FLOOR, -_EXP_FLOOR]``: ``2^n`` there is 0, resp. inf, as two
+#: factors, each a float64 whose exponent field its bits can hold
+_EXP_FLOOR = -1400.0
 _SQRT1_2 = math.sqrt(0.5)
 #: ``|x|`` past which ``erfc(|x| / sqrt 2)`` rounds to 0
 _X_MAX = ERFCX_Z_MAX / _SQRT1_2
@@ -91,6 +92,42 @@ def _bits_as_float(typingctx: Any, bits: Any) -> Any:
 
 
 @_jit_vector
+def _exp_split(hi: float, lo: float) -> float:
+    """``exp(hi + lo)`` for ``|lo|`` far below ``|hi|``'s ulp (``hi`` held to ``[-1400, 1400]``, where the result
+    is 0 or inf): the reduction, series and powers of two of the module docstring. Inlined where it is called."""
+    hi = min(max(hi, _EXP_FLOOR), -_EXP_FLOOR)
+    n_f = (hi * _LOG2E + _ROUND) - _ROUND
+    r = (hi - n_f * _LN2_HI) - n_f * _LN2_LO + lo
+    p = _EXP_SERIES[13]
+    p = p * r + _EXP_SERIES[12]
+    p = p * r + _EXP_SERIES[11]
+    p = p * r + _EXP_SERIES[10]
+    p = p * r + _EXP_SERIES[9]
+    p = p * r + _EXP_SERIES[8]
+    p = p * r + _EXP_SERIES[7]
+    p = p * r + _EXP_SERIES[6]
+    p = p * r + _EXP_SERIES[5]
+    p = p * r + _EXP_SERIES[4]
+    p = p * r + _EXP_SERIES[3]
+    p = p * r + _EXP_SERIES[2]
+    p = p * r + _EXP_SERIES[1]
+    p = p * r + _EXP_SERIES[0]
+    n_i = np.int64(n_f)
+    half = n_i >> 1
+    return (p * _bits_as_float((half + 1023) << 52)) * _bits_as_float((n_i - half + 1023) << 52)
+
+
+@_jit_vector
+def exp_many(x: np.ndarray, out: np.ndarray, n: int) -> None:
+    """``out[k] = exp(x[k])`` for ``k < n`` (float64, within an ulp; inf past 709.78, 0 below -745.1, NaN kept);
+    ``x`` and ``out`` distinct arrays (where they overlap the loop is not vectorized)."""
+    for k in range(n):
+        v = x[k]
+        e = _exp_split(v, 0.0)
+        out[k] = e if v == v else v
+
+
+@_jit_vector
 def phi_many(x: np.ndarray, phi: np.ndarray, density: np.ndarray, n: int) -> None:
     """``phi[k] = Phi(x[k])`` and ``density[k] = exp(-x[k]^2 / 2)`` for ``k < n`` (float64). See the module
     docstring. One loop of straight-line code: LLVM vectorizes it across ``k`` (8 lanes with AVX-512), and
@@ -99,27 +136,9 @@ def phi_many(x: np.ndarray, phi: np.ndarray, density: np.ndarray, n: int) -> Non
         # exp(-x^2 / 2): -x^2 / 2 = hi + lo, hi exact
         a = min(abs(x[k]), _X_MAX)
         a_h = np.float64(np.float32(a))
-        hi = max(-0.5 * (a_h * a_h), _EXP_FLOOR)
+        hi = -0.5 * (a_h * a_h)
         lo = -0.5 * ((a - a_h) * (a_h + a))
-        n_f = (hi * _LOG2E + _ROUND) - _ROUND
-        r = (hi - n_f * _LN2_HI) - n_f * _LN2_LO + lo
-        p = _EXP_SERIES[13]
-        p = p * r + _EXP_SERIES[12]
-        p = p * r + _EXP_SERIES[11]
-        p = p * r + _EXP_SERIES[10]
-        p = p * r + _EXP_SERIES[9]
-        p = p * r + _EXP_SERIES[8]
-        p = p * r + _EXP_SERIES[7]
-        p = p * r + _EXP_SERIES[6]
-        p = p * r + _EXP_SERIES[5]
-        p = p * r + _EXP_SERIES[4]
-        p = p * r + _EXP_SERIES[3]
-        p = p * r + _EXP_SERIES[2]
-        p = p * r + _EXP_SERIES[1]
-        p = p * r + _EXP_SERIES[0]
-        n_i = np.int64(n_f)
-        half = n_i >> 1
-        e = (p * _bits_as_float((half + 1023) << 52)) * _bits_as_float((n_i - half + 1023) << 52)
+        e = _exp_split(hi, lo)
         density[k] = e
         # erfc(z) = e h(z) c / (c + z), h by Clenshaw's recurrence in y, each step one multiply-add on the chain
         t = x[k] * _SQRT1_2
