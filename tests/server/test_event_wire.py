@@ -77,7 +77,7 @@ def test_wire_bytes_parse_to_what_rows_writes(num_marks: int, quantiles: tuple[f
         # The generic form (from the rows writer) gives the same forecasts.
         generic = wire_rows(_RowsOnly(encoder))(outputs, k, last_times)
         assert [_canonical(b) for b in generic] == [_canonical(b) for b in got]
-        # The block (one compiled pass over every forecast's numbers) is the same bytes, row by row.
+        # wire is the block's rows (one compiled pass over every forecast's numbers)
         block = encoder.wire_block(outputs, k, np.array(last_times))
         assert block.dtype == np.uint8 and block.shape == (len(got), len(got[0]))
         assert [row.tobytes() for row in block] == got
@@ -90,10 +90,10 @@ def test_no_forecast_gives_no_bytes() -> None:
 
 
 def test_a_replys_results_in_one_pass_are_what_the_parts_give(start_server) -> None:
-    """The stream's replies where every event has a forecast are assembled in one compiled pass
-    (``_results_block``): the same bytes as event by event (``_results_parts`` without the task's block),
-    for session ids of one and of several UTF-8 bytes, long ones (two-byte length varints), and seqs
-    past one varint byte."""
+    """The stream's replies are assembled in one compiled pass (``_results_block``), from the task's block or
+    from its ``wire`` bytes alike, and are protobuf's own message (each forecast's task part as the encoder's
+    ``rows`` writes it), for session ids of one and of several UTF-8 bytes, long ones (two-byte length
+    varints), and seqs past one varint byte."""
     import asyncio
     import dataclasses
 
@@ -125,7 +125,16 @@ def test_a_replys_results_in_one_pass_are_what_the_parts_give(start_server) -> N
     one_pass = servicer._results_parts(request, outcomes, view, 2, core)
     by_parts = servicer._results_parts(request, outcomes, dataclasses.replace(view, block=None), 2, core)
     assert one_pass == by_parts
+    want = pb.StreamResponse()
+    write = view.encoder.rows(outcomes.outputs, 2)
+    for f, e in enumerate(request.events):
+        result = want.results.add(session_id=e.session_id, seq=e.seq)
+        forecast = result.forecast
+        forecast.session_id, forecast.seq, forecast.last_time = e.session_id, e.seq, e.time
+        forecast.model.CopyFrom(view.ref)
+        write(forecast, f, e.time)
     parsed = pb.StreamResponse.FromString(b"".join(one_pass))
+    assert parsed.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
     assert [(r.session_id, r.seq, r.forecast.seq) for r in parsed.results] == [
         (e.session_id, e.seq, e.seq) for e in request.events
     ]

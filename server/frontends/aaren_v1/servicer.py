@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import logging
 import math
-import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -93,7 +92,6 @@ class _ModelView:
     ref_array: np.ndarray
 
 
-_DOUBLE = struct.Struct("<d")
 _SMALL = [bytes((v,)) for v in range(0x80)]
 
 
@@ -130,18 +128,27 @@ def _put_varint(out: np.ndarray, at: int, value: int) -> int:
 
 @compiled
 def _results_block(
-    task: np.ndarray, sids: np.ndarray, sid_sizes: np.ndarray, seqs: np.ndarray, times: np.ndarray, tail: np.ndarray
+    task: np.ndarray,
+    task_ends: np.ndarray,
+    sids: np.ndarray,
+    sid_sizes: np.ndarray,
+    seqs: np.ndarray,
+    times: np.ndarray,
+    tail: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``_results_parts``' bytes for ``F`` events that each have a forecast, in one pass: event ``f``'s
-    ``results`` field (``StreamResponse.results`` = 2: ``EventResult`` {session_id = 1, seq = 2, forecast = 4
-    {session_id = 1, seq = 2, last_time = 3, the task's part ``task[f]``, ``tail``: the model = 7}}) from its
-    session id (``sids``: the ids' UTF-8 bytes one after another, ``sid_sizes [F]`` their lengths), ``seqs [F]``,
-    ``times [F]`` and ``task [F, S]`` (``wire_block``). Returns the bytes and where each event's ends ``[F]``."""
-    n, size = task.shape
+    """The ``results`` fields of ``F`` events that each have a forecast, in one pass: event ``f``'s (``StreamResponse
+    .results`` = 2: ``EventResult`` {session_id = 1, seq = 2, forecast = 4 {session_id = 1, seq = 2, last_time = 3,
+    the task's part, ``tail``: the model = 7}}) from its session id (``sids``: the ids' UTF-8 bytes one after
+    another, ``sid_sizes [F]`` their lengths), ``seqs [F]``, ``times [F]`` and its task part (``task``: the parts'
+    bytes one after another, ``task_ends [F]`` where each ends). Returns the bytes and where each event's ends
+    ``[F]``."""
+    n = seqs.shape[0]
     total = 0
+    start = 0
     for f in range(n):
         head = 2 + _varint_size(sid_sizes[f]) + sid_sizes[f] + _varint_size(seqs[f])
-        forecast = head + 9 + size + tail.shape[0]
+        forecast = head + 9 + (task_ends[f] - start) + tail.shape[0]
+        start = task_ends[f]
         result = head + 1 + _varint_size(forecast) + forecast
         total += 1 + _varint_size(result) + result
     out = np.empty(total, np.uint8)
@@ -150,11 +157,14 @@ def _results_block(
     raw = double.view(np.uint8)
     at = 0
     start = 0
+    first = 0
     for f in range(n):
         sid = sids[start : start + sid_sizes[f]]
         start += sid_sizes[f]
+        part = task[first : task_ends[f]]
+        first = task_ends[f]
         head = 2 + _varint_size(sid.shape[0]) + sid.shape[0] + _varint_size(seqs[f])
-        forecast = head + 9 + size + tail.shape[0]
+        forecast = head + 9 + part.shape[0] + tail.shape[0]
         result = head + 1 + _varint_size(forecast) + forecast
         out[at] = 0x12
         at = _put_varint(out, at + 1, result)
@@ -172,8 +182,8 @@ def _results_block(
         double[0] = times[f]
         out[at + 1 : at + 9] = raw
         at += 9
-        out[at : at + size] = task[f]
-        at += size
+        out[at : at + part.shape[0]] = part
+        at += part.shape[0]
         out[at : at + tail.shape[0]] = tail
         at += tail.shape[0]
         ends[f] = at
@@ -421,7 +431,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         one = pb.StreamRequest(events=[pb.Event()]).SerializeToString()
         _read_request(np.frombuffer(one, np.uint8), default.checks)
         ones, byte = np.ones(1, np.int64), np.frombuffer(b"\0", np.uint8)  # read-only, as the real ones
-        _results_block(np.zeros((1, 1), np.uint8), byte, ones, ones, np.zeros(1), default.ref_array)
+        _results_block(byte, ones, byte, ones, ones, np.zeros(1), default.ref_array)
 
     def _view(self, model: str) -> _ModelView | None:
         """The model a request names ("" the default), None when this server does not serve it."""
@@ -518,38 +528,55 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
     def _results_parts(
         self, request: _Request, outcomes: Outcomes, view: _ModelView, k: int, core: CoreRequest | None
     ) -> list[bytes]:
-        """``_results_wire``'s bytes, one item per event: its ``results`` field (``k``: the top marks). Where
-        every event of a request read as columns has a forecast (the common answer) and the task writes its
-        part as one block (``wire_block``), all of them in one compiled pass (``_results_block``)."""
-        n = len(outcomes.kind)
-        if view.block is not None and core is not None and n and len(outcomes.forecast_index) == n == core.n:
-            events = core.events
-            encoded = [sid.encode() for sid in events.session_ids]
-            task = view.block(outcomes.outputs, k, events.time)
-            sizes = np.array([len(sid) for sid in encoded], dtype=np.int64)
-            sids = np.frombuffer(b"".join(encoded), np.uint8)
-            out, ends = _results_block(task, sids, sizes, events.seq, events.time, view.ref_array)
-            data, stops = out.tobytes(), ends.tolist()
-            return [data[a:b] for a, b in zip([0, *stops[:-1]], stops, strict=True)]
-        kinds = outcomes.kind.tolist()
-        sids, seqs, times = self._forecast_keys(request, outcomes, core)
-        task = view.wire(outcomes.outputs, k, times) if times else []
-        tail, pack, varint = view.ref_wire, _DOUBLE.pack, _varint
-        parts = []
+        """``_results_wire``'s bytes, one item per event: its ``results`` field (``k``: the top marks). Every
+        forecast's in one compiled pass (``_forecast_parts``), an ack's or error's from its message."""
+        kinds = outcomes.kind
+        index = outcomes.forecast_index
+        n = len(kinds)
+        parts: list[bytes] = []
+        if len(index):
+            if core is not None and len(index) == n == core.n:  # every event read as columns has a forecast
+                events = core.events
+                parts = self._forecast_parts(view, outcomes, k, events.session_ids, events.seq, events.time)
+            else:
+                sids, seqs, times = self._forecast_keys(request, outcomes, core)
+                parts = self._forecast_parts(
+                    view, outcomes, k, sids, np.array(seqs, np.int64), np.array(times, np.float64)
+                )
+            if len(index) == n:
+                return parts
+        out = []
         f = 0
-        for i, kind in enumerate(kinds):
+        for i, kind in enumerate(kinds.tolist()):
             if kind == FORECAST:
-                sid = sids[f].encode()
-                head = b"\x0a%b%b\x10%b" % (varint(len(sid)), sid, varint(seqs[f]))  # session_id = 1, seq = 2
-                forecast = b"%b\x19%b%b%b" % (head, pack(times[f]), task[f], tail)  # last_time = 3
-                result = b"%b\x22%b%b" % (head, varint(len(forecast)), forecast)  # forecast = 4
-                parts.append(b"\x12%b%b" % (varint(len(result)), result))
+                out.append(parts[f])
                 f += 1
             else:
                 other = pb.StreamResponse()
                 self._add_result(other.results, *_key_of(request, core, i), outcomes, i, kind)
-                parts.append(other.SerializeToString())
-        return parts
+                out.append(other.SerializeToString())
+        return out
+
+    @staticmethod
+    def _forecast_parts(
+        view: _ModelView, outcomes: Outcomes, k: int, sids: list[str], seqs: np.ndarray, times: np.ndarray
+    ) -> list[bytes]:
+        """The ``results`` fields of the forecasts, one item each (``_results_block``): the task's parts as one
+        block where it writes one (``wire_block``), else its ``wire`` bytes joined."""
+        if view.block is not None:
+            block = view.block(outcomes.outputs, k, times)
+            task = block.reshape(-1)
+            task_ends = np.arange(1, len(block) + 1, dtype=np.int64) * block.shape[1]
+        else:
+            wires = view.wire(outcomes.outputs, k, times.tolist())
+            task = np.frombuffer(b"".join(wires), np.uint8).copy()  # writable, as the block's
+            task_ends = np.cumsum(np.array([len(w) for w in wires], np.int64))
+        encoded = [sid.encode() for sid in sids]
+        sizes = np.array([len(sid) for sid in encoded], dtype=np.int64)
+        sid_bytes = np.frombuffer(b"".join(encoded), np.uint8)
+        out, ends = _results_block(task, task_ends, sid_bytes, sizes, seqs, times, view.ref_array)
+        data, stops = out.tobytes(), ends.tolist()
+        return [data[a:b] for a, b in zip([0, *stops[:-1]], stops, strict=True)]
 
     def _add_result(self, results: Any, sid: str, seq: int, outcomes: Outcomes, i: int, kind: int) -> None:
         """Append the row of event ``i`` (``sid``, ``seq``) answered without a forecast: an ack (maybe a

@@ -4,17 +4,15 @@ A forecast's ``next_time`` holds the gap's mean, the expected time (last time + 
 gap's quantiles at the server's levels; ``marks`` the top ``k`` marks with probabilities; ``values``
 each value's mean and std.
 
-``wire`` writes the same fields as protobuf wire bytes: each forecast's bytes have one fixed layout
-for a model and ``k`` (tags, lengths and 8-byte doubles; a mark is a varint of a fixed width, padded
-with continuation bytes where it is shorter, which every protobuf parser reads as the same number),
-so each is one ``struct`` pack of its numbers, with no message object. ``wire_block`` writes the same
-bytes for every forecast at once: their numbers as one array, the layout as a template of constant
-bytes, doubles and fixed-width varints (``pack_rows``, one compiled pass)."""
+``wire_block`` writes the same fields as protobuf wire bytes, for every forecast at once: each
+forecast's bytes have one fixed layout for a model and ``k`` (tags, lengths and 8-byte doubles; a mark
+is a varint of a fixed width, padded with continuation bytes where it is shorter, which every protobuf
+parser reads as the same number), so their numbers go into one array and the layout is a template of
+constant bytes, doubles and fixed-width varints (``pack_rows``, one compiled pass), with no message
+object. ``wire`` is the block's rows as ``bytes``."""
 
 from __future__ import annotations
 
-import functools
-import operator
 import struct
 from collections.abc import Sequence
 
@@ -119,33 +117,15 @@ class EventEncoder(TaskEncoder):
 
     def wire(self, outputs: EventOutputs, k: int, last_times: Sequence[float]) -> list[bytes]:
         """Forecast ``f``'s ``next_time``, ``marks`` and ``values`` as ``pb.Forecast`` wire bytes (what
-        ``rows`` writes, the same doubles), for every ``f`` of ``outputs``: one ``struct`` pack each,
-        of the numbers in the rows' order (the pack takes the first ``k`` marks itself)."""
-        o = outputs
-        ranked = o.top_marks.shape[1]
-        layout = self._layouts.get((k, ranked)) or self._layout(
-            k, ranked, o.time_quantiles.shape[1], o.value_mean.shape[1]
-        )
-        pack, order, c = layout.pack, layout.order, layout.constants
-        means, quantiles, top, probs = (
-            o.time_mean.tolist(),
-            o.time_quantiles.tolist(),
-            o.top_marks.tolist(),
-            o.top_probs.tolist(),
-        )
-        value_means, value_stds = o.value_mean.tolist(), o.value_std.tolist()
-        if layout.mark_bytes is not None:
-            table = layout.mark_bytes
-            top = [[table(m) for m in row] for row in top]
-        return [
-            pack(*order((mean, t + mean, *quantiles[f], *top[f], *probs[f], *value_means[f], *value_stds[f], *c)))
-            for f, (mean, t) in enumerate(zip(means, last_times, strict=True))
-        ]
+        ``rows`` writes, the same doubles), for every ``f`` of ``outputs``: the rows of ``wire_block``."""
+        block = self.wire_block(outputs, k, np.asarray(last_times, dtype=np.float64))
+        data, size = block.tobytes(), block.shape[1]
+        return [data[at : at + size] for at in range(0, len(data), size)] if size else [b""] * len(block)
 
     def wire_block(self, outputs: EventOutputs, k: int, last_times: np.ndarray) -> np.ndarray:
-        """What ``wire`` writes, as ``uint8 [F, S]``: every forecast's numbers in one ``[F, N]`` float64 array
-        (in ``wire``'s order: mean, expected time, quantiles, marks, probabilities, value means, stds) written
-        by the layout's template in one compiled pass (``pack_rows``)."""
+        """Every forecast's wire bytes as ``uint8 [F, S]``: their numbers in one ``[F, N]`` float64 array (mean,
+        expected time, quantiles, marks, probabilities, value means, stds) written by the layout's template in
+        one compiled pass (``pack_rows``)."""
         o = outputs
         ranked = o.top_marks.shape[1]
         layout = self._layouts.get((k, ranked)) or self._layout(
@@ -180,14 +160,14 @@ def _padded_varint(value: int, width: int) -> bytes:
 
 class _Layout:
     """One forecast's bytes for the quantile ``levels``, the first ``k`` of ``ranked`` marks (varints of
-    ``mark_width`` bytes) and ``v`` values as one ``struct`` format. ``order`` takes the numbers
-    ``(mean, expected_time, *quantiles [Q], *marks [ranked], *probabilities [ranked], *value_means [V],
-    *value_stds [V])`` followed by ``constants`` (the runs of tags, lengths and levels between them, as
-    bytes) to the format's order."""
+    ``mark_width`` bytes) and ``v`` values as ``pack_rows``' template (``ops``, ``const_bytes``, ``size``) over
+    the numbers ``(mean, expected_time, *quantiles [Q], *marks [ranked], *probabilities [ranked],
+    *value_means [V], *value_stds [V])``: the runs of tags, lengths and levels between them as constant bytes."""
 
     def __init__(self, levels: Sequence[float], k: int, ranked: int, v: int, mark_width: int) -> None:
         q = len(levels)
-        # The bytes in order: runs of constant bytes, and (code, i): the i-th number above.
+        # The bytes in order: runs of constant bytes, and (code, i): the i-th number above, a double ("d") or a
+        # varint ("v").
         items: list[bytes | tuple[str, int]] = []
 
         def const(data: bytes) -> None:
@@ -196,7 +176,6 @@ class _Layout:
             else:
                 items.append(data)
 
-        mark_code = "B" if mark_width == 1 else f"{mark_width}s"
         marks, probs = 2 + q, 2 + q + ranked
         means, stds = 2 + q + 2 * ranked, 2 + q + 2 * ranked + v
         # next_time = 4 (TimeForecast: mean = 1, quantiles = 2 {q = 1, value = 2}, expected_time = 3)
@@ -209,7 +188,7 @@ class _Layout:
         items.append(("d", 1))
         for j in range(k):  # marks = 5 (MarkProbability: mark = 1, probability = 2)
             const(bytes((0x2A, 10 + mark_width, 0x08)))
-            items.append((mark_code, marks + j))
+            items.append(("v", marks + j))
             const(b"\x11")
             items.append(("d", probs + j))
         for j in range(v):  # values = 6 (ValueForecast: mean = 1, std = 2)
@@ -217,19 +196,6 @@ class _Layout:
             items.append(("d", means + j))
             const(b"\x11")
             items.append(("d", stds + j))
-        numbers = 2 + q + 2 * ranked + 2 * v
-        codes, positions, constants = [], [], []
-        for item in items:
-            if isinstance(item, bytes):
-                codes.append(f"{len(item)}s")
-                positions.append(numbers + len(constants))
-                constants.append(item)
-            else:
-                codes.append(item[0])
-                positions.append(item[1])
-        format_ = struct.Struct("<" + "".join(codes))
-        self.pack = format_.pack
-        # the same bytes as ``pack_rows``' template: its operations, constant bytes and row length
         ops, runs = [], []
         for item in items:
             if isinstance(item, bytes):
@@ -239,7 +205,4 @@ class _Layout:
                 ops.append((DOUBLE, item[1], 0) if item[0] == "d" else (VARINT, item[1], mark_width))
         self.ops = np.array(ops, dtype=np.int64)
         self.const_bytes = np.frombuffer(b"".join(runs), dtype=np.uint8)
-        self.size = format_.size
-        self.order = operator.itemgetter(*positions)
-        self.constants = tuple(constants)
-        self.mark_bytes = None if mark_width == 1 else functools.partial(_padded_varint, width=mark_width)
+        self.size = sum(8 if op == DOUBLE else b for op, _, b in ops if op != CONST) + len(self.const_bytes)
