@@ -56,8 +56,8 @@ _ERFCX_CHEB = (
 )  # fmt: skip
 #: ``erf(t) / t = 2 / sqrt(pi) sum_j (-1)^j t^2j / (j! (2 j + 1))``, ``j <= 14``
 _ERF_SERIES = tuple(2.0 / math.sqrt(math.pi) * (-1.0) ** j / (math.factorial(j) * (2 * j + 1)) for j in range(15))
-#: ``exp(r) = sum_j r^j / j!``, ``j <= 13``
-_EXP_SERIES = tuple(1.0 / math.factorial(j) for j in range(14))
+#: ``exp(r) = sum_j r^j / j!``, ``j <= 13`` (and a 0 for ``j = 14``: ``_series15``'s length; its step adds nothing)
+_EXP_SERIES = (*(1.0 / math.factorial(j) for j in range(14)), 0.0)
 _LOG2E = 1.0 / math.log(2.0)
 #: ``ln 2`` as a part with 32 significant bits (so ``n ln2_hi`` is exact for ``|n| < 2^21``) and the rest (the
 #: float64 ``ln 2``'s own rounding, 2.3e-17, added back: ``n`` times it reaches 2.5e-14 at ``n = -1075``)
@@ -92,26 +92,35 @@ def _bits_as_float(typingctx: Any, bits: Any) -> Any:
 
 
 @_jit_vector
+def _series15(c: tuple, x: float) -> float:
+    """``sum_j c_j x^j`` for the 15 coefficients ``c`` by Horner's rule, written out (LLVM unrolls a loop of 16
+    or more steps only after it has decided not to vectorize the loop it sits in). Inlined where it is called."""
+    p = c[14]
+    p = p * x + c[13]
+    p = p * x + c[12]
+    p = p * x + c[11]
+    p = p * x + c[10]
+    p = p * x + c[9]
+    p = p * x + c[8]
+    p = p * x + c[7]
+    p = p * x + c[6]
+    p = p * x + c[5]
+    p = p * x + c[4]
+    p = p * x + c[3]
+    p = p * x + c[2]
+    p = p * x + c[1]
+    p = p * x + c[0]
+    return p
+
+
+@_jit_vector
 def _exp_split(hi: float, lo: float) -> float:
     """``exp(hi + lo)`` for ``|lo|`` far below ``|hi|``'s ulp (``hi`` held to ``[-1400, 1400]``, where the result
     is 0 or inf): the reduction, series and powers of two of the module docstring. Inlined where it is called."""
     hi = min(max(hi, _EXP_FLOOR), -_EXP_FLOOR)
     n_f = (hi * _LOG2E + _ROUND) - _ROUND
     r = (hi - n_f * _LN2_HI) - n_f * _LN2_LO + lo
-    p = _EXP_SERIES[13]
-    p = p * r + _EXP_SERIES[12]
-    p = p * r + _EXP_SERIES[11]
-    p = p * r + _EXP_SERIES[10]
-    p = p * r + _EXP_SERIES[9]
-    p = p * r + _EXP_SERIES[8]
-    p = p * r + _EXP_SERIES[7]
-    p = p * r + _EXP_SERIES[6]
-    p = p * r + _EXP_SERIES[5]
-    p = p * r + _EXP_SERIES[4]
-    p = p * r + _EXP_SERIES[3]
-    p = p * r + _EXP_SERIES[2]
-    p = p * r + _EXP_SERIES[1]
-    p = p * r + _EXP_SERIES[0]
+    p = _series15(_EXP_SERIES, r)
     n_i = np.int64(n_f)
     half = n_i >> 1
     return (p * _bits_as_float((half + 1023) << 52)) * _bits_as_float((n_i - half + 1023) << 52)
@@ -172,19 +181,5 @@ def phi_many(x: np.ndarray, phi: np.ndarray, density: np.ndarray, n: int) -> Non
         tail = 1.0 - half_erfc if t > 0.0 else half_erfc
         # erf(t) for |t| < sqrt(1/2)
         u = t * t
-        s = _ERF_SERIES[14]
-        s = s * u + _ERF_SERIES[13]
-        s = s * u + _ERF_SERIES[12]
-        s = s * u + _ERF_SERIES[11]
-        s = s * u + _ERF_SERIES[10]
-        s = s * u + _ERF_SERIES[9]
-        s = s * u + _ERF_SERIES[8]
-        s = s * u + _ERF_SERIES[7]
-        s = s * u + _ERF_SERIES[6]
-        s = s * u + _ERF_SERIES[5]
-        s = s * u + _ERF_SERIES[4]
-        s = s * u + _ERF_SERIES[3]
-        s = s * u + _ERF_SERIES[2]
-        s = s * u + _ERF_SERIES[1]
-        s = s * u + _ERF_SERIES[0]
+        s = _series15(_ERF_SERIES, u)
         phi[k] = 0.5 + 0.5 * (t * s) if z < _SQRT1_2 else tail
