@@ -25,7 +25,7 @@ from aaren_core.nn.backbones import BackboneConfig
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.heads import discrete_quantiles, truncated_mean
-from aaren_core.tasks.event.kernel import EventKernel, KernelOutputs, erf32, gap_summaries, log_ndtr, ndtr
+from aaren_core.tasks.event.kernel import EventKernel, KernelOutputs, erf32, gap_summaries, log_ndtr
 from aaren_core.tasks.event.model import EventModel, EventModelConfig
 
 LEVELS = (0.01, 0.1, 0.5, 0.9, 0.99)
@@ -329,12 +329,7 @@ def test_special_functions_match_torch_far_into_the_tails() -> None:
     want_log = torch.special.log_ndtr(torch.from_numpy(x)).numpy()
     got_log = np.array([log_ndtr(v) for v in x])
     assert rel_err(got_log, want_log, floor=1e-300) < 2e-15
-    # torch's float64 ndtr is (1 + erf(x / sqrt 2)) / 2, exact to 1.1e-16 but not relatively in the left tail
-    want = torch.special.ndtr(torch.from_numpy(x)).numpy()
-    got = np.array([ndtr(v) for v in x])
-    assert np.abs(got - want).max() <= 2.0**-53
-    tail = x < -1
-    assert rel_err(got[tail], [math.erfc(-v * math.sqrt(0.5)) / 2 for v in x[tail]], floor=1e-300) < 1e-15
+    # Phi itself (special.phi_many) is held to torch and mpmath in tests/core/test_special.py
     z = np.linspace(-6.0, 6.0, 12001).astype(np.float32)
     err = max(abs(float(erf32(v)) - math.erf(float(v))) for v in z)
     assert err < 3e-7, err  # torch's own vectorized float32 erf in GELU: up to 1.5e-7

@@ -51,7 +51,7 @@ from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
 from aaren_core.tasks.event.special import exp_many, phi_many
 
-__all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr", "ndtr"]
+__all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr"]
 
 #: numba's ``fastmath`` for every compiled function, read at import so that a benchmark can compare (with a
 #: ``NUMBA_CACHE_DIR`` of its own: the cache does not key on it): ``AAREN_KERNEL_FASTMATH=1``: all of LLVM's
@@ -139,18 +139,6 @@ class KernelOutputs(NamedTuple):
 
 
 @_jit
-def ndtr(x: float) -> float:
-    """``Phi(x)`` (float64): ``(1 + erf(x / sqrt 2)) / 2`` near 0, ``erfc(|x| / sqrt 2) / 2`` (or 1 minus it) past,
-    so relatively exact in the left tail (torch's ``ndtr`` is ``(1 + erf) / 2`` throughout: the same to 1.1e-16)."""
-    t = x * _SQRT1_2
-    z = abs(t)
-    if z < _SQRT1_2:
-        return 0.5 + 0.5 * math.erf(t)
-    y = 0.5 * math.erfc(z)
-    return 1.0 - y if t > 0.0 else y
-
-
-@_jit
 def log_ndtr(x: float) -> float:
     """``log Phi(x)`` (float64) as ``torch.special.log_ndtr``: ``log1p(-erfc(x / sqrt 2) / 2)`` from -1 up,
     ``log(erfc(-x / sqrt 2) / 2)`` down to -20, below that
@@ -235,22 +223,23 @@ def _log_partial_expectation(mix: np.ndarray, log_x: float) -> float:
 
 #: ``work``, the scratch of the gap summaries (``_gap_work``): the arguments of ``Phi``, its values and the density
 #: there (``[N]`` each, ``N = 4 K Q``), the levels' search
-#: state ``[5, Q]`` (bracket low and high, ``z``, the candidates' ``m0`` or whether still searching, the answer)
+#: state ``[6, Q]`` (bracket low and high, ``z``, whether still searching, the candidates' ``m0``, the answer)
 #: and the points whose ``(I, F)`` are wanted ``[3, 2 Q + 1]`` (``x``, ``I(x)``, ``F(x)``)
-_LO, _HI, _Z, _M0, _ANSWER = range(5)
+_LO, _HI, _Z, _SEARCHING, _M0, _ANSWER = range(6)
 _X, _INTEGRAL, _CDF = range(3)
 
 
 @_jit
 def _gap_work(k_all: int, n_levels: int) -> tuple:
     """``work`` for mixtures of ``k_all`` components and ``n_levels`` levels."""
-    n = 4 * k_all * max(n_levels, 1)
+    q = max(n_levels, 1)
+    n = 4 * k_all * q
     return (
         np.empty(n, np.float64),
         np.empty(n, np.float64),
         np.empty(n, np.float64),
-        np.empty((5, max(n_levels, 1)), np.float64),
-        np.empty((3, 2 * max(n_levels, 1) + 1), np.float64),  # and one slot for _integrated_cdf
+        np.empty((6, q), np.float64),
+        np.empty((3, 2 * q + 1), np.float64),  # and one slot for _integrated_cdf
     )
 
 
@@ -420,21 +409,21 @@ def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, r
         state[_LO, q] = lo
         state[_HI, q] = hi
         state[_Z, q] = z if hi > lo else lo
-        state[_M0, q] = 1.0 if hi > lo else 0.0  # 1: still searching
+        state[_SEARCHING, q] = 1.0 if hi > lo else 0.0
         searching += hi > lo
     for _ in range(_SEARCH_MAX):
         if searching == 0:
             return
         n = 0
         for q in range(n_levels):
-            if state[_M0, q] > 0.0:
+            if state[_SEARCHING, q] > 0.0:
                 for k in range(k_all):
                     args[n] = (state[_Z, q] - mix[_LOC, k]) * mix[_INV_SCALE, k]
                     n += 1
         phi_many(args, phi, density, n)
         n = 0
         for q in range(n_levels):
-            if not state[_M0, q] > 0.0:
+            if not state[_SEARCHING, q] > 0.0:
                 continue
             cdf = 0.0
             pdf = 0.0  # F' sqrt(2 pi)
@@ -449,7 +438,7 @@ def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, r
             z = state[_Z, q]
             gap = cdf - levels[q]
             if gap == 0.0:
-                state[_M0, q] = 0.0
+                state[_SEARCHING, q] = 0.0
                 searching -= 1
                 continue
             if gap < 0.0:
@@ -474,7 +463,7 @@ def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, r
                 done = hi - lo <= _BRACKET_TOL * (1.0 + abs(z))
             state[_Z, q] = nxt
             if done:
-                state[_M0, q] = 0.0
+                state[_SEARCHING, q] = 0.0
                 searching -= 1
 
 

@@ -143,10 +143,10 @@ def phi_many(x: np.ndarray, phi: np.ndarray, density: np.ndarray, n: int) -> Non
     unrolls no loop of 16 or more steps before it has decided not to, so the series are written out."""
     for k in range(n):
         # exp(-x^2 / 2): -x^2 / 2 = hi + lo, hi exact
-        a = min(abs(x[k]), _X_MAX)
-        a_h = np.float64(np.float32(a))
-        hi = -0.5 * (a_h * a_h)
-        lo = -0.5 * ((a - a_h) * (a_h + a))
+        ax = min(abs(x[k]), _X_MAX)
+        ax_h = np.float64(np.float32(ax))
+        hi = -0.5 * (ax_h * ax_h)
+        lo = -0.5 * ((ax - ax_h) * (ax_h + ax))
         e = _exp_split(hi, lo)
         density[k] = e
         # erfc(z) = e h(z) c / (c + z), h by Clenshaw's recurrence in y, each step one multiply-add on the chain
