@@ -15,12 +15,15 @@ import redis
 REDIS_BINARY = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-def free_port(below: int = 65536) -> int:
-    """A port nothing listens on now (``below``: Redis Cluster wants data ports under 55536)."""
+def free_port(below: int = 65536, *, bus: bool = False) -> int:
+    """A port nothing listens on now (``below``: Redis Cluster wants data ports under 55536; ``bus``: and its
+    cluster bus port, the port + 10000, free too, or the node cannot start)."""
     for _ in range(1000):
-        with socket.socket() as s:
+        with socket.socket() as s, socket.socket() as bus_socket:
             try:
                 s.bind(("127.0.0.1", 0 if below > 65535 else random.randrange(20_000, below)))
+                if bus:
+                    bus_socket.bind(("127.0.0.1", s.getsockname()[1] + 10_000))
             except OSError:
                 continue
             return s.getsockname()[1]
@@ -140,7 +143,7 @@ class RedisCluster:
         self.nodes = [
             RedisProcess(
                 directory / f"node{i}",
-                port=free_port(below=55536),
+                port=free_port(below=55536, bus=True),
                 extra=(
                     "--cluster-enabled",
                     "yes",
