@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import random
 
 import grpc
@@ -48,14 +50,39 @@ def flights_checkpoint(tmp_path_factory, flights_events, tiny_model_factory):
 
 
 def offline_forecasts(model, seq, n):
-    """What aaren_core computes for each prefix of the session: forecast after event k, k = 1..n."""
+    """What aaren_core computes for each prefix of the session: forecast after event k, k = 1..n,
+    in the model's own dtype (float32 as served, float64 for the exact maths)."""
+    dtype = next(model.parameters()).dtype
     times = torch.tensor(seq.times[:n], dtype=torch.float64)
-    dt = torch.cat([torch.zeros(1, dtype=torch.float64), times.diff()]).float().unsqueeze(0)
+    dt = torch.cat([torch.zeros(1, dtype=torch.float64), times.diff()]).to(dtype).unsqueeze(0)
     marks = torch.tensor(seq.marks[:n]).unsqueeze(0)
-    values = torch.tensor(seq.values[:n]).unsqueeze(0)
+    values = torch.tensor(seq.values[:n]).to(dtype).unsqueeze(0)
     with torch.no_grad():
         y = model(dt, marks, values)[0]  # [n, d]
         return model.forecast(y, quantiles=(0.1, 0.5, 0.9), top_k=3)
+
+
+def forecast_numbers(f: pb.Forecast) -> list[float]:
+    """A served forecast's numbers in one order: mean, time quantiles, top-mark probabilities,
+    value means, value stds."""
+    return [
+        f.next_time.mean,
+        *(q.value for q in f.next_time.quantiles),
+        *(m.probability for m in f.marks),
+        *(v.mean for v in f.values),
+        *(v.std for v in f.values),
+    ]
+
+
+def offline_numbers(want, k: int) -> list[float]:
+    """The same numbers of an offline forecast after event k + 1."""
+    return [
+        float(want.time_mean[k]),
+        *want.time_quantiles[k].tolist(),
+        *want.top_probs[k].tolist(),
+        *want.value_mean[k].tolist(),
+        *want.value_std[k].tolist(),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -68,11 +95,18 @@ def test_streamed_forecasts_equal_offline_model(
 ):
     """In both process layouts (one process; the engine core with two front-end processes), with
     the default numba kernel for batches of single events, with the torch eager path, and with the
-    step and forecast ``torch.compile``d (opt-in). The kernel and inductor order float32 sums their
-    own way (the kernel sums a layer norm's moments in float64 and has its own float32 erf): that
-    moves forecasts by up to about 1e-5 relative over 50 events (measured 1.05e-5 at worst for
-    each), so those variants are held to 5e-5; the eager torch path to 1e-5."""
-    bound = 1e-5 if not (compile_model or kernel) else 5e-5
+    step and forecast ``torch.compile``d (opt-in).
+
+    The yardstick is the exact maths: the same model evaluated offline in float64. Every float32
+    evaluation rounds its own way (the offline model by a parallel scan, the server one step at a
+    time in batches whose make-up depends on timing, the kernel with float64 layer-norm moments and
+    its own erf, inductor with its own sum order), so two of them differ by up to the sum of their
+    distances from the exact answer: this test once held the server to 1e-5 of the offline float32
+    model, and the eager path failed in CI (1.13e-5) and in 2 of 18 runs here (1.26e-5 at worst), each
+    side about 6e-6 from float64. Measured over 12 runs of each variant: the offline float32 model is 6.25e-6
+    (relative, or absolute below 1) from the exact answer at worst, the served forecasts 3.6e-6 to
+    7.7e-6. A served forecast must be no further from the exact answer than twice the offline float32
+    model's own worst rounding on the same events."""
     sequences, _ = flights_events
     # Compiling while loading takes 25-45 s here with a cold inductor cache (a fresh machine), and
     # longer on a loaded one: the start bound only catches a hung server.
@@ -116,29 +150,33 @@ def test_streamed_forecasts_equal_offline_model(
     assert len(got) == len(events) == N_SESSIONS * EVENTS_PER_SESSION
 
     model = load_checkpoint(flights_checkpoint).model
-    worst = 0.0
+    exact_model = copy.deepcopy(model).double()
+
+    def distance(a: float, b: float) -> float:
+        return abs(a - b) / max(1.0, abs(b))
+
+    rounding = served = 0.0
+    worst_at = None
     for seq in sequences:
         want = offline_forecasts(model, seq, EVENTS_PER_SESSION)
+        exact = offline_forecasts(exact_model, seq, EVENTS_PER_SESSION)
         for k in range(EVENTS_PER_SESSION):
             f = got[(seq.session_id, k + 1)]
             assert f.seq == k + 1 and f.last_time == pytest.approx(float(seq.times[k]))
-            pairs = [
-                (f.next_time.mean, want.time_mean[k]),
-                *zip([q.value for q in f.next_time.quantiles], want.time_quantiles[k].tolist(), strict=True),
-                *zip([m.probability for m in f.marks], want.top_probs[k].tolist(), strict=True),
-                *zip([v.mean for v in f.values], want.value_mean[k].tolist(), strict=True),
-                *zip([v.std for v in f.values], want.value_std[k].tolist(), strict=True),
-            ]
-            for a, b in pairs:
-                err = abs(a - float(b)) / max(1.0, abs(float(b)))
-                worst = max(worst, err)
-                assert err < bound, (seq.session_id, k, a, float(b))
+            truth = offline_numbers(exact, k)
+            for a, b in zip(offline_numbers(want, k), truth, strict=True):
+                rounding = max(rounding, distance(a, b))
+            for a, b in zip(forecast_numbers(f), truth, strict=True):
+                if distance(a, b) > served:
+                    served, worst_at = distance(a, b), (seq.session_id, k, a, b)
             top = [m.mark for m in f.marks]
-            probs = want.top_probs[k].tolist()
-            # Top marks agree, up to the order of exact ties.
-            if len(set(probs)) == len(probs):
-                assert top == want.top_marks[k].tolist()
-    assert worst < bound
+            probs = exact.top_probs[k].tolist()
+            # Top marks agree, up to the order of ties within float32 rounding.
+            if all(abs(p - q) > 1e-6 for p, q in itertools.combinations(probs, 2)):
+                assert top == exact.top_marks[k].tolist()
+    bound = 2 * rounding
+    assert 0 < rounding < 1e-4  # float32 rounds, and no more than float32 should
+    assert served <= bound, (served, bound, worst_at)
 
 
 def test_seq_rules_hold_end_to_end(start_server, flights_events, flights_checkpoint):
