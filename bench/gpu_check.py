@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from aaren.server.settings import bundled_checkpoint
+from aaren.server.stores.base import as_tensors
 from aaren.server.tasks.event.task import FEATURES, EventTask, RunColumns, load_event_task
 from bench.harness import ROOT, describe, start_aaren
 
@@ -236,6 +237,7 @@ def equality(cpu: EventTask, dev: EventTask, sizes: Sizes, seed: int) -> list[di
         runs = random_runs(rng, run_lengths, d.num_marks, d.value_width)
         rows_cpu, typed_cpu = cpu.apply(rows_cpu, runs, TOP_K)
         rows_dev, typed_dev = dev.apply(rows_dev, runs, TOP_K)
+        rows_cpu, rows_dev = as_tensors(rows_cpu), as_tensors(rows_dev)  # the kernel's rows come as numpy
         out_cpu, out_dev = typed_cpu.to_columns(), typed_dev.to_columns()
         rows_ref, out_ref = reference.apply(rows_ref, runs)
         events = int(run_lengths.sum())
@@ -293,7 +295,7 @@ def cycle(engine: EventTask, pool: dict[str, Tensor], chunks: Sequence[Tensor], 
         turn[0] += 1
         rows = {k: t.index_select(0, idx) for k, t in pool.items()}
         new, _ = engine.apply(rows, runs, TOP_K)
-        for k, t in new.items():
+        for k, t in as_tensors(new).items():
             pool[k].index_copy_(0, idx, t)
 
     return once

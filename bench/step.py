@@ -36,6 +36,7 @@ import torch
 from rich.console import Console
 from torch.profiler import ProfilerActivity, profile
 
+from aaren.server.stores.base import as_tensors
 from aaren.server.tasks.event.task import EventTask, RunColumns, load_event_task
 from bench.core import Table, fmt, ratio, time_round_robin
 
@@ -76,6 +77,7 @@ def candidates(engs: dict[str, EventTask], batch: int, what: str) -> dict[str, C
     rows = {k: torch.stack([t] * batch) for k, t in any_engine.layout_rows().items()}
     for _ in range(3):
         rows, _ = any_engine.apply(rows, runs, desc.num_marks)
+    rows = as_tensors(rows)  # the kernel's rows come as numpy
     features = rows["features"]
     if what == "apply":
         return {name: (lambda e=e: e.apply(rows, runs, desc.num_marks)) for name, e in engs.items()}

@@ -41,7 +41,7 @@ from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.core.limits import TokenBucket
 from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings
-from aaren.server.stores.base import LoadedBatch, SaveBatch, SessionStore, StoreUnavailableError
+from aaren.server.stores.base import LoadedBatch, Rows, SaveBatch, SessionStore, StoreUnavailableError, take_rows
 from aaren.server.tasks.base import Task
 from aaren.server.tasks.runs import CheckedRows, RunColumns
 
@@ -950,12 +950,7 @@ class Batcher:
         n_runs = len(run_sess)
         self.metrics.batch_size.observe(n_runs)
         self.metrics.batch_events.observe(len(applied))
-        device = self.task.device
-        if n_runs == len(ids):  # every session applies something: its rows as loaded
-            rows = loaded.tensors
-        else:
-            index = torch.from_numpy(run_sess).to(device)
-            rows = {k: v.index_select(0, index) for k, v in loaded.tensors.items()}
+        rows = loaded.tensors if n_runs == len(ids) else take_rows(loaded.tensors, run_sess)  # as loaded: all apply
         model_started = time.perf_counter()
         if self._in_worker is not None:
             new_rows, outputs = await self._in_worker(self.task.apply, rows, runs, self._top_k)  # type: ignore[misc]
@@ -980,8 +975,7 @@ class Batcher:
             last = applied[ends if kept is None else ends[kept]]  # [K] their last applied events
             now = time.time()
             if kept is not None:
-                kept_index = torch.from_numpy(kept).to(device)
-                new_rows = {k: v.index_select(0, kept_index) for k, v in new_rows.items()}
+                new_rows = take_rows(new_rows, kept)
             existed = stored.exists[kept_sess]
             save = SaveBatch(
                 # every session of the batch, in order: the loaded list itself (a store may know it again)
@@ -1173,7 +1167,8 @@ class Batcher:
                 self.task.version,
             )
             for name, row in self.store.layout.rows.items():
-                loaded.tensors[name][u] = row
+                target = loaded.tensors[name]
+                target[u] = row.numpy() if isinstance(target, np.ndarray) else row
             self.metrics.state_resets.inc()
         stored.foreign[:] = False
 
@@ -1349,17 +1344,17 @@ def _writable(array: np.ndarray) -> np.ndarray:
     return array if array.flags.writeable else array.copy()
 
 
-def _finite_rows(rows: dict[str, torch.Tensor]) -> np.ndarray | None:
-    """None when every row of every float tensor is finite, else a mask ``[R]`` of the finite rows
+def _finite_rows(rows: Rows) -> np.ndarray | None:
+    """None when every row of every float field is finite, else a mask ``[R]`` of the finite rows
     (so that a numeric overflow is an error for its session's events and never a stored state)."""
-    floats = [t for t in rows.values() if t.is_floating_point()]
+    floats = [t for t in rows.values() if (t.dtype.kind == "f" if isinstance(t, np.ndarray) else t.is_floating_point())]
     if not floats:
         return None
     if not len(floats[0]):
         return None
-    if all(t.device.type == "cpu" for t in floats):
-        # one compiled pass over the tensors' own memory (a pass a field where their dtypes differ)
-        views = [np.ascontiguousarray(t.numpy().reshape(len(t), -1)) for t in floats]
+    if all(isinstance(t, np.ndarray) or t.device.type == "cpu" for t in floats):
+        # one compiled pass over the fields' own memory (a pass a field where their dtypes differ)
+        views = [np.ascontiguousarray(np.asarray(t).reshape(len(t), -1)) for t in floats]
         groups = [tuple(views)] if len({v.dtype for v in views}) == 1 else [(v,) for v in views]
         finite, bad = rows_finite(groups[0])
         for group in groups[1:]:

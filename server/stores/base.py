@@ -19,12 +19,41 @@ from torch import Tensor
 __all__ = [
     "ABSENT_LAST_TIME",
     "LoadedBatch",
+    "Rows",
     "SaveBatch",
     "SessionMeta",
     "SessionStore",
     "StateLayout",
     "StoreUnavailableError",
+    "as_arrays",
+    "as_tensors",
+    "take_rows",
 ]
+
+#: A batch's state rows, ``name -> [B, ...]``: torch tensors, or numpy arrays where the rows live in host
+#: memory (the memory store on the CPU hands out numpy rows and the compiled event kernel makes them: a
+#: batch of single events then wraps no field in a tensor and back, some 19 conversions a batch that were
+#: a fifth of a one-event batch's time in the engine core). Every reader takes either kind: ``as_tensors``
+#: (the torch paths), ``as_arrays`` (a store writing host memory), ``take_rows``.
+Rows = dict[str, Tensor | np.ndarray]
+
+
+def as_tensors(rows: Rows) -> dict[str, Tensor]:
+    """``rows`` as torch tensors (numpy rows wrapped, their memory shared)."""
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in rows.items()}
+
+
+def as_arrays(rows: Rows) -> dict[str, np.ndarray]:
+    """``rows`` as numpy arrays (CPU tensors' memory shared; a tensor elsewhere is copied to the host)."""
+    return {k: v if isinstance(v, np.ndarray) else v.detach().cpu().numpy() for k, v in rows.items()}
+
+
+def take_rows(rows: Rows, index: np.ndarray) -> Rows:
+    """Rows ``index [K]`` (int64) of every field, each field staying the kind it is."""
+    taken: Rows = {}
+    for k, v in rows.items():
+        taken[k] = v[index] if isinstance(v, np.ndarray) else v.index_select(0, torch.from_numpy(index).to(v.device))
+    return taken
 
 
 class StoreUnavailableError(RuntimeError):
@@ -78,7 +107,8 @@ class LoadedBatch:
     session), its ``last_seq`` (int64), ``last_time``, ``created_at``, ``updated_at`` (float64, unix
     seconds) and model version ``versions[version[i]]`` (``version`` int16 codes into the batch's
     small table ``versions``). A session without state reads ``last_seq`` 0, ``last_time``
-    ``ABSENT_LAST_TIME``, times 0 and code -1; ``tensors[name] [B, ...]`` holds its fresh row."""
+    ``ABSENT_LAST_TIME``, times 0 and code -1; ``tensors[name] [B, ...]`` holds its fresh row (``Rows``:
+    tensors or numpy arrays)."""
 
     present: np.ndarray
     last_seq: np.ndarray
@@ -87,10 +117,10 @@ class LoadedBatch:
     updated_at: np.ndarray
     version: np.ndarray
     versions: tuple[str, ...]
-    tensors: dict[str, Tensor]
+    tensors: Rows
 
     @classmethod
-    def of(cls, metas: Sequence[SessionMeta | None], tensors: dict[str, Tensor]) -> LoadedBatch:
+    def of(cls, metas: Sequence[SessionMeta | None], tensors: Rows) -> LoadedBatch:
         """Columns from one ``SessionMeta`` (or None) per session (a cold path: a store that reads
         records one by one)."""
         codes: dict[str, int] = {}
@@ -128,7 +158,7 @@ class SaveBatch:
     equals ``expected_seqs[i]`` (int64; 0: it must not exist)."""
 
     session_ids: Sequence[str]
-    tensors: dict[str, Tensor]
+    tensors: Rows
     last_seq: np.ndarray
     last_time: np.ndarray
     created_at: np.ndarray
@@ -140,7 +170,7 @@ class SaveBatch:
     def of(
         cls,
         session_ids: Sequence[str],
-        tensors: dict[str, Tensor],
+        tensors: Rows,
         metas: Sequence[SessionMeta],
         expected: Sequence[int],
     ) -> SaveBatch:

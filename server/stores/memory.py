@@ -28,7 +28,18 @@ import torch
 from torch import Tensor
 
 from aaren.jit import compiled
-from aaren.server.stores.base import ABSENT_LAST_TIME, LoadedBatch, SaveBatch, SessionMeta, SessionStore, StateLayout
+from aaren.server.stores.base import (
+    ABSENT_LAST_TIME,
+    LoadedBatch,
+    Rows,
+    SaveBatch,
+    SessionMeta,
+    SessionStore,
+    StateLayout,
+    as_arrays,
+    as_tensors,
+    take_rows,
+)
 
 __all__ = ["IdIndex", "MemoryStore"]
 
@@ -84,7 +95,7 @@ class MemoryStore(SessionStore):
         # a save of the same ids (the same list) before the index changes finds them here, not again
         self._looked_up = (session_ids, self._index.changes, slots)
         if self._arrays is not None:
-            tensors = {k: torch.from_numpy(array[slots]) for k, array in self._arrays.items()}
+            tensors: Rows = {k: array[slots] for k, array in self._arrays.items()}
         else:
             index = self._positions(slots)
             tensors = {k: pool.index_select(0, index) for k, pool in self._pool.items()}
@@ -133,16 +144,17 @@ class MemoryStore(SessionStore):
             self._created[dst] = batch.created_at[pick]
             self._updated[dst] = batch.updated_at[pick]
             self._version[dst] = self._code(batch.model_version)
-            if self._arrays is not None and all(t.device.type == "cpu" for t in batch.tensors.values()):
+            on_host = all(isinstance(t, np.ndarray) or t.device.type == "cpu" for t in batch.tensors.values())
+            if self._arrays is not None and on_host:
+                given = as_arrays(batch.tensors)
                 for k, array in self._arrays.items():
-                    rows = batch.tensors[k].numpy()
+                    rows = given[k]
                     array[dst] = rows if written is None else rows[written]
             else:
+                rows_written = as_tensors(batch.tensors if written is None else take_rows(batch.tensors, written))
                 index = self._positions(dst)
-                src = None if written is None else self._positions(written)
                 for k, pool in self._pool.items():
-                    row = batch.tensors[k] if src is None else batch.tensors[k].index_select(0, src)
-                    pool.index_copy_(0, index, row.to(pool.device, pool.dtype))
+                    pool.index_copy_(0, index, rows_written[k].to(pool.device, pool.dtype))
         self._shrink()  # back to capacity, sparing what this call wrote
         return ok.tolist()
 

@@ -50,11 +50,13 @@ from torch import Tensor
 
 from aaren.server.stores.base import (
     LoadedBatch,
+    Rows,
     SaveBatch,
     SessionMeta,
     SessionStore,
     StateLayout,
     StoreUnavailableError,
+    as_tensors,
 )
 
 __all__ = ["RedisStore", "open_redis_store"]
@@ -177,8 +179,9 @@ class RedisStore(SessionStore):
         key = self.prefix.encode() + b"{" + session_id.encode("utf-8", "surrogatepass") + b"}"
         return key, key + b":t"
 
-    def _encode(self, tensors: dict[str, Tensor]) -> list[bytes]:
-        """Rows ``tensors[name] [B, ...]`` -> B byte strings of ``row_nbytes`` each."""
+    def _encode(self, rows: Rows) -> list[bytes]:
+        """Rows ``rows[name] [B, ...]`` -> B byte strings of ``row_nbytes`` each."""
+        tensors = as_tensors(rows)
         parts = []
         for name, dtype, _, _ in self._fields:
             t = tensors[name].detach().to("cpu", dtype).contiguous()

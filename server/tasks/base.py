@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from aaren.server.contract.columns import ModelDescription, OutputColumns
+from aaren.server.stores.base import Rows
 from aaren.server.tasks.runs import RunColumns
 from aaren_core.attention.state import State
 
@@ -35,11 +36,12 @@ class Task(Protocol):
         """The fresh row of every per-session tensor (the store keeps rows of these, O(1) each)."""
         ...
 
-    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], OutputColumns]:
+    def apply(self, rows: Rows, runs: RunColumns, top_k: int) -> tuple[Rows, OutputColumns]:
         """Apply each session's run of events to its row (a batched step for runs of one event, the
         parallel scan for longer runs); new rows (``rows`` unchanged) and the outputs of the events
-        ``runs.want`` selects, in flat order. The rows may come as ``CheckedRows``: the task says
-        which of them are finite (else the batcher checks them)."""
+        ``runs.want`` selects, in flat order. Rows come and go as tensors or numpy arrays (``Rows``);
+        the new rows may come as ``CheckedRows``: the task says which of them are finite (else the
+        batcher checks them)."""
         ...
 
     def forecast_outputs(self, features: Tensor, top_k: int) -> OutputColumns:
@@ -50,6 +52,6 @@ class Task(Protocol):
         """The output columns of no forecast (``[0, ...]`` each)."""
         ...
 
-    def state_of(self, rows: dict[str, Tensor]) -> State:
+    def state_of(self, rows: Rows) -> State:
         """The backbone state held in ``rows`` (``GetSession``'s bytes)."""
         ...

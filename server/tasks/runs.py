@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from aaren.server.contract.columns import ModelDescription, OutputColumns
+from aaren.server.stores.base import Rows, as_tensors
 from aaren_core.attention.state import State
 
 __all__ = ["FEATURES", "CheckedRows", "RunColumns", "RunTask"]
@@ -71,7 +72,7 @@ class RunColumns:
         )
 
 
-class CheckedRows(dict[str, Tensor]):
+class CheckedRows(dict[str, Tensor | np.ndarray]):
     """New rows (``name -> [R, ...]``) that their task has checked for finiteness as it made them:
     ``finite [R]``, which rows' every float is finite (None: all). A task's ``apply`` may return
     these instead of a plain dict; the batcher then does not check the rows again. Made as a dict is
@@ -142,8 +143,9 @@ class RunTask:
         rows[FEATURES] = torch.zeros(self.last_width, device=self.device)
         return rows
 
-    def state_of(self, rows: dict[str, Tensor]) -> State:
-        return self._state_type(**{k: rows[k] for k in self._state_fields})
+    def state_of(self, rows: Rows) -> State:
+        tensors = as_tensors({k: rows[k] for k in self._state_fields})
+        return self._state_type(**tensors)
 
     # ------------------------------------------------------------------ what a task supplies
 
@@ -172,13 +174,15 @@ class RunTask:
     # ------------------------------------------------------------------ the loop
 
     @torch.inference_mode()
-    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], OutputColumns]:
+    def apply(self, rows: Rows, runs: RunColumns, top_k: int) -> tuple[Rows, OutputColumns]:
         """Apply session ``r``'s events ``runs.starts[r] : runs.starts[r] + runs.lengths[r]`` (flat
-        columns, one session's events together and in order) to row ``r`` of ``rows`` (``name -> [R, ...]``).
+        columns, one session's events together and in order) to row ``r`` of ``rows`` (``name -> [R, ...]``,
+        tensors or numpy arrays: ``Rows``).
 
         Returns new rows (``rows`` itself is not changed) and the outputs of the events where
         ``runs.want`` holds, in flat order (up to ``top_k`` ranked entries each; module docstring).
         """
+        rows = as_tensors(rows)
         n_runs, n_events = len(runs.lengths), len(runs.dt)
         if n_events == n_runs and self._step_all is not None:
             new, features = self._step_all(runs, rows)

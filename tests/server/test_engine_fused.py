@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from aaren.server.stores.base import as_tensors
 from aaren.server.tasks.event.task import OUTPUT_NAMES, RunColumns, load_event_task
 
 
@@ -39,6 +40,7 @@ def test_fused_engine_equals_reference_engine(batch, path):
             assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, name
             if name != "top_marks":
                 np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    rows = as_tensors(rows)  # the kernel hands numpy rows (Rows), the torch path tensors
     for name, t in rows.items():
         torch.testing.assert_close(t, rows_ref[name], rtol=1e-5, atol=1e-6, msg=name)
     assert fused.forecast_outputs(rows["features"], 3).top_marks.shape == (batch, 3)

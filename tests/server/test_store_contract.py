@@ -9,7 +9,7 @@ import uuid
 import pytest
 import torch
 
-from aaren.server.stores import SaveBatch, SessionMeta, StateLayout, open_store
+from aaren.server.stores import SaveBatch, SessionMeta, StateLayout, as_tensors, open_store
 
 LAYOUT = StateLayout(
     {
@@ -69,8 +69,8 @@ def test_unknown_sessions_load_fresh_rows(store_factory):
     store = store_factory()
     loaded = run_on(store, store.load(["a", "b"]))
     assert loaded.metas == [None, None]
-    assert torch.isneginf(loaded.tensors["m"]).all() and (loaded.tensors["w"] == 0).all()
-    assert loaded.tensors["w"].shape == (2, 2, 3, 4)
+    assert torch.isneginf(as_tensors(loaded.tensors)["m"]).all() and (as_tensors(loaded.tensors)["w"] == 0).all()
+    assert as_tensors(loaded.tensors)["w"].shape == (2, 2, 3, 4)
 
 
 def test_save_then_load_round_trips_rows_and_meta(store_factory):
@@ -84,8 +84,9 @@ def test_save_then_load_round_trips_rows_and_meta(store_factory):
 
     loaded, got, count = run_on(store, go())
     assert [m.last_seq if m else None for m in loaded.metas] == [1, None, 1]
-    assert (loaded.tensors["m"][[0, 2]] == 1.5).all() and torch.isneginf(loaded.tensors["m"][1]).all()
-    assert (loaded.tensors["n_events"] == torch.tensor([1, 0, 1])).all()
+    read = as_tensors(loaded.tensors)
+    assert (read["m"][[0, 2]] == 1.5).all() and torch.isneginf(read["m"][1]).all()
+    assert (read["n_events"] == torch.tensor([1, 0, 1])).all()
     assert got is not None and got[0].last_seq == 1 and (got[1]["w"] == 3.0).all() and got[1]["w"].shape == (1, 2, 3, 4)
     assert count == 2
 
@@ -131,7 +132,7 @@ def test_mixed_batch_writes_only_the_rows_that_match(store_factory):
 
     written, loaded = run_on(store, go())
     assert written == [False, True, True]
-    assert (loaded.tensors["m"][0] == 1.0).all() and (loaded.tensors["m"][1:] == 5.0).all()
+    assert (as_tensors(loaded.tensors)["m"][0] == 1.0).all() and (as_tensors(loaded.tensors)["m"][1:] == 5.0).all()
 
 
 def test_delete_returns_what_was_there(store_factory):
@@ -145,7 +146,7 @@ def test_delete_returns_what_was_there(store_factory):
 
     first, second, got, loaded, count = run_on(store, go())
     assert first is not None and first.last_seq == 1 and second is None and got is None
-    assert loaded.metas == [None] and torch.isneginf(loaded.tensors["m"]).all() and count == 0
+    assert loaded.metas == [None] and torch.isneginf(as_tensors(loaded.tensors)["m"]).all() and count == 0
 
 
 def test_ttl_sweep_evicts_idle_sessions_and_remembers_them(store_factory):
@@ -196,7 +197,7 @@ def test_many_sessions_grow_the_pool_without_losing_rows(store_factory):
         return await store.load(ids[::-1])
 
     loaded = run_on(store, go())
-    assert torch.equal(loaded.tensors["m"][:, 0, 0], torch.arange(2999, -1, -1, dtype=torch.float32))
+    assert torch.equal(as_tensors(loaded.tensors)["m"][:, 0, 0], torch.arange(2999, -1, -1, dtype=torch.float32))
 
 
 def test_unknown_store_url_is_refused():

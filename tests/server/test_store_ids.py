@@ -92,6 +92,6 @@ def test_the_stores_torch_path_keeps_what_its_numpy_path_keeps() -> None:
             asked = [f"s{i}" for i in range(60)]
             a, b = await stores[0].load(asked), await stores[1].load(asked)
             assert a.present.tolist() == b.present.tolist() and a.last_seq.tolist() == b.last_seq.tolist()
-            assert all(torch.equal(a.tensors[k], b.tensors[k]) for k in ("m", "n"))
+            assert all(torch.equal(torch.as_tensor(a.tensors[k]), torch.as_tensor(b.tensors[k])) for k in ("m", "n"))
 
     asyncio.run(run())

@@ -40,4 +40,4 @@ def test_engine_history_and_steps_of_a_saved_decay_model_agree(tmp_path, fused):
         if name != "top_marks":
             np.testing.assert_allclose(history[name][-1], one[name][0], rtol=1e-4, atol=1e-5, err_msg=name)
     for name, t in history_rows.items():
-        torch.testing.assert_close(t, step_rows[name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(t, torch.as_tensor(step_rows[name]), rtol=1e-4, atol=1e-5, msg=name)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from aaren.server.stores.base import Rows, as_arrays
 from aaren.server.tasks.event.outputs import OUTPUT_NAMES, EventOutputs
 from aaren.server.tasks.runs import FEATURES, CheckedRows, RunColumns, RunTask
 from aaren_core.attention.state import State
@@ -123,7 +124,7 @@ class EventTask(RunTask):
         log.info("the compiled step and forecast are ready in %.1f s", time.perf_counter() - started)
         return kernel
 
-    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], EventOutputs]:
+    def apply(self, rows: Rows, runs: RunColumns, top_k: int) -> tuple[Rows, EventOutputs]:
         """``RunTask.apply``; a batch of single events that all want a forecast goes through the
         compiled kernel in one call: rows ``m, u [R, L, H]``, ``w [R, L, H, Dh]``, ``n_events [R]``,
         ``features [R, d]`` -> new rows and ``EventOutputs`` (the kernel's numbers equal the fused
@@ -133,25 +134,16 @@ class EventTask(RunTask):
         singles = len(runs.dt) == len(runs.lengths) and runs.want.all()
         if kernel is None or not (singles and self.kernel and self.fused):
             return super().apply(rows, runs, top_k)  # type: ignore[return-value]
+        host = as_arrays(rows)
         out = kernel.step_forecast(
             runs.dt,  # float64: a gap past float32 becomes inf there, its session's step overflows (refused)
             runs.marks,
             runs.values.reshape(len(runs.dt), self.description.value_width),
-            rows["m"].numpy(),
-            rows["u"].numpy(),
-            rows["w"].numpy(),
-            rows["n_events"].numpy(),
+            *(host[k] for k in ("m", "u", "w", "n_events")),
             top_k,
         )
-        new = CheckedRows(
-            {
-                "m": torch.from_numpy(out.m),
-                "u": torch.from_numpy(out.u),
-                "w": torch.from_numpy(out.w),
-                "n_events": torch.from_numpy(out.n_events),
-                FEATURES: torch.from_numpy(out.y),
-            }
-        )
+        # numpy rows as the kernel made them: the memory store writes them as they are (Rows)
+        new = CheckedRows({"m": out.m, "u": out.u, "w": out.w, "n_events": out.n_events, FEATURES: out.y})
         if not out.finite.all():
             new.finite = out.finite
         return new, EventOutputs(*out.forecast)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from aaren.formats.models import default_max_gap_steps
+from aaren.server.stores.base import Rows, as_tensors
 from aaren.server.tasks.recurrent import RecurrentTask
 from aaren.server.tasks.runs import RunColumns
 from aaren.server.tasks.series.outputs import SeriesOutputs
@@ -76,9 +77,10 @@ class SeriesTask(RecurrentTask):
         return rows
 
     @torch.inference_mode()
-    def apply(self, rows: dict[str, Tensor], runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], SeriesOutputs]:
+    def apply(self, rows: Rows, runs: RunColumns, top_k: int) -> tuple[dict[str, Tensor], SeriesOutputs]:
         """``RunTask.apply`` on the runs with their gaps filled (``_expand``): the filled steps
         get no forecast; each forecast says how many steps were filled before its event."""
+        rows = as_tensors(rows)
         expanded, filled_steps, last_filled = self._expand(rows, runs)
         new, outputs = super().apply(rows, expanded, top_k)
         new = {**new, FILLED: last_filled}
