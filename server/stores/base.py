@@ -51,8 +51,14 @@ def as_arrays(rows: Rows) -> dict[str, np.ndarray]:
 def take_rows(rows: Rows, index: np.ndarray) -> Rows:
     """Rows ``index [K]`` (int64) of every field, each field staying the kind it is."""
     taken: Rows = {}
+    on_device: Tensor | None = None  # the index as a tensor, made once (every field is on one device)
     for k, v in rows.items():
-        taken[k] = v[index] if isinstance(v, np.ndarray) else v.index_select(0, torch.from_numpy(index).to(v.device))
+        if isinstance(v, np.ndarray):
+            taken[k] = v[index]
+            continue
+        if on_device is None:
+            on_device = torch.from_numpy(index).to(v.device)
+        taken[k] = v.index_select(0, on_device)
     return taken
 
 
