@@ -68,6 +68,14 @@ def _jit(fn: Callable[..., Any], fastmath: bool | set[str] = FASTMATH) -> Any:
     return compiled(fn, fastmath=fastmath, error_model="numpy")
 
 
+def _jit_inline(fn: Callable[..., Any]) -> Any:
+    """``_jit``, inlined into each caller by numba (its own flags are the caller's: use it only for functions
+    called from ``_jit`` ones). For the gap summaries' steps: as calls, each passed its tuples of scratch arrays
+    by value (some 40 words and their reference counts a call), which took about a quarter of a row's
+    forecast."""
+    return compiled(fn, fastmath=FASTMATH, error_model="numpy", inline="always")
+
+
 #: the matrix products' ``fastmath``: contraction (``a + x w`` as one fused multiply-add, rounded once, as
 #: torch's matrix products round) on top of the module's flags; nothing there meets an ``inf``
 _AFFINE_FASTMATH: bool | set[str] = FASTMATH if FASTMATH is True else {"contract", *(FASTMATH or ())}
@@ -178,7 +186,7 @@ _LOG_WEIGHTS, _LOC, _LOG_SCALE, _WEIGHTS, _SCALE, _INV_SCALE, _LPE_CONST, _PARTI
 MIX_ROWS = 9
 
 
-@_jit
+@_jit_inline
 def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np.ndarray) -> None:
     """Fill ``mix`` from float32 ``logits, mu, log sigma [K]`` cast to float64: ``log pi = log_softmax(logits)``
     (``(x - max) - log sum exp(x - max)``, as torch), ``pi = exp(x - max) / sum exp(x - max)`` (the same to an
@@ -243,7 +251,7 @@ def _gap_work(k_all: int, n_levels: int) -> tuple:
     )
 
 
-@_jit
+@_jit_inline
 def _truncated_mean(mix: np.ndarray, work: tuple, bound: float) -> float:
     """``heads.truncated_mean``: ``E[tau | tau <= U] = sum_k pi_k e^(mu_k + sigma_k^2/2) Phi(z_k - sigma_k) /
     sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``: both sums directly (the ``2 K``
@@ -273,7 +281,7 @@ def _truncated_mean(mix: np.ndarray, work: tuple, bound: float) -> float:
     return bound if out > bound else out
 
 
-@_jit
+@_jit_inline
 def _integrated_cdfs(mix: np.ndarray, work: tuple, first: int, n_points: int) -> None:
     """``heads.integrated_cdf`` at the points ``work``'s ``[_X, first : first + n_points]``: ``(I(x), F(x))`` into
     ``[_INTEGRAL]`` and ``[_CDF]``, ``I(x) = x F(x) - E[tau; tau <= x]``, both 0 for ``x <= 0``; every point's
@@ -314,7 +322,7 @@ def _integrated_cdfs(mix: np.ndarray, work: tuple, first: int, n_points: int) ->
         points[_CDF, p] = cdf
 
 
-@_jit
+@_jit_inline
 def _integrated_cdf(mix: np.ndarray, work: tuple, x: float) -> tuple[float, float]:
     """``(I(x), F(x))`` at one point (``_integrated_cdfs``; in ``work``'s last point slot)."""
     points = work[4]
@@ -324,7 +332,7 @@ def _integrated_cdf(mix: np.ndarray, work: tuple, x: float) -> tuple[float, floa
     return points[_INTEGRAL, last], points[_CDF, last]
 
 
-@_jit
+@_jit_inline
 def _discrete_quantiles(
     mix: np.ndarray, work: tuple, quantiles: np.ndarray, levels: np.ndarray, resolution: float, walk: int
 ) -> None:
@@ -379,7 +387,7 @@ def _discrete_quantiles(
         state[_ANSWER, q] = (m0 - 1.0) * w if (high - mid) / w >= level else m0 * w
 
 
-@_jit
+@_jit_inline
 def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, resolution: float) -> None:
     """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` for each level ``p`` of ``levels [Q]``
     (``mix`` from ``_mixture``, ``ppf = Phi^-1(p)``) into ``work``'s ``[_Z, :Q]``, the levels searched side by side
@@ -477,31 +485,46 @@ def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, r
 #: approximation with error up to 1.5e-7); being branch-free and call-free, the GELU loop vectorizes.
 _ERF_CLAMP = np.float32(3.9)
 _ERF_U_SCALE = np.float32(2.0 / (3.9 * 3.9))
-_ERF_CHEB = np.array(
-    [
+_ERF_CHEB = tuple(
+    np.float32(c)
+    for c in (
         0.49416765570640564, -0.3464145064353943, 0.15958236157894135, -0.07387416064739227,
         0.03267776221036911, -0.013576622121036053, 0.005263722967356443, -0.0019008819945156574,
         0.0006396954413503408, -0.00020093601779080927, 5.9044752561021596e-05, -1.6271855201921426e-05,
         4.216555680613965e-06, -1.0300764188286848e-06, 2.378285302029326e-07, -5.202186059705127e-08,
         1.0805005778991017e-08,
-    ],
-    np.float32,
+    )
 )  # fmt: skip
 
 
 @_jit_affine
 def erf32(x: np.float32) -> np.float32:
-    """``erf(x)`` in float32 (see ``_ERF_CHEB``): ``clip(x_c S(u), -1, 1)``, ``x_c = clip(x, -3.9, 3.9)``."""
+    """``erf(x)`` in float32 (see ``_ERF_CHEB``): ``clip(x_c S(u), -1, 1)``, ``x_c = clip(x, -3.9, 3.9)``.
+
+    Clenshaw's ``b_k = c_k + 2 u b_(k+1) - b_(k+2)`` from ``k = 16`` down, written out (the coefficients are
+    then constants in the code: as items of an array, each was loaded and broadcast again in every pass of the
+    GELU's vectorized loop); ``b_17 = b_18 = 0``, so ``b_16 = c_16`` and ``b_15 = c_15 + 2 u c_16``."""
+    c = _ERF_CHEB
     xc = min(max(x, -_ERF_CLAMP), _ERF_CLAMP)
     u = xc * xc * _ERF_U_SCALE - _F32_ONE
     u2 = u + u
-    b1 = _F32_ZERO
-    b2 = _F32_ZERO
-    for k in range(_ERF_CHEB.shape[0] - 1, 0, -1):
-        b0 = _ERF_CHEB[k] + u2 * b1 - b2
-        b2 = b1
-        b1 = b0
-    r = xc * (_ERF_CHEB[0] + u * b1 - b2)
+    a = c[16]
+    b = c[15] + u2 * a
+    a = (c[14] + u2 * b) - a
+    b = (c[13] + u2 * a) - b
+    a = (c[12] + u2 * b) - a
+    b = (c[11] + u2 * a) - b
+    a = (c[10] + u2 * b) - a
+    b = (c[9] + u2 * a) - b
+    a = (c[8] + u2 * b) - a
+    b = (c[7] + u2 * a) - b
+    a = (c[6] + u2 * b) - a
+    b = (c[5] + u2 * a) - b
+    a = (c[4] + u2 * b) - a
+    b = (c[3] + u2 * a) - b
+    a = (c[2] + u2 * b) - a
+    b = (c[1] + u2 * a) - b
+    r = xc * ((c[0] + u * b) - a)
     return min(max(r, -_F32_ONE), _F32_ONE)
 
 
@@ -528,6 +551,10 @@ def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
         i += 1
     for j in range(p):
         out[j] += bias[j]
+
+
+#: rows of a batch the layers take at a time in ``_step_forecast_rows`` (their activations stay in cache)
+CHUNK = 64
 
 
 #: rows per pass of the layers' matrices in ``_step_forecast_rows`` (each row of ``W^T`` loaded once for all)
@@ -678,7 +705,7 @@ def gap_summaries(
 @_jit
 def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
     """The outputs ``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of ``rows``
-    forecasts, and the scratch: ``(heads [BLOCK, P], probs [M], taken [M], mix [MIX_ROWS, K], work)``
+    forecasts, and the scratch: ``(heads [min(rows, CHUNK), P], probs [M], mix [MIX_ROWS, K], work)``
     (``work``: ``_gap_work``'s)."""
     head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[11], head[12], head[13]
     outputs = (
@@ -690,16 +717,15 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
         np.empty((rows, value_width), np.float32),
     )
     scratch = (
-        np.empty((BLOCK, head_b.shape[0]), np.float32),
+        np.empty((max(min(rows, CHUNK), 1), head_b.shape[0]), np.float32),
         np.empty(num_marks, np.float32),
-        np.empty(num_marks, np.bool_),
         np.empty((MIX_ROWS, n_components), np.float64),
         _gap_work(n_components, levels.shape[0]),
     )
     return outputs, scratch
 
 
-@_jit
+@_jit_inline
 def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tuple, scratch: tuple) -> None:
     """The forecast of one row into row ``b`` of ``outputs`` (``FusedEventModel.forecast``) from its head
     pre-activations ``out = W_h y + b_h [P]`` (overwritten).
@@ -708,7 +734,7 @@ def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tup
     head_low, head_high, head_scale, head_shift, value_std = head[2:7]
     levels, ppf, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
-    probs, taken, mix, work = scratch[1:]
+    probs, mix, work = scratch[1:]
     for j in range(out.shape[0]):
         c = min(max(out[j], head_low[j]), head_high[j])
         out[j] = head_shift[j] + c * head_scale[j]
@@ -727,36 +753,37 @@ def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tup
         probs[j] = e
         total += e
     inv = _F32_ONE / total
+    # the k largest, descending, the lower mark first among equals: an insertion into the sorted top k
+    held = 0
     for j in range(m_all):
-        probs[j] = probs[j] * inv
-        taken[j] = False
-    for r in range(top_k):
-        best = -1
-        for j in range(m_all):
-            if not taken[j] and (best < 0 or probs[j] > probs[best]):
-                best = j
-        taken[best] = True
-        top_marks[b, r] = best
-        top_probs[b, r] = probs[best]
+        p = probs[j] * inv
+        probs[j] = p
+        if top_k == 0 or (held == top_k and not p > top_probs[b, held - 1]):
+            continue
+        at = held if held < top_k else top_k - 1  # a full list drops its last
+        while at > 0 and p > top_probs[b, at - 1]:
+            top_probs[b, at] = top_probs[b, at - 1]
+            top_marks[b, at] = top_marks[b, at - 1]
+            at -= 1
+        top_probs[b, at] = p
+        top_marks[b, at] = j
+        held = min(held + 1, top_k)
     logits, loc, log_scale = out[:k_all], out[k_all : 2 * k_all], out[2 * k_all : 3 * k_all]
     _gap_row(b, (logits, loc, log_scale), (levels, ppf, gap_bound, resolution), mix, work, time_mean, quantiles)
 
 
 @_jit
-def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
-    """The forecast of feature rows ``y [B, d]`` (see ``_forecast_row``), the heads' matrix ``BLOCK`` rows a pass."""
+def _forecast_rows(y: np.ndarray, top_k: int, head: tuple, blas: tuple) -> tuple:
+    """The forecast of feature rows ``y [B, d]`` (C-contiguous; see ``_forecast_row``), the heads' matrix over
+    ``CHUNK`` rows at a time (``_matrix``)."""
     outputs, scratch = _forecast_buffers(y.shape[0], top_k, head)
     heads = scratch[0]
-    for first in range(0, y.shape[0], BLOCK):
-        n_rows = min(BLOCK, y.shape[0] - first)
-        _affine_rows(y[first : first + n_rows], head[0], head[1], heads, n_rows)
+    for first in range(0, y.shape[0], CHUNK):
+        n_rows = min(CHUNK, y.shape[0] - first)
+        _matrix(y[first:], head[0], head[1], heads, n_rows, blas)
         for r in range(n_rows):
             _forecast_row(first + r, heads[r], top_k, head, outputs, scratch)
     return outputs
-
-
-#: rows of a batch the layers take at a time in ``_step_forecast_rows`` (their activations stay in cache)
-CHUNK = 64
 
 
 @_jit_affine
@@ -777,6 +804,18 @@ def _matrix(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
     for first in range(0, n_rows, BLOCK):
         k = min(BLOCK, n_rows - first)
         _affine_rows(x[first : first + k], weight_t, bias, out[first : first + k], k)
+
+
+@_jit
+def _mark_infinite(values: np.ndarray, finite: np.ndarray) -> None:
+    """``finite[b] = False`` where row ``b`` of ``values [B, n]`` holds an infinity or a NaN (the check an
+    or-reduction over the row, with no branch in it, so that the loop vectorizes)."""
+    for b in range(values.shape[0]):
+        bad = False
+        for j in range(values.shape[1]):
+            bad |= not np.isfinite(values[b, j])
+        if bad:
+            finite[b] = False
 
 
 @_jit
@@ -853,10 +892,14 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
                     u_next = c_new + u[b, layer, hh] * c_old
                     m_new[b, layer, hh] = m_top
                     u_new[b, layer, hh] = u_next
+                    # views indexed by the loop's own counter alone: consecutive, so the loop vectorizes
+                    at = hh * head_dim
+                    value = sv[r, n_heads + at : n_heads + at + head_dim]
+                    w_old, w_next, o_head = w[b, layer, hh], w_new[b, layer, hh], o[r, at : at + head_dim]
                     for e in range(head_dim):
-                        w_next = sv[r, n_heads + hh * head_dim + e] * c_new + w[b, layer, hh, e] * c_old
-                        w_new[b, layer, hh, e] = w_next
-                        o[r, hh * head_dim + e] = w_next / u_next
+                        w_e = value[e] * c_new + w_old[e] * c_old
+                        w_next[e] = w_e
+                        o_head[e] = w_e / u_next
             _matrix(o, out_wt[layer], out_b[layer], acc, n_rows, blas)
             for r in range(n_rows):
                 for j in range(d):
@@ -874,23 +917,12 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
         for r in range(n_rows):
             _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[first + r])
         heads = scratch[0]
-        for block in range(first, first + n_rows, BLOCK):
-            k = min(BLOCK, first + n_rows - block)
-            _affine_rows(y[block : block + k], head[0], head[1], heads, k)
-            for r in range(k):
-                _forecast_row(block + r, heads[r], top_k, head, outputs, scratch)
+        _matrix(y[first:], head[0], head[1], heads, n_rows, blas)
+        for r in range(n_rows):
+            _forecast_row(first + r, heads[r], top_k, head, outputs, scratch)
     finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
-    for b in range(rows):
-        for j in range(d):
-            if not np.isfinite(y[b, j]):
-                finite[b] = False
-        for layer in range(n_layers):
-            for hh in range(n_heads):
-                if not (np.isfinite(m_new[b, layer, hh]) and np.isfinite(u_new[b, layer, hh])):
-                    finite[b] = False
-                for e in range(head_dim):
-                    if not np.isfinite(w_new[b, layer, hh, e]):
-                        finite[b] = False
+    for values in (y, m_new.reshape((rows, -1)), u_new.reshape((rows, -1)), w_new.reshape((rows, -1))):
+        _mark_infinite(values, finite)
     return y, m_new, u_new, w_new, n_new, outputs, finite
 
 
@@ -959,9 +991,11 @@ def _step_forecast_packed(
 
 
 @_jit
-def _forecast_packed(y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple:
+def _forecast_packed(
+    y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray, blas: tuple
+) -> tuple:
     """``_forecast_rows`` on the packed weights."""
-    return _forecast_rows(y, top_k, _unpack(flat32, flat64, layout)[1])
+    return _forecast_rows(y, top_k, _unpack(flat32, flat64, layout)[1], blas)
 
 
 def _pack(step: tuple, head: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1108,4 +1142,5 @@ class EventKernel:
         six arrays."""
         if y.dtype != _F32 or y.ndim != 2 or y.shape[1] != self.d_model:
             raise ValueError(f"y: expected float32 [B, {self.d_model}], got {y.dtype} {list(y.shape)}")
-        return self._finish(_forecast_packed(y, max(0, min(int(top_k), self.num_marks)), *self._packed))
+        k = max(0, min(int(top_k), self.num_marks))
+        return self._finish(_forecast_packed(np.ascontiguousarray(y), k, *self._packed, self._blas))

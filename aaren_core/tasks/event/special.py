@@ -91,6 +91,22 @@ def _bits_as_float(typingctx: Any, bits: Any) -> Any:
     return numba.types.float64(numba.types.int64), codegen
 
 
+@numba.extending.intrinsic
+def _float_as_bits(typingctx: Any, value: Any) -> Any:
+    """The int64 whose bits are the float64 ``value`` (LLVM's ``bitcast``: one register move, vectorizable)."""
+    if value != numba.types.float64:
+        return None
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.bitcast(args[0], llvmlite.ir.IntType(64))
+
+    return numba.types.int64(numba.types.float64), codegen
+
+
+#: the bits of ``_ROUND``: ``bits(_ROUND + n) - _ROUND_BITS = n`` for an integer ``|n| < 2^51``
+_ROUND_BITS = int(np.array(_ROUND).view(np.int64))
+
+
 @_jit_vector
 def _series15(c: tuple, x: float) -> float:
     """``sum_j c_j x^j`` for the 15 coefficients ``c`` by Horner's rule, written out (LLVM unrolls a loop of 16
@@ -118,10 +134,11 @@ def _exp_split(hi: float, lo: float) -> float:
     """``exp(hi + lo)`` for ``|lo|`` far below ``|hi|``'s ulp (``hi`` held to ``[-1400, 1400]``, where the result
     is 0 or inf): the reduction, series and powers of two of the module docstring. Inlined where it is called."""
     hi = min(max(hi, _EXP_FLOOR), -_EXP_FLOOR)
-    n_f = (hi * _LOG2E + _ROUND) - _ROUND
+    rounded = hi * _LOG2E + _ROUND
+    n_f = rounded - _ROUND
     r = (hi - n_f * _LN2_HI) - n_f * _LN2_LO + lo
     p = _series15(_EXP_SERIES, r)
-    n_i = np.int64(n_f)
+    n_i = _float_as_bits(rounded) - _ROUND_BITS  # n_f as an integer, read off its bits (AVX2 has no vector cvtpd2qq)
     half = n_i >> 1
     return (p * _bits_as_float((half + 1023) << 52)) * _bits_as_float((n_i - half + 1023) << 52)
 
