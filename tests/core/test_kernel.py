@@ -352,15 +352,19 @@ def test_discrete_quantiles_recover_a_quantile_some_cells_off() -> None:
     moved = 0
     for resolution in (1.0, 0.05):
         want = discrete_quantiles(lw, loc, ls, exact, torch.tensor(LEVELS, dtype=torch.float32), resolution).numpy()
+        heads = torch.cat([mix.logits, mix.loc, mix.log_scale], dim=1).numpy()  # [200, 3 K], the heads' columns
+        args, phi, density, state, points = work
         for b in range(200):
-            _mixture(*(t[b].numpy() for t in (mix.logits, mix.loc, mix.log_scale)), table)
+            _mixture(heads, b, table)
             for cells in (-3.0, -1.0, 1.0, 3.0):  # every level off by the same cells, walked side by side
                 off = exact[b].numpy() + cells * resolution
-                _discrete_quantiles(table, work, off, levels, resolution, _SEARCH_MAX)
-                assert np.array_equal(work[3][_ANSWER], want[b]), (resolution, b, cells)
+                state[_ANSWER, : len(off)] = off
+                _discrete_quantiles(table, args, phi, density, state, points, levels, resolution, _SEARCH_MAX)
+                assert np.array_equal(state[_ANSWER], want[b]), (resolution, b, cells)
                 # a walk cut short says so (-1), and then the kernel runs its full search instead
-                _discrete_quantiles(table, work, off, levels, resolution, 0)
-                assert all(got in (w, -1.0) for got, w in zip(work[3][_ANSWER], want[b], strict=True))
+                state[_ANSWER, : len(off)] = off
+                _discrete_quantiles(table, args, phi, density, state, points, levels, resolution, 0)
+                assert all(got in (w, -1.0) for got, w in zip(state[_ANSWER], want[b], strict=True))
                 moved += int((off > 0).sum())
     assert moved > 2000  # most of the shifted quantiles stay positive: the walk runs both ways
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from aaren_core.tasks.event import special
-from aaren_core.tasks.event.special import exp_many, phi_many
+from aaren_core.tasks.event.special import exp_many, exp_rows, phi_many
 
 mpmath.mp.dps = 40
 
@@ -112,3 +112,8 @@ def test_exp_matches_mpmath_to_an_ulp_and_keeps_its_limits() -> None:
     got = np.empty(edge.size)
     exp_many(edge, got, edge.size)
     assert (got[:3] == math.inf).all() and (got[3:6] == 0.0).all() and math.isnan(got[6])
+    # exp_rows, the same exps between the rows of a table, leaves its other rows and columns alone
+    table = np.full((3, x.size + 1), -7.0)
+    table[0, :-1] = x
+    exp_rows(table, 0, 2, x.size)
+    assert np.array_equal(table[2, :-1], out[:-1]) and table[2, -1] == -7.0 and (table[1] == -7.0).all()

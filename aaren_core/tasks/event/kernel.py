@@ -49,7 +49,7 @@ import torch
 from aaren.jit import compiled
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
-from aaren_core.tasks.event.special import exp_many, phi_many
+from aaren_core.tasks.event.special import exp_rows, phi_many
 
 __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr"]
 
@@ -187,35 +187,36 @@ MIX_ROWS = 9
 
 
 @_jit_inline
-def _mixture(logits: np.ndarray, loc: np.ndarray, log_scale: np.ndarray, mix: np.ndarray) -> None:
-    """Fill ``mix`` from float32 ``logits, mu, log sigma [K]`` cast to float64: ``log pi = log_softmax(logits)``
+def _mixture(heads: np.ndarray, row: int, mix: np.ndarray) -> None:
+    """Fill ``mix`` from the float32 ``logits, mu, log sigma [K]`` of ``heads[row]`` (its first ``3 K`` columns, in
+    that order; indexed, not sliced: see ``_layer_norms``) cast to float64: ``log pi = log_softmax(logits)``
     (``(x - max) - log sum exp(x - max)``, as torch), ``pi = exp(x - max) / sum exp(x - max)`` (the same to an
     ulp or two, from the sum's terms), ``sigma``, ``1 / sigma`` and ``log pi_k + mu_k + sigma_k^2 / 2``, the part
     of ``log_partial_expectation``'s terms that ``x`` leaves alone, and its ``exp`` (``_integrated_cdf``'s terms;
-    inf where it overflows); the ``exp``s of a kind in one ``special.exp_many``."""
-    k_all = loc.shape[0]
+    inf where it overflows); the ``exp``s of a kind in one ``special.exp_rows``."""
+    k_all = mix.shape[1]
     top = -math.inf
     for k in range(k_all):
-        top = max(top, np.float64(logits[k]))
+        top = max(top, np.float64(heads[row, k]))
     for k in range(k_all):
-        mix[_TERMS, k] = np.float64(logits[k]) - top
-        mix[_LOG_SCALE, k] = np.float64(log_scale[k])
-    exp_many(mix[_TERMS], mix[_WEIGHTS], k_all)
-    exp_many(mix[_LOG_SCALE], mix[_SCALE], k_all)
+        mix[_TERMS, k] = np.float64(heads[row, k]) - top
+        mix[_LOG_SCALE, k] = np.float64(heads[row, 2 * k_all + k])
+    exp_rows(mix, _TERMS, _WEIGHTS, k_all)
+    exp_rows(mix, _LOG_SCALE, _SCALE, k_all)
     total = 0.0
     for k in range(k_all):
         total += mix[_WEIGHTS, k]
     log_total = math.log(total)
     for k in range(k_all):
         lw = mix[_TERMS, k] - log_total
-        mu = np.float64(loc[k])
+        mu = np.float64(heads[row, k_all + k])
         scale = mix[_SCALE, k]
         mix[_LOG_WEIGHTS, k] = lw
         mix[_LOC, k] = mu
         mix[_WEIGHTS, k] = mix[_WEIGHTS, k] / total
         mix[_INV_SCALE, k] = 1.0 / scale
         mix[_LPE_CONST, k] = (lw + mu) + 0.5 * (scale * scale)
-    exp_many(mix[_LPE_CONST], mix[_PARTIAL], k_all)
+    exp_rows(mix, _LPE_CONST, _PARTIAL, k_all)
 
 
 @_jit
@@ -252,12 +253,11 @@ def _gap_work(k_all: int, n_levels: int) -> tuple:
 
 
 @_jit_inline
-def _truncated_mean(mix: np.ndarray, work: tuple, bound: float) -> float:
+def _truncated_mean(mix: np.ndarray, args: np.ndarray, phi: np.ndarray, density: np.ndarray, bound: float) -> float:
     """``heads.truncated_mean``: ``E[tau | tau <= U] = sum_k pi_k e^(mu_k + sigma_k^2/2) Phi(z_k - sigma_k) /
     sum_k pi_k Phi(z_k)``, ``z_k = (log U - mu_k) / sigma_k``, at most ``U``: both sums directly (the ``2 K``
     values of ``Phi`` in one ``phi_many``), unless one comes within ``_DIRECT_FLOOR`` of underflow (or a factor
     overflows), then in log space as the heads."""
-    args, phi, density = work[:3]
     k_all = mix.shape[1]
     log_u = math.log(bound)
     for k in range(k_all):
@@ -282,15 +282,22 @@ def _truncated_mean(mix: np.ndarray, work: tuple, bound: float) -> float:
 
 
 @_jit_inline
-def _integrated_cdfs(mix: np.ndarray, work: tuple, first: int, n_points: int) -> None:
-    """``heads.integrated_cdf`` at the points ``work``'s ``[_X, first : first + n_points]``: ``(I(x), F(x))`` into
+def _integrated_cdfs(
+    mix: np.ndarray,
+    args: np.ndarray,
+    phi: np.ndarray,
+    density: np.ndarray,
+    points: np.ndarray,
+    first: int,
+    n_points: int,
+) -> None:
+    """``heads.integrated_cdf`` at the points ``points[_X, first : first + n_points]``: ``(I(x), F(x))`` into
     ``[_INTEGRAL]`` and ``[_CDF]``, ``I(x) = x F(x) - E[tau; tau <= x]``, both 0 for ``x <= 0``; every point's
     ``2 K`` values of ``Phi`` in one ``phi_many``.
 
     ``E[tau; tau <= x] = sum_k pi_k e^(mu_k + sigma_k^2 / 2) Phi(z_k - sigma_k)`` summed directly (one ``Phi`` a
     term where the heads' log-space sum takes a ``log_ndtr`` and an ``exp``), unless a term's factor overflows:
     a sum of positive terms either way, the same to rounding."""
-    args, phi, density, _, points = work
     k_all = mix.shape[1]
     n = 0
     for p in range(first, first + n_points):
@@ -323,38 +330,46 @@ def _integrated_cdfs(mix: np.ndarray, work: tuple, first: int, n_points: int) ->
 
 
 @_jit_inline
-def _integrated_cdf(mix: np.ndarray, work: tuple, x: float) -> tuple[float, float]:
-    """``(I(x), F(x))`` at one point (``_integrated_cdfs``; in ``work``'s last point slot)."""
-    points = work[4]
+def _integrated_cdf(
+    mix: np.ndarray, args: np.ndarray, phi: np.ndarray, density: np.ndarray, points: np.ndarray, x: float
+) -> tuple[float, float]:
+    """``(I(x), F(x))`` at one point (``_integrated_cdfs``; in ``points``' last slot)."""
     last = points.shape[1] - 1
     points[_X, last] = x
-    _integrated_cdfs(mix, work, last, 1)
+    _integrated_cdfs(mix, args, phi, density, points, last, 1)
     return points[_INTEGRAL, last], points[_CDF, last]
 
 
 @_jit_inline
 def _discrete_quantiles(
-    mix: np.ndarray, work: tuple, quantiles: np.ndarray, levels: np.ndarray, resolution: float, walk: int
+    mix: np.ndarray,
+    args: np.ndarray,
+    phi: np.ndarray,
+    density: np.ndarray,
+    state: np.ndarray,
+    points: np.ndarray,
+    levels: np.ndarray,
+    resolution: float,
+    walk: int,
 ) -> None:
-    """``heads.discrete_quantiles`` for each level ``p`` of ``levels [Q]`` into ``work``'s ``[_ANSWER, :Q]``: the
+    """``heads.discrete_quantiles`` for each level ``p`` of ``levels [Q]`` into ``state[_ANSWER, :Q]``: the
     first of ``m0 - 1, m0, m0 + 1`` (``m0 = max(ceil(q / w), 1)``) with ``H(m w) = (I(m w) - I((m - 1) w)) / w
     >= p`` (the last always), served as ``max(m - 1, 0) w``.
 
-    The quantile ``q`` (``quantiles [Q]``) may be a few cells off (``_search`` on a grid stops early): ``m0``
-    moves up while ``F(m0 w) < p`` and down while ``F((m0 - 1) w) >= p``, one ``I`` a cell (``F`` comes with
+    The quantile ``q`` (``state[_ANSWER, :Q]`` on entry) may be a few cells off (``_search`` on a grid stops early):
+    ``m0`` moves up while ``F(m0 w) < p`` and down while ``F((m0 - 1) w) >= p``, one ``I`` a cell (``F`` comes with
     ``I``), to the ``m0`` of the exact ``q``; -1 where that takes more than ``walk`` cells. ``H(x) <= F(x)``, and
     ``F((m0 - 1) w) < p`` then: ``I((m0 - 2) w)`` is needed only where ``F((m0 - 1) w)`` comes within
     ``_DISCRETE_MARGIN`` of ``p`` (far above rounding: then ``H((m0 - 1) w)`` is computed and compared as
     ``heads.discrete_quantiles`` does). The first two points of every level are evaluated together."""
-    state, points = work[3], work[4]
     w = resolution
     n_levels = levels.shape[0]
     for q in range(n_levels):
-        m0 = max(np.ceil(quantiles[q] / w), 1.0)
+        m0 = max(np.ceil(state[_ANSWER, q] / w), 1.0)
         state[_M0, q] = m0
         points[_X, 2 * q] = (m0 - 1.0) * w
         points[_X, 2 * q + 1] = m0 * w
-    _integrated_cdfs(mix, work, 0, 2 * n_levels)
+    _integrated_cdfs(mix, args, phi, density, points, 0, 2 * n_levels)
     for q in range(n_levels):
         level = levels[q]
         m0 = state[_M0, q]
@@ -371,16 +386,16 @@ def _discrete_quantiles(
             if up:
                 m0 += 1.0
                 mid, cdf_mid = high, cdf_high
-                high, cdf_high = _integrated_cdf(mix, work, m0 * w)
+                high, cdf_high = _integrated_cdf(mix, args, phi, density, points, m0 * w)
             else:
                 m0 -= 1.0
                 high, cdf_high = mid, cdf_mid
-                mid, cdf_mid = _integrated_cdf(mix, work, (m0 - 1.0) * w)
+                mid, cdf_mid = _integrated_cdf(mix, args, phi, density, points, (m0 - 1.0) * w)
         if answer < 0.0:
             state[_ANSWER, q] = answer
             continue
         if cdf_mid >= level - _DISCRETE_MARGIN:
-            low = _integrated_cdf(mix, work, (m0 - 2.0) * w)[0]
+            low = _integrated_cdf(mix, args, phi, density, points, (m0 - 2.0) * w)[0]
             if (mid - low) / w >= level:
                 state[_ANSWER, q] = max(m0 - 2.0, 0.0) * w
                 continue
@@ -388,9 +403,18 @@ def _discrete_quantiles(
 
 
 @_jit_inline
-def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, resolution: float) -> None:
+def _search(
+    mix: np.ndarray,
+    args: np.ndarray,
+    phi: np.ndarray,
+    density: np.ndarray,
+    state: np.ndarray,
+    levels: np.ndarray,
+    ppf: np.ndarray,
+    resolution: float,
+) -> None:
     """``z = log tau`` with ``F(z) = sum_k pi_k Phi((z - mu_k) / sigma_k) = p`` for each level ``p`` of ``levels [Q]``
-    (``mix`` from ``_mixture``, ``ppf = Phi^-1(p)``) into ``work``'s ``[_Z, :Q]``, the levels searched side by side
+    (``mix`` from ``_mixture``, ``ppf = Phi^-1(p)``) into ``state[_Z, :Q]``, the levels searched side by side
     (one ``phi_many`` a step over every level still searching): Halley's method (``z -= 2 g F' / (2 F'^2 - g F'')``,
     ``g = F(z) - p``; cubic where Newton is quadratic, for the ``F''`` that the density's terms give at no cost;
     Newton's step where ``|g F''| > F'^2``, whose Halley step could be small far from the root) in the bracket
@@ -401,7 +425,6 @@ def _search(mix: np.ndarray, work: tuple, levels: np.ndarray, ppf: np.ndarray, r
     from ``e^z`` and walks to the right cell where that is off) the search stops at a step under
     ``_GRID_STEP min(1, w e^-z)``, half a cell in ``z`` (the error then is of the order of its cube), where that is
     the looser: 1.5 evaluations a level where 3 reach ``_STEP_TOL`` (the bundled model)."""
-    args, phi, density, state = work[:4]
     k_all = mix.shape[1]
     n_levels = levels.shape[0]
     searching = 0
@@ -609,72 +632,86 @@ def _affine_rows(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.
 
 
 @_jit_sums
-def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: np.float32, out: np.ndarray) -> None:
-    """``out = (x - mean) / sqrt(var + eps) * gamma + beta`` (biased variance; moments summed in float64, in
-    any order: ``_SUMS_FASTMATH``).
+def _layer_norms(
+    x: np.ndarray, n_rows: int, gamma: np.ndarray, beta: np.ndarray, eps: np.float32, out: np.ndarray, at: int
+) -> None:
+    """``out[at + r] = (x[r] - mean) / sqrt(var + eps) * gamma + beta`` for the first ``n_rows`` rows of ``x [., n]``
+    (biased variance; moments summed in float64, in any order: ``_SUMS_FASTMATH``). The rows are indexed, not
+    sliced: a slice a row would take a reference to its array and give it back (two atomic operations).
     A variance past float32's range makes the row NaN, as the float32 reference's does: an activation
     that large is a numeric overflow (the server refuses the event), not a normalized row."""
-    n = x.shape[0]
-    total = 0.0
-    for i in range(n):
-        total += x[i]
-    mean = total / n
-    total = 0.0
-    for i in range(n):
-        c = x[i] - mean
-        total += c * c
-    mean32 = np.float32(mean)
-    var32 = np.float32(total / n)
-    rstd = np.float32(1.0 / math.sqrt(var32 + eps)) if math.isfinite(var32) else np.float32(np.nan)
-    for i in range(n):
-        out[i] = (x[i] - mean32) * rstd * gamma[i] + beta[i]
+    n = x.shape[1]
+    for r in range(n_rows):
+        total = 0.0
+        for i in range(n):
+            total += x[r, i]
+        mean = total / n
+        total = 0.0
+        for i in range(n):
+            c = x[r, i] - mean
+            total += c * c
+        mean32 = np.float32(mean)
+        var32 = np.float32(total / n)
+        rstd = np.float32(1.0 / math.sqrt(var32 + eps)) if math.isfinite(var32) else np.float32(np.nan)
+        for i in range(n):
+            out[at + r, i] = (x[r, i] - mean32) * rstd * gamma[i] + beta[i]
 
 
 @_jit
 def _gap_row(
-    b: int, mixture: tuple, spec: tuple, mix: np.ndarray, work: tuple, time_mean: np.ndarray, quantiles: np.ndarray
+    b: int,
+    heads: np.ndarray,
+    row: int,
+    levels: np.ndarray,
+    ppf: np.ndarray,
+    gap_bound: float,
+    resolution: float,
+    mix: np.ndarray,
+    work: tuple,
+    time_mean: np.ndarray,
+    quantiles: np.ndarray,
 ) -> None:
-    """Row ``b`` of the gap summaries from one float32 mixture ``(logits, loc, log_scale)`` ``[K]`` each, at
-    ``spec = (levels [Q], Phi^-1(levels) [Q], gap_bound, resolution)``: ``time_mean[b]`` and ``quantiles[b]``
-    (float64; the continuous quantiles rounded to float32 values where ``resolution`` is 0). ``mix``: the
-    ``[MIX_ROWS, K]`` table, ``work``: ``_gap_work``'s scratch."""
-    logits, loc, log_scale = mixture
-    levels, ppf, gap_bound, resolution = spec
+    """Row ``b`` of the gap summaries from the float32 mixture ``(logits, loc, log_scale)`` ``[K]`` each in
+    ``heads[row, :3 K]``, at ``levels [Q]``, their ``ppf = Phi^-1(levels)``, ``gap_bound`` and ``resolution``:
+    ``time_mean[b]`` and ``quantiles[b]`` (float64; the continuous quantiles rounded to float32 values where
+    ``resolution`` is 0). ``mix``: the ``[MIX_ROWS, K]`` table, ``work``: ``_gap_work``'s scratch, unpacked here
+    once and passed on array by array (each unpacking takes a reference to every array and gives it back)."""
+    args, phi, density, state, points = work
     n_levels = levels.shape[0]
-    state = work[3]
-    _mixture(logits, loc, log_scale, mix)
-    time_mean[b] = _truncated_mean(mix, work, gap_bound)
-    _search(mix, work, levels, ppf, resolution)
+    _mixture(heads, row, mix)
+    time_mean[b] = _truncated_mean(mix, args, phi, density, gap_bound)
+    _search(mix, args, phi, density, state, levels, ppf, resolution)
     if resolution == 0.0:
         for q in range(n_levels):
             quantiles[b, q] = np.float32(math.exp(state[_Z, q]))
         return
     for q in range(n_levels):
         state[_ANSWER, q] = math.exp(state[_Z, q])
-    _discrete_quantiles(mix, work, state[_ANSWER], levels, resolution, _WALK)
+    _discrete_quantiles(mix, args, phi, density, state, points, levels, resolution, _WALK)
     for q in range(n_levels):
         quantiles[b, q] = state[_ANSWER, q]
     for q in range(n_levels):
         if quantiles[b, q] < 0.0:
             # the short search's quantile is off by more than _WALK cells only where a narrow component misleads
             # it: the full search and walk for this level alone
-            _search(mix, work, levels[q : q + 1], ppf[q : q + 1], 0.0)
+            level, level_ppf = levels[q : q + 1], ppf[q : q + 1]
+            _search(mix, args, phi, density, state, level, level_ppf, 0.0)
             state[_ANSWER, 0] = math.exp(state[_Z, 0])
-            _discrete_quantiles(mix, work, state[_ANSWER, :1], levels[q : q + 1], resolution, _SEARCH_MAX)
+            _discrete_quantiles(mix, args, phi, density, state, points, level, resolution, _SEARCH_MAX)
             quantiles[b, q] = state[_ANSWER, 0]
 
 
 @_jit
-def _gap_rows(mixtures: tuple, spec: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """``_gap_row`` of every row of the mixtures ``(logits, loc, log_scale)`` ``[B, K]`` each."""
-    logits, loc, log_scale = mixtures
-    rows, k_all = loc.shape
+def _gap_rows(mixtures: np.ndarray, spec: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """``_gap_row`` of every row of ``mixtures [B, 3 K]`` (``logits | loc | log_scale``, float32)."""
+    levels, ppf, gap_bound, resolution = spec
+    rows, k_all = mixtures.shape[0], mixtures.shape[1] // 3
     mix = np.empty((MIX_ROWS, k_all), np.float64)
-    work = _gap_work(k_all, spec[0].shape[0])
+    work = _gap_work(k_all, levels.shape[0])
     time_mean = np.empty(rows, np.float64)
-    quantiles = np.empty((rows, spec[0].shape[0]), np.float64)
+    quantiles = np.empty((rows, levels.shape[0]), np.float64)
     for b in range(rows):
-        _gap_row(b, (logits[b], loc[b], log_scale[b]), spec, mix, work, time_mean, quantiles)
+        _gap_row(b, mixtures, b, levels, ppf, gap_bound, resolution, mix, work, time_mean, quantiles)
     return time_mean, quantiles
 
 
@@ -698,8 +735,8 @@ def gap_summaries(
     ``E[tau | tau <= gap_bound] [B]`` and the quantiles at ``levels`` ``[B, Q]``, of the gap recorded at
     ``resolution`` (> 0) or of the continuous gap (0: float32 values), both float64."""
     level_arr, ppf = _level_arrays(levels)
-    arrays = tuple(np.ascontiguousarray(a, dtype=np.float32) for a in (logits, loc, log_scale))
-    return _gap_rows(arrays, (level_arr, ppf, float(gap_bound), float(resolution)))
+    mixtures = np.concatenate([np.asarray(a, dtype=np.float32) for a in (logits, loc, log_scale)], axis=1)
+    return _gap_rows(mixtures, (level_arr, ppf, float(gap_bound), float(resolution)))
 
 
 @_jit
@@ -725,64 +762,65 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
     return outputs, scratch
 
 
-@_jit_inline
-def _forecast_row(b: int, out: np.ndarray, top_k: int, head: tuple, outputs: tuple, scratch: tuple) -> None:
-    """The forecast of one row into row ``b`` of ``outputs`` (``FusedEventModel.forecast``) from its head
-    pre-activations ``out = W_h y + b_h [P]`` (overwritten).
+@_jit
+def _forecast_chunk(
+    heads: np.ndarray, n_rows: int, first: int, top_k: int, head: tuple, outputs: tuple, scratch: tuple
+) -> None:
+    """The forecasts of rows ``first .. first + n_rows`` of ``outputs`` (``FusedEventModel.forecast``) from their
+    head pre-activations ``heads[r] = W_h y + b_h [P]`` (overwritten), ``r < n_rows``; the tuples unpacked once.
 
     ``head``: ``EventKernel``'s packed head weights; ``outputs``, ``scratch`` from ``_forecast_buffers``."""
     head_low, head_high, head_scale, head_shift, value_std = head[2:7]
     levels, ppf, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
     probs, mix, work = scratch[1:]
-    for j in range(out.shape[0]):
-        c = min(max(out[j], head_low[j]), head_high[j])
-        out[j] = head_shift[j] + c * head_scale[j]
-    # columns [logits | loc | log scale | value log std | marks | value mean]
-    for j in range(v_all):
-        value_stds[b, j] = np.exp(out[3 * k_all + j]) * value_std[j]
-        value_mean[b, j] = out[3 * k_all + v_all + m_all + j]
-    # mark probabilities: softmax (times the reciprocal of the sum, as torch), then the k largest
-    first = 3 * k_all + v_all
-    top = out[first]
-    for j in range(1, m_all):
-        top = max(top, out[first + j])
-    total = _F32_ZERO
-    for j in range(m_all):
-        e = np.exp(out[first + j] - top)
-        probs[j] = e
-        total += e
-    inv = _F32_ONE / total
-    # the k largest, descending, the lower mark first among equals: an insertion into the sorted top k
-    held = 0
-    for j in range(m_all):
-        p = probs[j] * inv
-        probs[j] = p
-        if top_k == 0 or (held == top_k and not p > top_probs[b, held - 1]):
-            continue
-        at = held if held < top_k else top_k - 1  # a full list drops its last
-        while at > 0 and p > top_probs[b, at - 1]:
-            top_probs[b, at] = top_probs[b, at - 1]
-            top_marks[b, at] = top_marks[b, at - 1]
-            at -= 1
-        top_probs[b, at] = p
-        top_marks[b, at] = j
-        held = min(held + 1, top_k)
-    logits, loc, log_scale = out[:k_all], out[k_all : 2 * k_all], out[2 * k_all : 3 * k_all]
-    _gap_row(b, (logits, loc, log_scale), (levels, ppf, gap_bound, resolution), mix, work, time_mean, quantiles)
+    for r in range(n_rows):
+        b = first + r
+        for j in range(heads.shape[1]):
+            c = min(max(heads[r, j], head_low[j]), head_high[j])
+            heads[r, j] = head_shift[j] + c * head_scale[j]
+        # columns [logits | loc | log scale | value log std | marks | value mean]
+        for j in range(v_all):
+            value_stds[b, j] = np.exp(heads[r, 3 * k_all + j]) * value_std[j]
+            value_mean[b, j] = heads[r, 3 * k_all + v_all + m_all + j]
+        # mark probabilities: softmax (times the reciprocal of the sum, as torch), then the k largest
+        marks_at = 3 * k_all + v_all
+        top = heads[r, marks_at]
+        for j in range(1, m_all):
+            top = max(top, heads[r, marks_at + j])
+        total = _F32_ZERO
+        for j in range(m_all):
+            e = np.exp(heads[r, marks_at + j] - top)
+            probs[j] = e
+            total += e
+        inv = _F32_ONE / total
+        # the k largest, descending, the lower mark first among equals: an insertion into the sorted top k
+        held = 0
+        for j in range(m_all):
+            p = probs[j] * inv
+            if top_k == 0 or (held == top_k and not p > top_probs[b, held - 1]):
+                continue
+            at = held if held < top_k else top_k - 1  # a full list drops its last
+            while at > 0 and p > top_probs[b, at - 1]:
+                top_probs[b, at] = top_probs[b, at - 1]
+                top_marks[b, at] = top_marks[b, at - 1]
+                at -= 1
+            top_probs[b, at] = p
+            top_marks[b, at] = j
+            held = min(held + 1, top_k)
+        _gap_row(b, heads, r, levels, ppf, gap_bound, resolution, mix, work, time_mean, quantiles)
 
 
 @_jit
 def _forecast_rows(y: np.ndarray, top_k: int, head: tuple, blas: tuple) -> tuple:
-    """The forecast of feature rows ``y [B, d]`` (C-contiguous; see ``_forecast_row``), the heads' matrix over
+    """The forecast of feature rows ``y [B, d]`` (C-contiguous; see ``_forecast_chunk``), the heads' matrix over
     ``CHUNK`` rows at a time (``_matrix``)."""
     outputs, scratch = _forecast_buffers(y.shape[0], top_k, head)
     heads = scratch[0]
     for first in range(0, y.shape[0], CHUNK):
         n_rows = min(CHUNK, y.shape[0] - first)
         _matrix(y[first:], head[0], head[1], heads, n_rows, blas)
-        for r in range(n_rows):
-            _forecast_row(first + r, heads[r], top_k, head, outputs, scratch)
+        _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
     return outputs
 
 
@@ -876,8 +914,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
                 raise ValueError("a mark is outside [0, num_marks)")
             _affine(features, embed_wt, mark_table[mark], x[r])
         for layer in range(n_layers):
-            for r in range(n_rows):
-                _layer_norm(x[r], norms[layer, 0], norms[layer, 1], eps[layer, 0], h[r])
+            _layer_norms(x, n_rows, norms[layer, 0], norms[layer, 1], eps[layer, 0], h, 0)
             _matrix(h, sv_wt[layer], sv_b[layer], sv, n_rows, blas)
             for r in range(n_rows):
                 b = first + r
@@ -892,19 +929,19 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
                     u_next = c_new + u[b, layer, hh] * c_old
                     m_new[b, layer, hh] = m_top
                     u_new[b, layer, hh] = u_next
-                    # views indexed by the loop's own counter alone: consecutive, so the loop vectorizes
-                    at = hh * head_dim
-                    value = sv[r, n_heads + at : n_heads + at + head_dim]
-                    w_old, w_next, o_head = w[b, layer, hh], w_new[b, layer, hh], o[r, at : at + head_dim]
-                    for e in range(head_dim):
-                        w_e = value[e] * c_new + w_old[e] * c_old
-                        w_next[e] = w_e
-                        o_head[e] = w_e / u_next
+                    # unsigned offsets: numba adds no wrap-around of negative indices to them, so the accesses
+                    # are consecutive and the loop vectorizes (and no row is sliced: see _layer_norms)
+                    at = np.uint64(hh * head_dim)
+                    value_at = np.uint64(n_heads) + at
+                    for e in range(np.uint64(head_dim)):
+                        w_e = sv[r, value_at + e] * c_new + w[b, layer, hh, e] * c_old
+                        w_new[b, layer, hh, e] = w_e
+                        o[r, at + e] = w_e / u_next
             _matrix(o, out_wt[layer], out_b[layer], acc, n_rows, blas)
             for r in range(n_rows):
                 for j in range(d):
                     x[r, j] += acc[r, j]
-                _layer_norm(x[r], norms[layer, 2], norms[layer, 3], eps[layer, 1], h[r])
+            _layer_norms(x, n_rows, norms[layer, 2], norms[layer, 3], eps[layer, 1], h, 0)
             _matrix(h, fc1_wt[layer], fc1_b[layer], hidden, n_rows, blas)
             for r in range(n_rows):
                 for j in range(hidden.shape[1]):
@@ -914,12 +951,10 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
             for r in range(n_rows):
                 for j in range(d):
                     x[r, j] += acc[r, j]
-        for r in range(n_rows):
-            _layer_norm(x[r], final_norm[0], final_norm[1], final_eps, y[first + r])
+        _layer_norms(x, n_rows, final_norm[0], final_norm[1], final_eps, y, first)
         heads = scratch[0]
         _matrix(y[first:], head[0], head[1], heads, n_rows, blas)
-        for r in range(n_rows):
-            _forecast_row(first + r, heads[r], top_k, head, outputs, scratch)
+        _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
     finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
     for values in (y, m_new.reshape((rows, -1)), u_new.reshape((rows, -1)), w_new.reshape((rows, -1))):
         _mark_infinite(values, finite)

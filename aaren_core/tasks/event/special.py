@@ -35,7 +35,7 @@ import numpy as np
 
 from aaren.jit import compiled
 
-__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "exp_many", "phi_many"]
+__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "exp_many", "exp_rows", "phi_many"]
 
 #: ``c`` of ``h(z) = erfcx(z) (1 + z / c)`` and the end of its series' range (``erfc(27.3)`` rounds to 0)
 ERFCX_C = 3.0
@@ -151,6 +151,16 @@ def exp_many(x: np.ndarray, out: np.ndarray, n: int) -> None:
         v = x[k]
         e = _exp_split(v, 0.0)
         out[k] = e if v == v else v
+
+
+@_jit_vector
+def exp_rows(table: np.ndarray, source: int, target: int, n: int) -> None:
+    """``exp_many`` from row ``source`` of ``table [R, m]`` into its row ``target`` (``!= source``), the first ``n``
+    columns: the rows indexed, not sliced (a slice takes a reference to its array and gives it back)."""
+    for k in range(n):
+        v = table[source, k]
+        e = _exp_split(v, 0.0)
+        table[target, k] = e if v == v else v
 
 
 @_jit_vector
