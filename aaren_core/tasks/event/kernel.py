@@ -181,6 +181,11 @@ def _logsumexp(a: np.ndarray, n: int) -> float:
     return math.log(total) + top
 
 
+#: unsigned 0, 1, 2 for the running indices of the gap summaries' loops: numba adds no wrap-around of negative
+#: indices to an unsigned index (a select an access, which kept those loops scalar)
+_U0, _U1, _U2 = np.uint64(0), np.uint64(1), np.uint64(2)
+
+
 #: rows of the per-row mixture table ``mix [MIX_ROWS, K]`` (float64), filled once per row by ``_mixture``
 _LOG_WEIGHTS, _LOC, _LOG_SCALE, _WEIGHTS, _SCALE, _INV_SCALE, _LPE_CONST, _PARTIAL, _TERMS = range(9)
 MIX_ROWS = 9
@@ -299,25 +304,25 @@ def _integrated_cdfs(
     term where the heads' log-space sum takes a ``log_ndtr`` and an ``exp``), unless a term's factor overflows:
     a sum of positive terms either way, the same to rounding."""
     k_all = mix.shape[1]
-    n = 0
+    n = _U0
     for p in range(first, first + n_points):
         x = points[_X, p]
         log_x = math.log(x) if x > 0.0 else 0.0
         for k in range(k_all):
             args[n] = (log_x - mix[_LOC, k]) * mix[_INV_SCALE, k]
             scale = mix[_SCALE, k]
-            args[n + 1] = (log_x - mix[_LOC, k]) / scale - scale
-            n += 2
-    phi_many(args, phi, density, n)
-    n = 0
+            args[n + _U1] = (log_x - mix[_LOC, k]) / scale - scale
+            n += _U2
+    phi_many(args, phi, density, np.int64(n))
+    n = _U0
     for p in range(first, first + n_points):
         x = points[_X, p]
         cdf = 0.0
         partial = 0.0
         for k in range(k_all):
             cdf += mix[_WEIGHTS, k] * phi[n]
-            partial += mix[_PARTIAL, k] * phi[n + 1]
-            n += 2
+            partial += mix[_PARTIAL, k] * phi[n + _U1]
+            n += _U2
         if not x > 0.0:
             points[_INTEGRAL, p] = 0.0
             points[_CDF, p] = 0.0
@@ -445,14 +450,14 @@ def _search(
     for _ in range(_SEARCH_MAX):
         if searching == 0:
             return
-        n = 0
+        n = _U0
         for q in range(n_levels):
             if state[_SEARCHING, q] > 0.0:
                 for k in range(k_all):
                     args[n] = (state[_Z, q] - mix[_LOC, k]) * mix[_INV_SCALE, k]
-                    n += 1
-        phi_many(args, phi, density, n)
-        n = 0
+                    n += _U1
+        phi_many(args, phi, density, np.int64(n))
+        n = _U0
         for q in range(n_levels):
             if not state[_SEARCHING, q] > 0.0:
                 continue
@@ -465,7 +470,7 @@ def _search(
                 term = mix[_WEIGHTS, k] * inv * density[n]
                 pdf += term
                 slope -= term * args[n] * inv
-                n += 1
+                n += _U1
             z = state[_Z, q]
             gap = cdf - levels[q]
             if gap == 0.0:
