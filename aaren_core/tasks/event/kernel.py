@@ -15,8 +15,9 @@ four of ``W^T`` per pass, the same sums in the same order):
   per layer ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt``, ``m' = max(m, s)``,
   ``u' = u exp(m - m') + exp(s - m')``, ``w' = w exp(m - m') + v exp(s - m')``,
   ``x += W_o (w' / u') + b_o``, ``x += W_2 GELU(W_1 LN2(x) + b_1) + b_2``; ``y = LN(x)``;
-- the heads as ``FusedEventModel.forecast``: ``out = shift + clamp(W_h y + b_h, low, high) * scale``;
-  mark probabilities ``softmax`` and the ``k`` largest, value means and stds (float32);
+- the heads as ``FusedEventModel.forecast``: ``out = shift + clamp(W_h y + b_h, low, high) * scale`` (``W_h y``
+  over a chunk's rows, as the layers' products: ``_matrix``); mark probabilities ``softmax`` and the ``k``
+  largest (an insertion into the sorted top ``k``), value means and stds (float32);
 - the gap summaries in float64 from the float32 mixture ``(logits, mu, log sigma)`` cast to float64,
   as ``heads.truncated_mean`` and ``heads.discrete_quantiles`` compute them (the same expressions;
   ``log_ndtr`` as torch evaluates it, below ``-20`` by its asymptotic series, where ``erfc`` nears
