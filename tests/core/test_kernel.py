@@ -219,6 +219,23 @@ def test_kernel_on_the_bundled_model() -> None:
             assert_forecasts_match(out.forecast, want, 1.0)
 
 
+def test_a_rows_forecast_is_the_same_bits_in_any_batch() -> None:
+    """A row's forecast from ``step_forecast`` in a batch of any size equals ``forecast`` of its features alone,
+    bit for bit (the unary Forecast computes it again from the stored features; a consumer's sink keeps the
+    first copy): the heads' products do not depend on the rows beside them."""
+    model = load_checkpoint(BUNDLED).model.eval()
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), (0.1, 0.5, 0.9))
+    rng = np.random.default_rng(5)
+    for b in (1, 3, 4, 9, 70):
+        state = state_arrays(tuple(model.init_state(b).tensors().values()))
+        values = np.stack([rng.normal(0, 40, b), rng.uniform(200, 2200, b)], -1).astype(np.float32)
+        out = kernel.step_forecast(rng.exponential(30.0, b), rng.integers(0, 16, b), values, *state, 16)
+        for r in range(b):
+            alone = kernel.forecast(out.y[r : r + 1], 16)
+            for got, want in zip(alone, out.forecast, strict=True):
+                assert np.array_equal(got, want[r : r + 1]), (b, r)
+
+
 def test_the_comparisons_catch_a_dropped_decay_a_wrong_eps_and_a_wrong_bound() -> None:
     """Kernels built from altered snapshots disagree with the true fused path beyond the tolerances."""
     model = model_of(time_resolution=0.25)

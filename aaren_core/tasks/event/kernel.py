@@ -16,8 +16,8 @@ four of ``W^T`` per pass, the same sums in the same order):
   ``u' = u exp(m - m') + exp(s - m')``, ``w' = w exp(m - m') + v exp(s - m')``,
   ``x += W_o (w' / u') + b_o``, ``x += W_2 GELU(W_1 LN2(x) + b_1) + b_2``; ``y = LN(x)``;
 - the heads as ``FusedEventModel.forecast``: ``out = shift + clamp(W_h y + b_h, low, high) * scale`` (``W_h y``
-  over a chunk's rows, as the layers' products: ``_matrix``); mark probabilities ``softmax`` and the ``k``
-  largest (an insertion into the sorted top ``k``), value means and stds (float32);
+  by the kernel's own loops, the same for a row in any batch: ``_head_rows``); mark probabilities ``softmax``
+  and the ``k`` largest (an insertion into the sorted top ``k``), value means and stds (float32);
 - the gap summaries in float64 from the float32 mixture ``(logits, mu, log sigma)`` cast to float64,
   as ``heads.truncated_mean`` and ``heads.discrete_quantiles`` compute them (the same expressions;
   ``log_ndtr`` as torch evaluates it, below ``-20`` by its asymptotic series, where ``erfc`` nears
@@ -769,6 +769,20 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
 
 
 @_jit
+def _head_rows(
+    y: np.ndarray, first: int, n_rows: int, weight_t: np.ndarray, bias: np.ndarray, heads: np.ndarray
+) -> None:
+    """``heads[r] = W_h y[first + r] + b_h`` for ``r < n_rows`` by ``_affine_rows``, ``BLOCK`` rows a pass: the
+    same sums in the same order for a row whatever the rows beside it (not sgemm, whose tiles may group them
+    otherwise), so that the forecast computed again from a stored ``y`` (``forecast``, the unary ``Forecast``)
+    is the one ``step_forecast`` served, bit for bit."""
+    for block in range(0, n_rows, BLOCK):
+        k = min(BLOCK, n_rows - block)
+        at = first + block
+        _affine_rows(y[at : at + k], weight_t, bias, heads[block : block + k], k)
+
+
+@_jit
 def _forecast_chunk(
     heads: np.ndarray, n_rows: int, first: int, top_k: int, head: tuple, outputs: tuple, scratch: tuple
 ) -> None:
@@ -818,14 +832,14 @@ def _forecast_chunk(
 
 
 @_jit
-def _forecast_rows(y: np.ndarray, top_k: int, head: tuple, blas: tuple) -> tuple:
-    """The forecast of feature rows ``y [B, d]`` (C-contiguous; see ``_forecast_chunk``), the heads' matrix over
-    ``CHUNK`` rows at a time (``_matrix``)."""
+def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
+    """The forecast of feature rows ``y [B, d]`` (C-contiguous; see ``_forecast_chunk``), ``CHUNK`` rows at a
+    time."""
     outputs, scratch = _forecast_buffers(y.shape[0], top_k, head)
     heads = scratch[0]
     for first in range(0, y.shape[0], CHUNK):
         n_rows = min(CHUNK, y.shape[0] - first)
-        _matrix(y[first:], head[0], head[1], heads, n_rows, blas)
+        _head_rows(y, first, n_rows, head[0], head[1], heads)
         _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
     return outputs
 
@@ -959,7 +973,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
                     x[r, j] += acc[r, j]
         _layer_norms(x, n_rows, final_norm[0], final_norm[1], final_eps, y, first)
         heads = scratch[0]
-        _matrix(y[first:], head[0], head[1], heads, n_rows, blas)
+        _head_rows(y, first, n_rows, head[0], head[1], heads)
         _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
     finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
     for values in (y, m_new.reshape((rows, -1)), u_new.reshape((rows, -1)), w_new.reshape((rows, -1))):
@@ -1032,11 +1046,9 @@ def _step_forecast_packed(
 
 
 @_jit
-def _forecast_packed(
-    y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray, blas: tuple
-) -> tuple:
+def _forecast_packed(y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple:
     """``_forecast_rows`` on the packed weights."""
-    return _forecast_rows(y, top_k, _unpack(flat32, flat64, layout)[1], blas)
+    return _forecast_rows(y, top_k, _unpack(flat32, flat64, layout)[1])
 
 
 def _pack(step: tuple, head: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1184,4 +1196,4 @@ class EventKernel:
         if y.dtype != _F32 or y.ndim != 2 or y.shape[1] != self.d_model:
             raise ValueError(f"y: expected float32 [B, {self.d_model}], got {y.dtype} {list(y.shape)}")
         k = max(0, min(int(top_k), self.num_marks))
-        return self._finish(_forecast_packed(np.ascontiguousarray(y), k, *self._packed, self._blas))
+        return self._finish(_forecast_packed(np.ascontiguousarray(y), k, *self._packed))
