@@ -35,7 +35,7 @@ import numpy as np
 
 from aaren.jit import compiled
 
-__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "exp_many", "exp_rows", "phi_many"]
+__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "exp_rows", "phi_many"]
 
 #: ``c`` of ``h(z) = erfcx(z) (1 + z / c)`` and the end of its series' range (``erfc(27.3)`` rounds to 0)
 ERFCX_C = 3.0
@@ -144,19 +144,10 @@ def _exp_split(hi: float, lo: float) -> float:
 
 
 @_jit_vector
-def exp_many(x: np.ndarray, out: np.ndarray, n: int) -> None:
-    """``out[k] = exp(x[k])`` for ``k < n`` (float64, within an ulp; inf past 709.78, 0 below -745.1, NaN kept);
-    ``x`` and ``out`` distinct arrays (where they overlap the loop is not vectorized)."""
-    for k in range(n):
-        v = x[k]
-        e = _exp_split(v, 0.0)
-        out[k] = e if v == v else v
-
-
-@_jit_vector
 def exp_rows(table: np.ndarray, source: int, target: int, n: int) -> None:
-    """``exp_many`` from row ``source`` of ``table [R, m]`` into its row ``target`` (``!= source``), the first ``n``
-    columns: the rows indexed, not sliced (a slice takes a reference to its array and gives it back)."""
+    """``table[target, k] = exp(table[source, k])`` for ``k < n`` (float64, within an ulp; inf past 709.78, 0 below
+    -745.1, NaN kept), ``target != source``: the rows of the mixture table indexed, not sliced (a slice takes a
+    reference to its array and gives it back)."""
     for k in range(n):
         v = table[source, k]
         e = _exp_split(v, 0.0)
