@@ -16,7 +16,7 @@ four of ``W^T`` per pass, the same sums in the same order):
   ``u' = u exp(m - m') + exp(s - m')``, ``w' = w exp(m - m') + v exp(s - m')``,
   ``x += W_o (w' / u') + b_o``, ``x += W_2 GELU(W_1 LN2(x) + b_1) + b_2``; ``y = LN(x)``;
 - the heads as ``FusedEventModel.forecast``: ``out = shift + clamp(W_h y + b_h, low, high) * scale`` (``W_h y``
-  by the kernel's own loops, the same for a row in any batch: ``_head_rows``); mark probabilities ``softmax``
+  by the kernel's own loops, the same for a row in any batch: ``_OWN_LOOPS``); mark probabilities ``softmax``
   and the ``k`` largest (an insertion into the sorted top ``k``), value means and stds (float32);
 - the gap summaries in float64 from the float32 mixture ``(logits, mu, log sigma)`` cast to float64,
   as ``heads.truncated_mean`` and ``heads.discrete_quantiles`` compute them (the same expressions;
@@ -530,9 +530,9 @@ _ERF_CHEB = tuple(
 def erf32(x: np.float32) -> np.float32:
     """``erf(x)`` in float32 (see ``_ERF_CHEB``): ``clip(x_c S(u), -1, 1)``, ``x_c = clip(x, -3.9, 3.9)``.
 
-    Clenshaw's ``b_k = c_k + 2 u b_(k+1) - b_(k+2)`` from ``k = 16`` down, written out (the coefficients are
-    then constants in the code: as items of an array, each was loaded and broadcast again in every pass of the
-    GELU's vectorized loop); ``b_17 = b_18 = 0``, so ``b_16 = c_16`` and ``b_15 = c_15 + 2 u c_16``."""
+    Clenshaw's ``b_k = c_k + 2 u b_(k+1) - b_(k+2)`` from ``k = 16`` down, written out, each coefficient a
+    constant of the code rather than an item of an array; ``b_17 = b_18 = 0``, so ``b_16 = c_16`` and
+    ``b_15 = c_15 + 2 u c_16``."""
     c = _ERF_CHEB
     xc = min(max(x, -_ERF_CLAMP), _ERF_CLAMP)
     u = xc * xc * _ERF_U_SCALE - _F32_ONE
@@ -584,6 +584,12 @@ def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
 
 #: rows of a batch the layers take at a time in ``_step_forecast_rows`` (their activations stay in cache)
 CHUNK = 64
+
+
+#: ``_matrix``'s ``blas`` for the heads' matrix: the kernel's own loops, the same sums in the same order for a row
+#: whatever rows are beside it (sgemm's tiles may group them otherwise), so that the forecast computed again from a
+#: stored ``y`` (``forecast``, the unary ``Forecast``) is the one ``step_forecast`` served, bit for bit
+_OWN_LOOPS = (0, NO_BLAS)
 
 
 #: rows per pass of the layers' matrices in ``_step_forecast_rows`` (each row of ``W^T`` loaded once for all)
@@ -769,20 +775,6 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
 
 
 @_jit
-def _head_rows(
-    y: np.ndarray, first: int, n_rows: int, weight_t: np.ndarray, bias: np.ndarray, heads: np.ndarray
-) -> None:
-    """``heads[r] = W_h y[first + r] + b_h`` for ``r < n_rows`` by ``_affine_rows``, ``BLOCK`` rows a pass: the
-    same sums in the same order for a row whatever the rows beside it (not sgemm, whose tiles may group them
-    otherwise), so that the forecast computed again from a stored ``y`` (``forecast``, the unary ``Forecast``)
-    is the one ``step_forecast`` served, bit for bit."""
-    for block in range(0, n_rows, BLOCK):
-        k = min(BLOCK, n_rows - block)
-        at = first + block
-        _affine_rows(y[at : at + k], weight_t, bias, heads[block : block + k], k)
-
-
-@_jit
 def _forecast_chunk(
     heads: np.ndarray, n_rows: int, first: int, top_k: int, head: tuple, outputs: tuple, scratch: tuple
 ) -> None:
@@ -839,7 +831,7 @@ def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
     heads = scratch[0]
     for first in range(0, y.shape[0], CHUNK):
         n_rows = min(CHUNK, y.shape[0] - first)
-        _head_rows(y, first, n_rows, head[0], head[1], heads)
+        _matrix(y[first:], head[0], head[1], heads, n_rows, _OWN_LOOPS)
         _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
     return outputs
 
@@ -973,7 +965,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
                     x[r, j] += acc[r, j]
         _layer_norms(x, n_rows, final_norm[0], final_norm[1], final_eps, y, first)
         heads = scratch[0]
-        _head_rows(y, first, n_rows, head[0], head[1], heads)
+        _matrix(y[first:], head[0], head[1], heads, n_rows, _OWN_LOOPS)
         _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
     finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
     for values in (y, m_new.reshape((rows, -1)), u_new.reshape((rows, -1)), w_new.reshape((rows, -1))):
