@@ -20,7 +20,7 @@ import enum
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -39,13 +39,13 @@ from aaren.server.contract.columns import (
 )
 from aaren.server.contract.errors import ErrorInfo, Reasons
 from aaren.server.core.limits import TokenBucket
-from aaren.server.observability.metrics import Metrics
+from aaren.server.observability.metrics import Metrics, observe_many
 from aaren.server.settings import ServerSettings
 from aaren.server.stores.base import LoadedBatch, Rows, SaveBatch, SessionStore, StoreUnavailableError, take_rows
 from aaren.server.tasks.base import Task
 from aaren.server.tasks.runs import CheckedRows, RunColumns
 
-__all__ = ["Admission", "Batcher", "ModelContext", "Scope", "observe_many"]
+__all__ = ["Admission", "Batcher", "ModelContext", "Scope"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,10 +54,6 @@ TENANT_COUNT_TTL_S = 5.0
 
 
 PENDING_RETRY_S = 0.1
-
-
-#: up to this many amounts ``observe_many`` observes one by one (the array calls cost more below it)
-_OBSERVE_ONE_BY_ONE = 4
 
 
 # ------------------------------------------------------------------ one batch's plan, compiled
@@ -352,31 +348,6 @@ def warm_plan() -> None:
     applied, _, _, run_sess, run_of, ends, _, want, _ = plan_runs(verdict, one, time, zero, time, one + 1, zero, 1)
     plan_outcomes(verdict, one, out_seq, dup_seq, applied, want, run_of, run_sess, ends, np.ones(1, np.bool_), 1)
     rows_finite((np.zeros((1, 1), np.float32),))
-
-
-def observe_many(histogram: Any, amounts: Iterable[float]) -> None:
-    """``histogram.observe(a)`` for every ``a`` of ``amounts`` (an unlabelled or labelled Histogram child):
-    the same bucket counts and sum, the buckets found by one ``searchsorted`` and each touched once
-    (a batch observes its requests' latencies in one call, not one lock and bucket scan a request; it
-    lives beside its one user, the batch, so that an event's path does not leave for it).
-
-    Reads the child's ``_upper_bounds``, ``_buckets`` and ``_sum`` (prometheus_client's Histogram since
-    0.4, unchanged to 0.23; ``tests/server/test_metrics.py`` compares with ``observe``); a child
-    without them is observed value by value."""
-    amounts = amounts if isinstance(amounts, np.ndarray) else list(amounts)
-    bounds, buckets, total = (getattr(histogram, name, None) for name in ("_upper_bounds", "_buckets", "_sum"))
-    if len(amounts) <= _OBSERVE_ONE_BY_ONE or bounds is None or buckets is None or total is None:
-        for amount in amounts:
-            histogram.observe(float(amount))
-        return
-    values = np.asarray(amounts, dtype=np.float64)
-    histogram._raise_if_not_observable()
-    total.inc(float(values.sum()))
-    # observe's rule, amount <= bound: the first bound at or above each value
-    counts = np.bincount(np.searchsorted(np.asarray(bounds, dtype=np.float64), values, side="left"))
-    for i in np.flatnonzero(counts).tolist():
-        if i < len(buckets):  # NaN sorts past +Inf: observe counts it in no bucket either
-            buckets[i].inc(int(counts[i]))
 
 
 class Admission:
@@ -919,7 +890,7 @@ class Batcher:
         )
         session_error: dict[int, ErrorInfo] = {}
         outputs: OutputColumns | None = None
-        ok_run = np.ones(len(shape.run_sess), dtype=np.bool_)
+        ok_run = _trues(len(shape.run_sess))
         if len(shape.run_sess):
             outputs = await self._run_model(work, shape, session_error)
             for r in session_error:
@@ -959,7 +930,7 @@ class Batcher:
         store_started = time.perf_counter()
 
         finite = new_rows.finite if isinstance(new_rows, CheckedRows) else _finite_rows(new_rows)
-        keep = np.ones(n_runs, dtype=bool) if finite is None else finite
+        keep = _trues(n_runs) if finite is None else finite
         if finite is not None:
             for r in np.flatnonzero(~keep).tolist():
                 session_error[r] = Reasons.numeric_overflow(self.scope.shown(ids[int(run_sess[r])]))
@@ -977,14 +948,17 @@ class Batcher:
             if kept is not None:
                 new_rows = take_rows(new_rows, kept)
             existed = stored.exists[kept_sess]
+            created = stored.created_at[kept_sess]
+            if np.count_nonzero(existed) < len(existed):  # the sessions this batch starts: created now
+                created = np.where(existed, created, now)
             save = SaveBatch(
                 # every session of the batch, in order: the loaded list itself (a store may know it again)
                 session_ids=ids if len(kept_sess) == len(ids) else [ids[u] for u in kept_sess.tolist()],
                 tensors=new_rows,
                 last_seq=seq[last],
                 last_time=work.events.time[last],
-                created_at=np.where(existed, stored.created_at[kept_sess], now),
-                updated_at=np.full(len(kept_sess), now),
+                created_at=created,
+                updated_at=_filled(len(kept_sess), now),
                 model_version=self.task.version,
                 expected_seqs=stored.last_seq[kept_sess],
             )
@@ -1173,7 +1147,7 @@ class Batcher:
         stored.foreign[:] = False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Batch:
     """Pieces ``(request, start, count)`` of queued requests, their events' session keys ``[E]``,
     each event's session code ``sess [E]`` and the distinct keys ``ids [U]`` in code order."""
@@ -1184,7 +1158,7 @@ class _Batch:
     ids: list[str]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _BatchEvents:
     """A batch's ``E`` events as columns: ``seq [E]`` as sent, ``time [E]``, ``mark [E]``, ``values [E, V]``
     (the request's own arrays where the batch is one piece of one request)."""
@@ -1229,7 +1203,7 @@ class _BatchInFlight:
     errors: dict[int, ErrorInfo]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Decided:
     """What became of a batch's ``E`` events (``plan_outcomes``): ``kind [E]``, ``last_seq [E]``,
     ``forecast_row [E]`` (the row of its forecast in ``outputs``, which has ``n_outputs`` rows; -1:
@@ -1271,7 +1245,7 @@ class _Decided:
         return Outcomes(kind, last_seq, errors, index, outputs.take(picked))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _Runs:
     """A batch's applied events ``[A]`` (batch positions, grouped by session) as runs ``[R]``, one per
     session (``plan_runs``): run ``r`` is ``applied[starts[r] : starts[r] + lengths[r]]`` of session
@@ -1291,7 +1265,7 @@ class _Runs:
     in_order: bool
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class _StoredColumns:
     """What the store holds of a batch's ``U`` sessions, as arrays ``[U]`` (the ``LoadedBatch``'s
     columns as loaded; ``last_time`` is -inf for a session without state), and ``foreign``: held,
@@ -1334,6 +1308,21 @@ class _TotalAndModelCounter:
     def inc(self, n: float = 1) -> None:
         self._a.inc(n)
         self._b.inc(n)
+
+
+def _trues(n: int) -> np.ndarray:
+    """``np.ones(n, bool)`` at a third of its cost for a few rows (``np.ones`` and ``np.full`` are Python
+    functions over ``empty`` and ``copyto``)."""
+    out = np.empty(n, np.bool_)
+    out.fill(True)
+    return out
+
+
+def _filled(n: int, value: float) -> np.ndarray:
+    """``np.full(n, value)`` (float64), as ``_trues``."""
+    out = np.empty(n)
+    out.fill(value)
+    return out
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:

@@ -10,9 +10,11 @@ registry would have otherwise.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -24,13 +26,98 @@ from prometheus_client import (
 )
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
-__all__ = ["AggregatedCollector", "Metrics", "families_of"]
+__all__ = ["AggregatedCollector", "DeferredHistogram", "Metrics", "families_of", "observe_many"]
 
 LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+#: a ``DeferredHistogram`` counts its amounts into its buckets at a scrape, and at the latest every this many
+FOLD_EVERY = 4096
+
+
+class DeferredHistogram(Histogram):
+    """A prometheus_client ``Histogram`` whose ``observe`` appends the amount to a list, counted into the buckets
+    and the sum when the histogram is collected (a scrape) or once ``FOLD_EVERY`` are waiting (``fold``: one
+    ``searchsorted`` for them all, ``observe_many``'s rule, the counts ``observe`` would give).
+
+    ``observe`` was about 1.5 us (two locks and a scan of the bounds) and a batch of one event observed eight
+    histograms; an append is some 0.1 us. Thread-safe without a lock on the observing side: an append is atomic,
+    and ``fold`` (one at a time) counts a prefix of the list and deletes just that prefix. An observation with an
+    exemplar goes through ``Histogram.observe`` at once."""
+
+    def _metric_init(self) -> None:
+        super()._metric_init()
+        self._pending: list[float] = []
+        self._fold_lock = threading.Lock()
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        try:
+            pending = self._pending
+        except AttributeError:  # a parent with labels: prometheus_client's own error
+            self._raise_if_not_observable()
+            raise
+        if exemplar is not None:
+            super().observe(amount, exemplar)
+            return
+        pending.append(amount)
+        if len(pending) >= FOLD_EVERY:
+            self.fold()
+
+    def observe_many(self, amounts: Iterable[float]) -> None:
+        """``observe(a)`` for each of ``amounts``."""
+        pending = self._pending
+        pending.extend(amounts)
+        if len(pending) >= FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        """Count the waiting amounts into the buckets and the sum."""
+        with self._fold_lock:
+            pending = self._pending
+            n = len(pending)
+            if not n:
+                return
+            amounts = pending[:n]
+            del pending[:n]  # only those: appends made meanwhile stay for the next fold
+            _count(self, np.asarray(amounts, dtype=np.float64))
+
+    def _child_samples(self) -> Iterable[Sample]:
+        self.fold()
+        return super()._child_samples()
+
+
+def observe_many(histogram: Any, amounts: Iterable[float]) -> None:
+    """``histogram.observe(a)`` for every ``a`` of ``amounts`` (an unlabelled or labelled ``Histogram`` child):
+    a ``DeferredHistogram`` appends them; another Histogram child (``_upper_bounds``, ``_buckets``, ``_sum``:
+    prometheus_client's since 0.4) gets the same bucket counts and sum as ``observe`` would give, the buckets
+    found by one ``searchsorted``; anything else is observed value by value."""
+    if isinstance(histogram, DeferredHistogram):
+        histogram.observe_many(amounts)
+        return
+    if all(hasattr(histogram, name) for name in ("_upper_bounds", "_buckets", "_sum")):
+        histogram._raise_if_not_observable()
+        _count(histogram, np.asarray(list(amounts), dtype=np.float64))
+        return
+    for amount in amounts:
+        histogram.observe(float(amount))
+
+
+def _count(histogram: Histogram, values: np.ndarray) -> None:
+    """Add ``values [n]`` to a Histogram child's sum and buckets, by ``observe``'s rule (the first bound at or
+    above the value; NaN in none, as there)."""
+    if not len(values):
+        return
+    histogram._sum.inc(float(values.sum()))
+    bounds = np.asarray(histogram._upper_bounds, dtype=np.float64)
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
+    buckets = histogram._buckets
+    for i in np.flatnonzero(counts[: len(buckets)]).tolist():
+        buckets[i].inc(int(counts[i]))
 
 
 class Metrics:
@@ -53,7 +140,7 @@ class Metrics:
         # Every metric of this server registers in its own registry.
         counter = functools.partial(Counter, registry=self.registry)
         gauge = functools.partial(Gauge, registry=self.registry)
-        histogram = functools.partial(Histogram, registry=self.registry)
+        histogram = functools.partial(DeferredHistogram, registry=self.registry)
         self.event_latency = histogram(
             "aaren_event_latency_seconds",
             "Time events spend in each phase, observed once per request (queue: arrival to batch start; "

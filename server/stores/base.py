@@ -107,7 +107,7 @@ class StateLayout:
 ABSENT_LAST_TIME = -math.inf
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class LoadedBatch:
     """Sessions read for one batch, as columns ``[B]``: ``present`` (whether the store has the
     session), its ``last_seq`` (int64), ``last_time``, ``created_at``, ``updated_at`` (float64, unix

@@ -95,7 +95,7 @@ class MemoryStore(SessionStore):
         # a save of the same ids (the same list) before the index changes finds them here, not again
         self._looked_up = (session_ids, self._index.changes, slots)
         if self._arrays is not None:
-            tensors: Rows = {k: array[slots] for k, array in self._arrays.items()}
+            tensors: Rows = {k: array.take(slots, axis=0) for k, array in self._arrays.items()}  # (a third of [slots])
         else:
             index = self._positions(slots)
             tensors = {k: pool.index_select(0, index) for k, pool in self._pool.items()}
@@ -388,16 +388,16 @@ def _lookup(
     arena: np.ndarray,
     q_hashes: np.ndarray,
     q_bytes: np.ndarray,
-    q_ends: np.ndarray,
+    q_lengths: np.ndarray,
 ) -> np.ndarray:
-    """The slot of each query id ``q`` (its hash ``q_hashes[q]``, its bytes ``q_bytes[q_ends[q-1]:q_ends[q]]``),
+    """The slot of each query id ``q`` (its hash ``q_hashes[q]``, its ``q_lengths[q]`` bytes next in ``q_bytes``),
     0 where none holds it."""
     mask = table.shape[0] - 1
     out = np.zeros(q_hashes.shape[0], np.int64)
     start = 0
     for q in range(q_hashes.shape[0]):
         h = q_hashes[q]
-        n = q_ends[q] - start
+        n = q_lengths[q]
         i = h & mask
         while True:
             slot = table[i]
@@ -408,7 +408,7 @@ def _lookup(
                 out[q] = slot
                 break
             i = (i + 1) & mask
-        start = q_ends[q]
+        start += n
     return out
 
 
@@ -486,10 +486,10 @@ class IdIndex:
         if not self._live:
             return np.zeros(len(ids), np.int64)
         encoded = [sid.encode(*_ENCODING) for sid in ids]
-        ends = np.cumsum(np.array([len(b) for b in encoded], dtype=np.int64))
+        lengths = np.array(list(map(len, encoded)), dtype=np.int64)
         query = np.frombuffer(b"".join(encoded), np.uint8)
-        hashes = np.array([hash(sid) for sid in ids], dtype=np.int64)
-        return _lookup(self._table, self._hashes, self._offsets, self._lengths, self._arena, hashes, query, ends)
+        hashes = np.array(list(map(hash, ids)), dtype=np.int64)
+        return _lookup(self._table, self._hashes, self._offsets, self._lengths, self._arena, hashes, query, lengths)
 
     def insert(self, ids: Sequence[str], slots: np.ndarray) -> None:
         """Enter ``ids`` (none held now, distinct) at ``slots`` (free ones)."""

@@ -33,7 +33,7 @@ __all__ = ["FEATURES", "CheckedRows", "RunColumns", "RunTask"]
 FEATURES = "features"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class RunColumns:
     """The events a batch applies, as flat columns grouped by session (``A`` events, ``R`` sessions).
 

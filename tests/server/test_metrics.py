@@ -128,20 +128,22 @@ def test_every_server_of_a_process_exports_the_process_metrics(start_server):
     assert metric(scrapes[0], "process_start_time_seconds") == metric(scrapes[1], "process_start_time_seconds")
 
 
-def test_observe_many_counts_as_observe_does():
-    """A batch's latencies observed at once give the same buckets, count and sum as one observe each,
-    at the bucket bounds, between, past the last and below the first."""
+def test_observe_many_and_deferred_histograms_count_as_observe_does():
+    """A batch's latencies observed at once, and a DeferredHistogram's deferred observations, give the same
+    buckets, count and sum as prometheus_client's own observe one by one: at the bucket bounds, between, past
+    the last and below the first, and NaN (in no bucket; the sum NaN)."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from aaren.server.core.batcher import observe_many
-    from aaren.server.observability.metrics import LATENCY_BUCKETS
+    from aaren.server.observability.metrics import LATENCY_BUCKETS, DeferredHistogram, observe_many
 
     amounts = [0.0, -1.0, 0.0001, 0.00011, 0.0025, 0.0025, 0.7, 10.0, 10.5, 1e9, *[0.003 * i for i in range(40)]]
+    ways = ("one by one", "observe_many", "deferred one by one", "deferred observe_many")
     families = []
-    for observe in ("one by one", "at once"):
+    for way in ways:
         registry = CollectorRegistry()
-        h = Histogram("x_seconds", "x", ["phase"], buckets=LATENCY_BUCKETS, registry=registry).labels("total")
-        if observe == "one by one":
+        kind = DeferredHistogram if way.startswith("deferred") else Histogram
+        h = kind("x_seconds", "x", ["phase"], buckets=LATENCY_BUCKETS, registry=registry).labels("total")
+        if way.endswith("one by one"):
             for a in amounts:
                 h.observe(a)
         else:
@@ -150,5 +152,49 @@ def test_observe_many_counts_as_observe_does():
             observe_many(h, amounts[5:])
         families.append({(s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples
                          if not s.name.endswith("_created")})  # fmt: skip
-    assert families[0] == pytest.approx(families[1])
-    assert families[1][("x_seconds_count", None)] == len(amounts)
+    for got in families[1:]:
+        assert got == pytest.approx(families[0])
+    assert families[0][("x_seconds_count", None)] == len(amounts)
+    # a scrape counted them in: a second scrape of the same histogram gives the same numbers
+    assert {(s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples
+            if not s.name.endswith("_created")} == families[-1]  # fmt: skip
+
+
+def test_a_deferred_histogram_loses_nothing_to_scrapes_from_another_thread():
+    """Observations from two threads while a third scrapes over and over, past FOLD_EVERY (so folds come from
+    both sides): every one is counted once."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from aaren.server.observability.metrics import FOLD_EVERY, DeferredHistogram
+
+    registry = CollectorRegistry()
+    h = DeferredHistogram("y_seconds", "y", buckets=(0.5, 1.0), registry=registry)
+    n = FOLD_EVERY * 3 + 17
+    done = threading.Event()
+
+    def observe(amount: float) -> None:
+        for _ in range(n):
+            h.observe(amount)
+
+    def scrape() -> None:
+        while not done.is_set():
+            list(registry.collect())
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    observers = [threading.Thread(target=observe, args=(a,)) for a in (0.25, 0.75)]
+    for t in observers:
+        t.start()
+    for t in observers:
+        t.join()
+    done.set()
+    scraper.join()
+    samples = {(s.name, s.labels.get("le")): s.value for f in registry.collect() for s in f.samples}
+    assert samples[("y_seconds_count", None)] == 2 * n
+    assert samples[("y_seconds_bucket", "0.5")] == n
+    assert samples[("y_seconds_bucket", "1.0")] == 2 * n
+    assert samples[("y_seconds_sum", None)] == pytest.approx(n * (0.25 + 0.75))
+    with pytest.raises(ValueError):  # a parent with labels cannot observe, as in prometheus_client
+        DeferredHistogram("z_seconds", "z", ["phase"], registry=registry).observe(1.0)
