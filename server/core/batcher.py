@@ -115,7 +115,7 @@ def plan_verdicts(
     foreign: np.ndarray,
     step: float,
     max_gap_steps: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None, np.ndarray | None, int]:
     """The verdict of each event ``i`` of session ``sess[i]`` (``[E]``, batch order) against the stored
     columns ``[U]`` (``stored_seq``, ``stored_time``: the last applied seq and time, 0 and -inf for a
     session without state; ``foreign``: written by another model version), each applied event moving
@@ -125,7 +125,9 @@ def plan_verdicts(
     (a copy), ``verdict [E]`` (``APPLY``, ``DUP``, ``DUP_OF_BATCH``, ``ERR``), ``reason [E]`` (``Why``),
     ``dup_seq [E]`` (a duplicate's acknowledged seq: the stored one), what a refusal compared with:
     ``ref_seq [E]``, ``ref_time [E]`` (the session's last applied seq and time at that event), and the
-    number refused."""
+    number refused. ``reason``, ``ref_seq`` and ``ref_time`` are None where none was refused (numba hands
+    each array it returns to Python through a lookup of its type, some 3,000 instructions; a None costs
+    nothing)."""
     n = sess.shape[0]
     out_seq = seq.astype(np.int64)
     verdict = np.zeros(n, np.int8)
@@ -171,6 +173,8 @@ def plan_verdicts(
             verdict[i] = ERR
             reason[i] = why
             refused += 1
+    if not refused:
+        return out_seq, verdict, None, dup_seq, None, None, refused
     return out_seq, verdict, reason, dup_seq, ref_seq, ref_time, refused
 
 
@@ -184,7 +188,7 @@ def plan_runs(
     piece_counts: np.ndarray,
     last_only: np.ndarray,
     n_sessions: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """The applied events (``verdict == APPLY``) of a batch of ``E`` events of ``n_sessions`` sessions as
     runs, one per session with applied events, in order of their sessions' codes (each run's events in
     batch order).
@@ -193,11 +197,13 @@ def plan_runs(
     ``last_only [P]``: whether a piece wants the forecast of each session's last applied event only
     (the others are acknowledged).
 
-    Returns ``applied [A]`` (batch positions, grouped by run), ``starts [R]``, ``lengths [R]``,
-    ``run_sess [R]`` (each run's session), ``run_of [A]``, ``ends [R]`` (each run's last event, an index
-    into ``applied``), ``dt [A]`` (each event's gap since its session's previous one: the stored last
-    time for a run's first event of a session with state, else 0), ``want [A]``, and whether ``applied`` is
-    every event in batch order (``0..E-1``: the batch's columns serve as the runs' as they are)."""
+    Returns ``by_event [2, A]``: ``applied`` (batch positions, grouped by run) and ``run_of`` (each one's
+    run); ``by_run [4, R]``: ``starts``, ``lengths``, ``run_sess`` (each run's session) and ``ends`` (each
+    run's last event, an index into ``applied``); ``dt [A]`` (each event's gap since its session's previous
+    one: the stored last time for a run's first event of a session with state, else 0), ``want [A]``, and
+    whether ``applied`` is every event in batch order (``0..E-1``: the batch's columns serve as the runs' as
+    they are). The int columns come as two arrays, not six: numba hands each array it returns to Python
+    through a lookup of its type (some 3,000 instructions), a row of one costs a tenth of that."""
     n = sess.shape[0]
     piece_of = np.empty(n, np.int64)
     at = 0
@@ -215,17 +221,15 @@ def plan_runs(
         if count[u + 1] > 0:
             n_runs += 1
         count[u + 1] += count[u]
-    applied = np.empty(n_applied, np.int64)
+    by_event = np.empty((2, n_applied), np.int64)
+    applied, run_of = by_event[0], by_event[1]
     for i in range(n):
         if verdict[i] == APPLY:
             u = sess[i]
             applied[count[u]] = i
             count[u] += 1
-    starts = np.empty(n_runs, np.int64)
-    lengths = np.empty(n_runs, np.int64)
-    run_sess = np.empty(n_runs, np.int64)
-    ends = np.empty(n_runs, np.int64)
-    run_of = np.empty(n_applied, np.int64)
+    by_run = np.empty((4, n_runs), np.int64)
+    starts, lengths, run_sess, ends = by_run[0], by_run[1], by_run[2], by_run[3]
     dt = np.empty(n_applied, np.float64)
     want = np.ones(n_applied, np.bool_)
     r = -1
@@ -251,7 +255,7 @@ def plan_runs(
         if applied[a] != a:
             in_order = False
             break
-    return applied, starts, lengths, run_sess, run_of, ends, dt, want, in_order
+    return by_event, by_run, dt, want, in_order
 
 
 @compiled
@@ -267,14 +271,14 @@ def plan_outcomes(
     ends: np.ndarray,
     ok_run: np.ndarray,
     n_sessions: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int, int, int]:
     """What became of each of a batch's ``E`` events, the runs where ``ok_run [R]`` is false failed.
 
     Returns ``kind [E]`` (``FORECAST``, ``ACK``, ``DUPLICATE``, ``ERROR``), ``last_seq [E]`` (an ack's or a
     duplicate's seq), ``forecast_row [E]`` (the row of its forecast among the outputs of the wanted
     applied events, which the task made in the order of ``applied``; -1: none), ``failed_run [E]`` (the
-    run whose failure is the event's error; -1: none), the numbers applied and duplicate, and the rows of
-    those outputs."""
+    run whose failure is the event's error; -1: none; None where no event's run failed), the numbers applied
+    and duplicate, and the rows of those outputs."""
     n = sess.shape[0]
     kind = np.full(n, ERROR, np.int8)
     last_seq = np.zeros(n, np.int64)
@@ -283,6 +287,7 @@ def plan_outcomes(
     n_applied = 0
     n_dups = 0
     row = 0
+    failed = False
     for a in range(applied.shape[0]):
         i = applied[a]
         r = run_of[a]
@@ -296,6 +301,7 @@ def plan_outcomes(
                 kind[i] = ACK
         else:
             failed_run[i] = r
+            failed = True
         if want[a]:
             row += 1
     run_of_sess = np.full(n_sessions, -1, np.int64)
@@ -315,6 +321,9 @@ def plan_outcomes(
                 n_dups += 1
             elif r >= 0:
                 failed_run[i] = r
+                failed = True
+    if not failed:
+        return kind, last_seq, forecast_row, None, n_applied, n_dups, row
     return kind, last_seq, forecast_row, failed_run, n_applied, n_dups, row
 
 
@@ -345,8 +354,11 @@ def warm_plan() -> None:
     pays for it: the engine core calls this as it starts."""
     one, zero, time = np.zeros(1, np.int64), np.zeros(1, np.bool_), np.zeros(1)
     out_seq, verdict, _, dup_seq, *_ = plan_verdicts(one, one + 1, time, one, time, zero, 0.0, 0)
-    applied, _, _, run_sess, run_of, ends, _, want, _ = plan_runs(verdict, one, time, zero, time, one + 1, zero, 1)
-    plan_outcomes(verdict, one, out_seq, dup_seq, applied, want, run_of, run_sess, ends, np.ones(1, np.bool_), 1)
+    runs = _Runs.of(plan_runs(verdict, one, time, zero, time, one + 1, zero, 1))
+    plan_outcomes(
+        verdict, one, out_seq, dup_seq, runs.applied, runs.want, runs.run_of, runs.run_sess, runs.ends,
+        np.ones(1, np.bool_), 1,
+    )  # fmt: skip
     rows_finite((np.zeros((1, 1), np.float32),))
 
 
@@ -883,11 +895,10 @@ class Batcher:
         pieces, ids, sess, stored = work.pieces, work.ids, work.sess, work.stored
         counts = np.array([c for _, _, c in pieces], dtype=np.int64)
         last_only = np.array([a.request.last_only for a, _, _ in pieces], dtype=np.bool_)
-        shape = _Runs(
-            *plan_runs(
-                work.verdict, sess, work.events.time, stored.exists, stored.last_time, counts, last_only, len(ids)
-            )
+        planned = plan_runs(
+            work.verdict, sess, work.events.time, stored.exists, stored.last_time, counts, last_only, len(ids)
         )
+        shape = _Runs.of(planned)
         session_error: dict[int, ErrorInfo] = {}
         outputs: OutputColumns | None = None
         ok_run = _trues(len(shape.run_sess))
@@ -899,7 +910,7 @@ class Batcher:
             work.verdict, sess, work.seq, work.dup_seq, shape.applied, shape.want, shape.run_of, shape.run_sess,
             shape.ends, ok_run, len(ids),
         )  # fmt: skip
-        if session_error:
+        if failed_run is not None:
             for i in np.flatnonzero(failed_run >= 0).tolist():
                 work.errors[i] = session_error[int(failed_run[i])]
         return _Decided(kind, last_seq, forecast_row, outputs, n_outputs, n_applied, n_dups)
@@ -1024,8 +1035,9 @@ class Batcher:
             shape.run_sess, shape.ends, ok_run, len(work.ids),
         )  # fmt: skip
         errors = dict(work.errors)
-        for i in np.flatnonzero(failed_run >= 0).tolist():
-            errors[i] = session_error[int(failed_run[i])]
+        if failed_run is not None:
+            for i in np.flatnonzero(failed_run >= 0).tolist():
+                errors[i] = session_error[int(failed_run[i])]
         run_at = np.full(len(work.sess), -1, dtype=np.int64)
         run_at[shape.applied] = shape.run_of
         bounds = np.cumsum([0] + [c for _, _, c in work.pieces])
@@ -1263,6 +1275,14 @@ class _Runs:
     want: np.ndarray
     #: ``applied`` is every event of the batch in batch order
     in_order: bool
+
+    @classmethod
+    def of(cls, planned: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]) -> _Runs:
+        """``plan_runs``' result: its int columns are rows of two arrays."""
+        by_event, by_run, dt, want, in_order = planned
+        applied, run_of = by_event
+        starts, lengths, run_sess, ends = by_run
+        return cls(applied, starts, lengths, run_sess, run_of, ends, dt, want, in_order)
 
 
 @dataclasses.dataclass(slots=True)

@@ -292,8 +292,11 @@ def test_kernel_leaves_its_inputs_alone_and_refuses_what_it_cannot_serve() -> No
     assert np.array_equal(wide.y, kernel.step_forecast(dt, marks, values, *arrays, 3).y)
     huge = dt.astype(np.float64)
     huge[1] = 1e300
-    rows = kernel.step_forecast(huge, marks, values, *arrays, 3).w.reshape(4, -1)
+    overflowed = kernel.step_forecast(huge, marks, values, *arrays, 3)
+    rows = overflowed.w.reshape(4, -1)
     assert np.isfinite(rows[[0, 2, 3]]).all() and not np.isfinite(rows[1]).all()
+    assert overflowed.finite is not None and overflowed.finite.tolist() == [True, False, True, True]
+    assert wide.finite is None  # every row finite
     with pytest.raises(ValueError, match="values: not the model's value width"):
         kernel.step_forecast(dt, marks, np.ascontiguousarray(values[:, :2]), *arrays, 3)
     with pytest.raises(ValueError, match="one row per event"):

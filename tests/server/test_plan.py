@@ -80,6 +80,9 @@ def test_the_plan_follows_the_rules(batch):
     most = 2
     got = plan.plan_verdicts(sess, seq, times, stored_seq, stored_time, foreign, step, most)
     out_seq, verdict, why, dup_seq, ref_seq, ref_time, refused = got
+    if not refused:  # the refusal columns come only where something was refused
+        assert why is None and ref_seq is None and ref_time is None
+        why = np.zeros(len(sess), np.int8)
     want = oracle_verdicts(sess, seq, times, exists, stored_seq, stored_time, foreign, step, most)
     for i, (s, v, w, d, rs, rt) in enumerate(want):
         assert (out_seq[i], verdict[i], why[i]) == (s, v, w), i
@@ -90,7 +93,7 @@ def test_the_plan_follows_the_rules(batch):
     assert refused == sum(v == plan.ERR for _, v, *_ in want)
     assert (seq >= 0).all()  # the request's own column is left as it was sent
 
-    applied, starts, lengths, run_sess, run_of, ends, dt, wanted, in_order = plan.plan_runs(
+    (applied, run_of), (starts, lengths, run_sess, ends), dt, wanted, in_order = plan.plan_runs(
         verdict, sess, times, exists, stored_time, counts, last_only, len(exists)
     )
     # runs: the applied events grouped by session in code order, each in batch order
@@ -115,6 +118,9 @@ def test_the_plan_follows_the_rules(batch):
         verdict, sess, out_seq, dup_seq, applied, wanted, run_of, run_sess, ends, ok_run, len(exists)
     )
     assert n_rows == int(wanted.sum())
+    if failed_run is None:  # no event's run failed
+        assert all(ok_run[r] for r in run_of.tolist())
+        failed_run = np.full(len(sess), -1)
     rows = {int(i): f for f, i in enumerate(applied[wanted].tolist())}
     run_by_session = {int(u): r for r, u in enumerate(run_sess.tolist())}
     for i in range(len(sess)):

@@ -132,7 +132,7 @@ class KernelOutputs(NamedTuple):
     the gap's mean ``[B]`` float64 and quantiles ``[B, Q]`` (float32, or float64 multiples of the time
     resolution where the model has one), the top marks ``[B, k]`` int64 and their probabilities ``[B, k]``
     float32 (descending), value means and stds ``[B, V]`` float32; ``finite [B]``: whether row ``b``'s new
-    state and features are finite all.
+    state and features are finite all, None where every row's are.
     """
 
     y: np.ndarray
@@ -141,7 +141,7 @@ class KernelOutputs(NamedTuple):
     w: np.ndarray
     n_events: np.ndarray
     forecast: tuple[np.ndarray, ...]
-    finite: np.ndarray
+    finite: np.ndarray | None
 
 
 # --- float64 special functions, as torch evaluates them -------------------------------------------
@@ -857,15 +857,18 @@ def _matrix(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
 
 
 @_jit
-def _mark_infinite(values: np.ndarray, finite: np.ndarray) -> None:
+def _mark_infinite(values: np.ndarray, finite: np.ndarray) -> int:
     """``finite[b] = False`` where row ``b`` of ``values [B, n]`` holds an infinity or a NaN (the check an
-    or-reduction over the row, with no branch in it, so that the loop vectorizes)."""
+    or-reduction over the row, with no branch in it, so that the loop vectorizes); how many rows it marked."""
+    marked = 0
     for b in range(values.shape[0]):
         bad = False
         for j in range(values.shape[1]):
             bad |= not np.isfinite(values[b, j])
         if bad:
             finite[b] = False
+            marked += 1
+    return marked
 
 
 @_jit
@@ -968,9 +971,12 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
         _matrix(y[first:], head[0], head[1], heads, n_rows, _OWN_LOOPS)
         _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
     finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
+    marked = 0
     for values in (y, m_new.reshape((rows, -1)), u_new.reshape((rows, -1)), w_new.reshape((rows, -1))):
-        _mark_infinite(values, finite)
-    return y, m_new, u_new, w_new, n_new, outputs, finite
+        marked += _mark_infinite(values, finite)
+    # None where every row is finite (the common case): numba hands each array it returns to Python through a
+    # lookup of its type (some 3,000 instructions an array), a None costs nothing
+    return y, m_new, u_new, w_new, n_new, outputs, (finite if marked else None)
 
 
 #: the number of dimensions of each packed array, in the order of ``EventKernel``'s ``step`` then ``head`` tuples

@@ -144,7 +144,7 @@ class EventTask(RunTask):
         )
         # numpy rows as the kernel made them: the memory store writes them as they are (Rows)
         new = CheckedRows({"m": out.m, "u": out.u, "w": out.w, "n_events": out.n_events, FEATURES: out.y})
-        if np.count_nonzero(out.finite) < len(out.finite):  # (ndarray.all is a Python call, 3x the cost)
+        if out.finite is not None:  # some row overflowed
             new.finite = out.finite
         return new, EventOutputs(*out.forecast)
 
