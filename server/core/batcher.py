@@ -586,6 +586,9 @@ class Batcher:
         #: A model of regular steps (``step_seconds > 0``): its step and the most missing steps it fills.
         self._step_s = float(task.description.step_seconds)
         self._max_gap_steps = int(task.description.max_gap_steps)
+        # The finiteness check of a batch's rows (the paths without the kernel's own) is compiled for a tuple
+        # of this model's float fields: compiled (or loaded) now, not on the first history or torch batch.
+        _finite_rows(store.layout.empty(1))
 
     def set_worker(self, run: Callable[..., Awaitable[object]]) -> None:
         """Run model calls with ``run(fn, *args)`` (a worker thread) instead of on the event loop."""

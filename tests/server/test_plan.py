@@ -166,3 +166,45 @@ def test_finite_rows_names_the_rows_with_a_nan_or_an_infinity():
     assert _finite_rows(rows).tolist() == [True, False, False, False]
     finite, bad = plan.rows_finite((np.zeros((2, 3), np.float32), np.ones((2, 1), np.float32)))
     assert finite.all() and bad == 0
+
+
+def test_a_first_history_batch_compiles_nothing():
+    """The finiteness check of the batches the kernel does not take (a session's history in one message) is
+    compiled for the model's fields when the core is made: a first such batch compiles nothing (it used to
+    compile there, seconds during which the event loop served no stream)."""
+    import asyncio
+
+    import torch
+
+    from aaren.server.contract.columns import FORECAST
+    from aaren.server.core.engine_core import EngineCore
+    from aaren.server.frontends.streams import EventChecker
+    from aaren.server.observability.metrics import Metrics
+    from aaren.server.settings import ServerSettings
+    from aaren.server.stores import StateLayout, open_store
+    from aaren.server.tasks.event.task import load_event_task
+
+    async def first_history() -> tuple[int, int, np.ndarray]:
+        settings = ServerSettings()
+        task = load_event_task(None, torch.device("cpu"), settings.quantiles)
+        store = open_store("memory://", StateLayout(task.layout_rows()), capacity=16, idle_ttl_s=3600.0)
+        core = EngineCore(task, store, settings, Metrics())
+        await core.start()
+        try:
+            compiled = len(plan.rows_finite.signatures)
+            d = task.description
+            checker = EventChecker(d.num_marks, d.value_names, settings.max_session_id_bytes)
+            n = 12
+            request = checker.request(
+                ["history"] * n, list(range(1, n + 1)), list(np.arange(1.0, n + 1)), [1] * n, [[0.5, -1.0]] * n
+            )
+            answered = asyncio.get_running_loop().create_future()
+            core.submit(request, answered.set_result)
+            outcomes = await answered
+        finally:
+            await core.close()
+        return compiled, len(plan.rows_finite.signatures), outcomes.kind
+
+    before, after, kind = asyncio.run(first_history())
+    assert (kind == FORECAST).all() and len(kind) == 12
+    assert before >= 1 and after == before
