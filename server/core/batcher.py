@@ -203,7 +203,7 @@ def plan_runs(
     one: the stored last time for a run's first event of a session with state, else 0), ``want [A]``, and
     whether ``applied`` is every event in batch order (``0..E-1``: the batch's columns serve as the runs' as
     they are). The int columns come as two arrays, not six: numba hands each array it returns to Python
-    through a lookup of its type (some 3,000 instructions), a row of one costs a tenth of that."""
+    through a lookup of its type (some 3,000 instructions); a row of one of them costs a few hundred."""
     n = sess.shape[0]
     piece_of = np.empty(n, np.int64)
     at = 0
