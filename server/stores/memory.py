@@ -253,9 +253,7 @@ class MemoryStore(SessionStore):
         extra = rows - old
         fresh = self.layout.empty(extra)
         self._pool = {k: torch.cat([pool, fresh[k]]) for k, pool in self._pool.items()}
-        self._arrays = self._numpy_views()
-        for array in (self._arrays or {}).values():  # _put_rows compiled (or loaded) for each field's rows now
-            _put_rows(array, np.zeros(0, np.int64), np.ascontiguousarray(array[:0]))
+        self._arrays = self._numpy_views()  # the same fields' types: _put_rows is compiled for them already
         self._index.grow(rows + 1)
         self._seq = np.concatenate([self._seq, np.zeros(extra, dtype=np.int64)])
         self._last_time = np.concatenate([self._last_time, np.full(extra, ABSENT_LAST_TIME)])
