@@ -33,9 +33,12 @@ LAYOUTS = {"one-process": 0, "2-frontends": 2}
 class ServerThread:
     """A real ``AarenServer`` running on its own event loop in a background thread."""
 
-    def __init__(self, start_timeout_s: float = 30, **settings: Any) -> None:
+    def __init__(self, start_timeout_s: float = 180, **settings: Any) -> None:
         """``start_timeout_s`` bounds ``start()`` so that a broken server fails the test instead of
-        hanging it (a server that compiles its model with a cold inductor cache needs minutes)."""
+        hanging it. A warm start takes well under a second; the bound is for the cold one: the first
+        server of a fresh checkout compiles the event kernel and its plans into numba's cache (about
+        60 s on a 2-core machine, so a server test run alone on a fresh clone timed out at 30 s), and
+        a server that compiles its model with a cold inductor cache needs minutes."""
         from aaren.server.app import AarenServer
         from aaren.server.settings import ServerSettings
 

@@ -80,26 +80,19 @@ def forecasts(reply: pb.StreamResponse) -> list[tuple[float, list[int], list[flo
 @pytest.mark.layouts  # its servers run in both process layouts
 def test_gathered_requests_are_answered_as_each_alone(start_server) -> None:
     srv = start_server()
-    scripts = [script(f"g{i}", 1 + i % 3) for i in range(STREAMS)]
-    together = asyncio.run(run_streams(srv.address, scripts, pipelined=True))
-    requests = sum(len(s) for s in scripts)
-    core_requests = metric(scrape(srv.metrics_url), "aaren_event_latency_seconds_count", phase="queue")
-    assert core_requests < requests  # requests of a turn went to the core together
-
-    for i, (steps, replies) in enumerate(zip(scripts, together, strict=True)):
-        top_k = 1 + i % 3
-        assert [r.request_id for r in replies] == [q.request_id for q, _ in steps]
-        for (request, kinds), reply in zip(steps, replies, strict=True):
-            assert not reply.HasField("request_error"), reply
-            assert [r.WhichOneof("outcome") for r in reply.results] == kinds, (request, reply)
-            assert [(r.session_id, r.seq) for r in reply.results] == [(e.session_id, e.seq) for e in request.events]
-            for r in reply.results:
-                if r.WhichOneof("outcome") == "forecast":
-                    assert len(r.forecast.marks) == min(top_k, NUM_MARKS)
-                    assert r.forecast.last_time == next(e.time for e in request.events if e.seq == r.seq)
-        assert replies[3].results[0].error.reason == "seq_gap"
-        # a duplicate is acked with its session's last applied seq: 4, or 5 where seq 5 applied in its batch
-        assert replies[4].results[0].duplicate and replies[4].results[0].ack.last_seq in (4, 5)
+    # Whether two streams' requests meet in one turn is the network's timing: with two front
+    # ends, 16 streams can arrive one turn each (CI saw 96 core requests for 96). Each try is
+    # checked whole; the test needs one try where requests met, and gives up after MEET_TRIES.
+    core_requests = 0.0
+    for attempt in range(MEET_TRIES):
+        scripts = [script(f"g{attempt}-{i}", 1 + i % 3) for i in range(STREAMS)]
+        together = asyncio.run(run_streams(srv.address, scripts, pipelined=True))
+        check_replies(scripts, together)
+        before, core_requests = core_requests, queue_count(srv)
+        if core_requests - before < sum(len(s) for s in scripts):
+            break  # requests of a turn went to the core together
+    else:
+        pytest.fail(f"no try of {MEET_TRIES} gathered two requests into one core request")
 
     # the same scripts one request at a time, under other session ids: the same forecasts
     alone_scripts = [
@@ -118,6 +111,34 @@ def test_gathered_requests_are_answered_as_each_alone(start_server) -> None:
                 assert mean == pytest.approx(mean_a, rel=1e-5)
                 assert marks == marks_a
                 assert values == pytest.approx(values_a, rel=1e-5, abs=1e-6)
+
+
+MEET_TRIES = 5
+
+
+def queue_count(srv: object) -> float:
+    """Requests the core has taken so far (its queue-phase latency count)."""
+    return metric(scrape(srv.metrics_url), "aaren_event_latency_seconds_count", phase="queue")
+
+
+def check_replies(
+    scripts: list[list[tuple[pb.StreamRequest, list[str]]]], together: list[list[pb.StreamResponse]]
+) -> None:
+    """Each stream's replies: its own ids, in order, each event's outcome as its script says."""
+    for i, (steps, replies) in enumerate(zip(scripts, together, strict=True)):
+        top_k = 1 + i % 3
+        assert [r.request_id for r in replies] == [q.request_id for q, _ in steps]
+        for (request, kinds), reply in zip(steps, replies, strict=True):
+            assert not reply.HasField("request_error"), reply
+            assert [r.WhichOneof("outcome") for r in reply.results] == kinds, (request, reply)
+            assert [(r.session_id, r.seq) for r in reply.results] == [(e.session_id, e.seq) for e in request.events]
+            for r in reply.results:
+                if r.WhichOneof("outcome") == "forecast":
+                    assert len(r.forecast.marks) == min(top_k, NUM_MARKS)
+                    assert r.forecast.last_time == next(e.time for e in request.events if e.seq == r.seq)
+        assert replies[3].results[0].error.reason == "seq_gap"
+        # a duplicate is acked with its session's last applied seq: 4, or 5 where seq 5 applied in its batch
+        assert replies[4].results[0].duplicate and replies[4].results[0].ack.last_seq in (4, 5)
 
 
 def _renamed(event: pb.Event) -> pb.Event:
