@@ -28,12 +28,14 @@ import pytest
 #: The two process layouts every layout-marked test runs in: all in one process, and the engine
 #: core with two front-end processes.
 LAYOUTS = {"one-process": 0, "2-frontends": 2}
+#: the bound on a test server's start (``ServerThread``): the cold start compiles (see there)
+START_TIMEOUT_S = 180.0
 
 
 class ServerThread:
     """A real ``AarenServer`` running on its own event loop in a background thread."""
 
-    def __init__(self, start_timeout_s: float = 180, **settings: Any) -> None:
+    def __init__(self, start_timeout_s: float = START_TIMEOUT_S, **settings: Any) -> None:
         """``start_timeout_s`` bounds ``start()`` so that a broken server fails the test instead of
         hanging it. A warm start takes well under a second; the bound is for the cold one: the first
         server of a fresh checkout compiles the event kernel and its plans into numba's cache (about

@@ -9,6 +9,7 @@ import random
 import grpc
 import pytest
 import torch
+from servers import START_TIMEOUT_S
 
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc
@@ -110,7 +111,7 @@ def test_streamed_forecasts_equal_offline_model(
     sequences, _ = flights_events
     # Compiling while loading takes 25-45 s here with a cold inductor cache (a fresh machine), and
     # longer on a loaded one: the start bound only catches a hung server.
-    start_timeout_s = 600 if compile_model else 180  # 180: the numba cache may be cold too (servers.py)
+    start_timeout_s = 600 if compile_model else START_TIMEOUT_S  # the numba cache may be cold too
     srv = start_server(
         checkpoint=flights_checkpoint, compile_model=compile_model, frontends=frontends, start_timeout_s=start_timeout_s
     )

@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from redis_process import RedisProcess
 from server_helpers import CALL_TIMEOUT_S, SERVICE, ServerProcess, reason_of, stub_for, wait_until
+from servers import START_TIMEOUT_S
 
 from aaren.server.security.auth import hash_token, new_token
 from aaren.v1 import aaren_pb2 as pb
@@ -169,14 +170,14 @@ def test_not_serving_while_the_model_loads(start_server, monkeypatch):
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
             assert reason_of(info.value) == "loading"
             release.set()
-            starter.join(CALL_TIMEOUT_S)
+            starter.join(START_TIMEOUT_S)  # the start compiles the kernel where numba's cache is cold
             assert started, "the server did not start"
             response = health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=CALL_TIMEOUT_S)
             assert response.status == health_pb2.HealthCheckResponse.SERVING
             assert stub_for(channel).DescribeModel(pb.DescribeModelRequest(), timeout=CALL_TIMEOUT_S).num_marks == 5
     finally:
         release.set()
-        starter.join(CALL_TIMEOUT_S)
+        starter.join(START_TIMEOUT_S)
 
 
 # ---------------------------------------------------------------- client-side health checking, Watch
