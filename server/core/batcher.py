@@ -21,6 +21,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
+from itertools import chain
 from typing import Any, TypeVar
 
 import numpy as np
@@ -716,17 +717,13 @@ class Batcher:
             accepted, start, count = pieces[0]
             keys = accepted.keys[start : start + count]
         else:
-            keys = [k for accepted, start, count in pieces for k in accepted.keys[start : start + count]]
-        # Each event's session, coded in order of first appearance.
-        sessions: dict[str, int] = {}
-        # np.array of a list: np.fromiter costs about 10 us a call whatever the length (numpy 2.4).
-        sess = np.array([sessions.setdefault(k, len(sessions)) for k in keys], dtype=np.int64)
-        if len(sessions) > s.max_batch_size:
+            keys = list(chain.from_iterable(accepted.keys[start : start + count] for accepted, start, count in pieces))
+        sess, ids = code_sessions(keys)
+        if len(ids) > s.max_batch_size:
             cut = int(np.argmax(sess == s.max_batch_size))
             pieces = self._requeue_beyond(pieces, cut)
-            keys, sess = keys[:cut], sess[:cut]
-            sessions = dict(list(sessions.items())[: s.max_batch_size])
-        return _Batch(pieces, keys, sess, list(sessions))
+            keys, sess, ids = keys[:cut], sess[:cut], ids[: s.max_batch_size]
+        return _Batch(pieces, keys, sess, ids)
 
     def _requeue_beyond(
         self, pieces: list[tuple[_PendingRequest, int, int]], keep: int
@@ -1331,6 +1328,19 @@ class _TotalAndModelCounter:
     def inc(self, n: float = 1) -> None:
         self._a.inc(n)
         self._b.inc(n)
+
+
+def code_sessions(keys: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Each event's session coded in order of first appearance, ``sess [E]`` int64, and the distinct keys
+    ``[U]`` in code order (``keys`` itself where all differ: a batch of one event a session, the common case).
+    Without a Python loop an event: ``dict.fromkeys`` and ``map`` iterate in C (a list comprehension with
+    ``setdefault`` took about 0.3 us an event, 5 % of a 64-session batch's time outside the model)."""
+    distinct = dict.fromkeys(keys)
+    if len(distinct) == len(keys):
+        return np.arange(len(keys), dtype=np.int64), keys
+    codes = dict(zip(distinct, range(len(distinct)), strict=True))
+    # np.array of a list: np.fromiter costs about 10 us a call whatever the length (numpy 2.4)
+    return np.array(list(map(codes.__getitem__, keys)), dtype=np.int64), list(codes)
 
 
 def _trues(n: int) -> np.ndarray:

@@ -376,6 +376,17 @@ _ARENA_SLACK = 1.5
 _ENCODING = ("utf-8", "surrogatepass")
 
 
+def _encoded(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The ids' bytes one after another (uint8, read-only) and each one's length in bytes (int64 ``[n]``), in
+    ``_ENCODING``. Ids all ASCII (the common case) are encoded once, joined (a character is a byte): no Python
+    loop an id, where an ``encode`` each took about 0.2 us an event of a 64-session batch."""
+    joined = "".join(ids)
+    if joined.isascii():
+        return np.frombuffer(joined.encode("ascii"), np.uint8), np.array(list(map(len, ids)), dtype=np.int64)
+    encoded = [sid.encode(*_ENCODING) for sid in ids]
+    return np.frombuffer(b"".join(encoded), np.uint8), np.array(list(map(len, encoded)), dtype=np.int64)
+
+
 @compiled
 def _same(arena: np.ndarray, start: int, query: np.ndarray, q_start: int, n: int) -> bool:
     for i in range(n):  # noqa: SIM110 (a loop numba compiles; all() of a generator it does not)
@@ -490,9 +501,7 @@ class IdIndex:
         """The slot of each id (int64 ``[n]``), 0 where the index holds none."""
         if not self._live:
             return np.zeros(len(ids), np.int64)
-        encoded = [sid.encode(*_ENCODING) for sid in ids]
-        lengths = np.array(list(map(len, encoded)), dtype=np.int64)
-        query = np.frombuffer(b"".join(encoded), np.uint8)
+        query, lengths = _encoded(ids)
         hashes = np.array(list(map(hash, ids)), dtype=np.int64)
         return _lookup(self._table, self._hashes, self._offsets, self._lengths, self._arena, hashes, query, lengths)
 
@@ -500,19 +509,18 @@ class IdIndex:
         """Enter ``ids`` (none held now, distinct) at ``slots`` (free ones)."""
         if not len(ids):
             return
-        encoded = [sid.encode(*_ENCODING) for sid in ids]
-        lengths = np.array([len(b) for b in encoded], dtype=np.int64)
-        size = int(lengths.sum())
+        encoded, lengths = _encoded(ids)
+        size = len(encoded)
         if self._used + size > len(self._arena):
             self._make_room(size)
         if self._live + self._deleted + len(ids) > _MAX_LOAD * len(self._table):
             self._rebuild(self._live + len(ids))  # the held ids only: the new ones are entered below
         starts = self._used + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        self._arena[self._used : self._used + size] = np.frombuffer(b"".join(encoded), np.uint8)
+        self._arena[self._used : self._used + size] = encoded
         self._used += size
         self._offsets[slots] = starts
         self._lengths[slots] = lengths
-        self._hashes[slots] = np.array([hash(sid) for sid in ids], dtype=np.int64)
+        self._hashes[slots] = np.array(list(map(hash, ids)), dtype=np.int64)
         self._deleted -= _place(self._table, self._hashes, slots)
         self._live += len(ids)
         self.changes += 1

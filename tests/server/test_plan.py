@@ -166,3 +166,15 @@ def test_finite_rows_names_the_rows_with_a_nan_or_an_infinity():
     assert _finite_rows(rows).tolist() == [True, False, False, False]
     finite, bad = plan.rows_finite((np.zeros((2, 3), np.float32), np.ones((2, 1), np.float32)))
     assert finite.all() and bad == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "é", "c/d", ""]), max_size=12))
+def test_sessions_are_coded_in_order_of_first_appearance(keys: list[str]) -> None:
+    sess, ids = plan.code_sessions(keys)
+    first: dict[str, int] = {}
+    for k in keys:
+        first.setdefault(k, len(first))
+    assert sess.dtype == np.int64
+    assert sess.tolist() == [first[k] for k in keys]
+    assert ids == list(first)
