@@ -52,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["count", "count_server", "main"]
+__all__ = ["build_helper", "count", "count_server", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,10 +63,10 @@ void aaren_count_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STA
 """
 
 
-def _build_helper(folder: Path) -> Path:
-    """The helper's shared library in ``folder``."""
+def build_helper(folder: Path, code: str = _HELPER) -> Path:
+    """The helper's shared library (C source ``code``, by default the start/stop pair above) in ``folder``."""
     source, library = folder / "count.c", folder / "libaarencount.so"
-    source.write_text(_HELPER)
+    source.write_text(code)
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise SystemExit("bench.instructions needs a C compiler (cc) to build its callgrind helper")
@@ -117,7 +117,7 @@ def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd
         raise SystemExit("bench.instructions needs valgrind (Debian: apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="aaren-instructions-") as tmp:
         folder = Path(tmp)
-        library = _build_helper(folder)
+        library = build_helper(folder)
         command = _callgrind(
             folder, python, "--inside", kind, "--rounds", str(rounds), "--warmup", str(warmup), "--helper", str(library)
         )
@@ -150,7 +150,7 @@ def count_server(
         raise SystemExit("bench.instructions needs valgrind (Debian: apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="aaren-instructions-") as tmp:
         folder = Path(tmp)
-        library = _build_helper(folder)
+        library = build_helper(folder)
         command = _callgrind(folder, python, "--serve-inside", kind[0], "--helper", str(library))
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         with (folder / "server.err").open("w") as err:
