@@ -43,6 +43,8 @@ class _Connection:
         self.index = index
         self.outbox = Outbox[tuple[int, Outcomes]](self._send)
         self.pending_calls: dict[int, asyncio.Future[Any]] = {}
+        #: the last report of each kind this front end answered (``collect``'s stand-in when it answers late)
+        self.last_reports: dict[str, Any] = {}
         self.closed = False
 
     def send(self, frame: list[Any] | tuple[Any, ...]) -> None:
@@ -102,20 +104,26 @@ class CoreServer:
         return await self.collect("metrics", timeout)
 
     async def collect(self, what: str, timeout: float = 2.0) -> list[Any]:
-        """Every connected front end's report ``what`` (those that answer within ``timeout``)."""
+        """Every connected front end's report ``what``. One that does not answer within ``timeout`` (a busy
+        process) is represented by its last answer, where it gave one: a scrape that left a front end's
+        counters out would show them falling, which Prometheus reads as a restart of the counter."""
         loop = asyncio.get_running_loop()
-        waits = []
+        waits: dict[asyncio.Future[Any], _Connection] = {}
         for connection in list(self.connections):
             self._call_ids += 1
             future: asyncio.Future[Any] = loop.create_future()
             connection.pending_calls[self._call_ids] = future
             with contextlib.suppress(Exception):
                 connection.send(("report", self._call_ids, what))
-            waits.append(future)
+            waits[future] = connection
         if not waits:
             return []
         done, _ = await asyncio.wait(waits, timeout=timeout)
-        reports = [f.result() for f in done if not f.cancelled() and f.exception() is None]
+        reports = []
+        for future, connection in waits.items():
+            if future in done and not future.cancelled() and future.exception() is None:
+                connection.last_reports[what] = future.result()
+            reports.append(connection.last_reports.get(what))
         return [r for r in reports if r is not None]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

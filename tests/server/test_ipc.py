@@ -258,3 +258,40 @@ def test_a_pickle_from_a_key_holder_is_never_unpickled(start_server, tmp_path):
         stream = OpenStream(stub_for(channel))
         assert_forecast(stream.send([ev("after-pickle", 1, 1.0)]).results[0], "after-pickle", 1)
         stream.close()
+
+
+def test_a_front_end_that_answers_a_scrape_late_is_represented_by_its_last_report(start_server):
+    """A scrape waits a while for each front end's report; where one answers late (a busy process), its last
+    report stands in for it, so that its counters never seem to fall (Prometheus would read a counter restart).
+    A real front end beside one that holds the key and answers the first report only."""
+    srv = start_server(frontends=1)
+    core_server = srv.server.core_server
+
+    async def scrapes() -> list[list[Any]]:
+        reader, writer = await asyncio.open_unix_connection(core_server.path)
+        framing.send_key(writer, srv.server._key.encode())
+        framing.write_frame(writer, ["hello", 97])
+        assert (await framing.read_frame(reader))[0] == "welcome"
+        answered = 0
+
+        async def answer_once() -> None:
+            nonlocal answered
+            while True:
+                frame = await framing.read_frame(reader)
+                if frame[0] == "report" and not answered:
+                    answered += 1
+                    framing.write_frame(writer, ["report_reply", frame[1], "slow front end's first report"])
+
+        task = asyncio.create_task(answer_once())
+        try:
+            first = await core_server.collect("metrics", timeout=5.0)
+            late = await core_server.collect("metrics", timeout=0.5)
+        finally:
+            task.cancel()
+            writer.close()
+        return [first, late]
+
+    first, late = srv.call(scrapes())
+    assert len(first) == 2 and "slow front end's first report" in first
+    assert len(late) == 2 and "slow front end's first report" in late  # not answered: its last report
+    assert [r for r in late if r != "slow front end's first report"]  # the real front end's own, fresh

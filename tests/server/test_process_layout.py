@@ -48,9 +48,11 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def health_status(address: str) -> int | None:
-    """The overall health status, or None when nothing answers."""
-    with grpc.insecure_channel(address) as channel:
+def health_status(address: str, fresh: bool = False) -> int | None:
+    """The overall health status, or None when nothing answers; ``fresh``: on a connection of its own (so that
+    the kernel's SO_REUSEPORT hash picks a front end for it anew)."""
+    options = [("grpc.use_local_subchannel_pool", 1)] if fresh else []
+    with grpc.insecure_channel(address, options=options) as channel:
         try:
             return (
                 health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
@@ -167,6 +169,13 @@ def test_a_killed_front_end_is_started_again(start_server):
     wait_until(lambda: srv.server.processes[0] is not victim and srv.server.processes[0].poll() is None,
                "the front end to be started again", timeout=30)  # fmt: skip
     wait_until(lambda: metric(scrape(srv.metrics_url), "aaren_frontend_restarts_total") == 1, "the restart counted")
+    # The new front end shares the port from its bind on and answers NOT_SERVING ("loading") until it has
+    # attached to the core: wait until fresh connections, spread over both by the kernel, all find one serving.
+    wait_until(
+        lambda: all(health_status(srv.address, fresh=True) == health_pb2.HealthCheckResponse.SERVING for _ in range(8)),
+        "both front ends serving",
+        timeout=30,
+    )
     # Sessions live in the core: the session goes on through whichever front end answers now.
     for seq in (2, 3):
         with grpc.insecure_channel(srv.address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
