@@ -63,8 +63,12 @@ class GrpcFrontEnd:
     oip: OipServicer
 
     @classmethod
-    async def start(cls, settings: ServerSettings, metrics: Metrics, *, reuse_port: bool = False) -> GrpcFrontEnd:
-        """Build, bind and start the server; health answers NOT_SERVING until ``set_serving``."""
+    async def start(
+        cls, settings: ServerSettings, metrics: Metrics, *, reuse_port: bool = False, serve_now: bool = True
+    ) -> GrpcFrontEnd:
+        """Build, bind and start the server; health answers NOT_SERVING until ``set_serving``. ``serve_now``
+        False: bound (its port known, connections queue in the socket's backlog) but not serving until
+        ``serve`` (a front-end process serves once it has attached to the core)."""
         s = settings
         credentials = server_credentials(s)
         interceptors: list[grpc.aio.ServerInterceptor] = [MalformedRequestInterceptor()]
@@ -92,8 +96,14 @@ class GrpcFrontEnd:
             port = server.add_secure_port(s.address, credentials)
         if port == 0:
             raise OSError(f"could not bind the gRPC address {s.address!r}")
-        await server.start()
-        return cls(server, health, servicer, port, oip)
+        front = cls(server, health, servicer, port, oip)
+        if serve_now:
+            await front.serve()
+        return front
+
+    async def serve(self) -> None:
+        """Start answering on the bound port."""
+        await self.server.start()
 
     def attach(self, core: CoreAPI) -> None:
         """Serve every protocol through ``core`` (an ``EngineCore`` or the IPC client of one)."""
@@ -209,7 +219,10 @@ def spec_environment(settings: ServerSettings, socket_path: str, key: str, index
 
 async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str, index: int) -> int:
     metrics = Metrics()
-    front = await GrpcFrontEnd.start(settings, metrics, reuse_port=True)
+    # Bound now, served once attached: the port is shared (SO_REUSEPORT) with the other front ends, and a front end
+    # started again beside them would otherwise answer the connections the kernel hands it "loading" for a second
+    # or so; they wait in its backlog instead.
+    front = await GrpcFrontEnd.start(settings, metrics, reuse_port=True, serve_now=False)
     stopped = asyncio.Event()
     exit_code = 0
 
@@ -249,6 +262,7 @@ async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str,
     client = CoreClient(socket_path, key, index, on_serving, on_lost, drain, reports)
     await client.connect()
     front.attach(client)
+    await front.serve()
     await front.set_serving(client.serving)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
