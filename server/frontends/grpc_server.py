@@ -220,8 +220,8 @@ def spec_environment(settings: ServerSettings, socket_path: str, key: str, index
 async def _serve_front_end(settings: ServerSettings, socket_path: str, key: str, index: int) -> int:
     metrics = Metrics()
     # Bound now, served once attached: the port is shared (SO_REUSEPORT) with the other front ends, and a front end
-    # started again beside them would otherwise answer the connections the kernel hands it "loading" for a second
-    # or so; they wait in its backlog instead.
+    # started again beside them would otherwise answer "loading" to the connections the kernel hands it between
+    # its bind and its attach (the core's handshake); they wait in its backlog instead.
     front = await GrpcFrontEnd.start(settings, metrics, reuse_port=True, serve_now=False)
     stopped = asyncio.Event()
     exit_code = 0

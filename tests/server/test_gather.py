@@ -11,6 +11,7 @@ import asyncio
 import grpc
 import pytest
 from server_helpers import metric, scrape
+from servers import ServerThread
 
 from aaren.v1 import aaren_pb2 as pb
 
@@ -116,7 +117,7 @@ def test_gathered_requests_are_answered_as_each_alone(start_server) -> None:
 MEET_TRIES = 5
 
 
-def queue_count(srv: object) -> float:
+def queue_count(srv: ServerThread) -> float:
     """Requests the core has taken so far (its queue-phase latency count)."""
     return metric(scrape(srv.metrics_url), "aaren_event_latency_seconds_count", phase="queue")
 

@@ -1151,10 +1151,10 @@ class EventKernel:
             np.stack([_f32(fused.final_norm[0]), _f32(fused.final_norm[1])]),
             np.float32(fused.final_norm[2]),
         )
+        # the heads' matrix, its bias and the bounds, scales and shifts of its columns: padded alike
+        padded = (fused.head[0].t(), fused.head[1], fused.head_low, fused.head_high, fused.head_scale, fused.head_shift)
         head = (
-            _padded_columns(_f32(fused.head[0].t())),
-            *(_padded_columns(_f32(t)) for t in (fused.head[1], fused.head_low, fused.head_high)),
-            *(_padded_columns(_f32(t)) for t in (fused.head_scale, fused.head_shift)),
+            *(_padded_columns(_f32(t)) for t in padded),
             _f32(fused.value_std),
             level_arr,
             ppf,
