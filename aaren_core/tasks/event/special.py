@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import llvmlite.ir
@@ -54,6 +55,30 @@ _ERFCX_CHEB = (
     -1.2595459189815244e-13, -1.0870054862536422e-13, -2.422038299305895e-15, 3.670862263943637e-15,
     3.868597039184848e-16, -1.025130729737163e-16, -2.5001454786917274e-17, 1.3610290050395992e-18,
 )  # fmt: skip
+
+
+def _chebyshev_powers(coefficients: tuple[float, ...]) -> tuple[float, ...]:
+    """The coefficients ``a_j`` of ``sum_k c_k T_k(y) = sum_j a_j y^j``, converted in exact rational arithmetic
+    (``T_(k+1) = 2 y T_k - T_(k-1)``) and each rounded once to float64."""
+    rows: list[list[Fraction]] = [[Fraction(1)], [Fraction(0), Fraction(1)]]
+    while len(rows) < len(coefficients):
+        prev, last = rows[-2], rows[-1]
+        nxt = [Fraction(0)] + [2 * v for v in last]
+        for j, v in enumerate(prev):
+            nxt[j] -= v
+        rows.append(nxt)
+    total = [Fraction(0)] * len(coefficients)
+    for c, row in zip(coefficients, rows, strict=False):
+        for j, v in enumerate(row):
+            total[j] += Fraction(c) * v
+    return tuple(float(v) for v in total)
+
+
+#: ``h``'s series as powers of ``y`` (``phi_many`` evaluates it by Horner's rule: 23 multiply-adds where Clenshaw's
+#: recurrence takes 46 operations): their absolute values sum to 1.002, as the Chebyshev coefficients' to 1.000, so
+#: the two forms round alike
+_ERFCX_POWERS = _chebyshev_powers(_ERFCX_CHEB)
+
 #: ``erf(t) / t = 2 / sqrt(pi) sum_j (-1)^j t^2j / (j! (2 j + 1))``, ``j <= 14``
 _ERF_SERIES = tuple(2.0 / math.sqrt(math.pi) * (-1.0) ** j / (math.factorial(j) * (2 * j + 1)) for j in range(15))
 #: ``exp(r) = sum_j r^j / j!``, ``j <= 13`` (and a 0 for ``j = 14``: ``_series15``'s length; its step adds nothing)
@@ -130,6 +155,36 @@ def _series15(c: tuple, x: float) -> float:
 
 
 @_jit_vector
+def _series24(c: tuple, x: float) -> float:
+    """``sum_j c_j x^j`` for the 24 coefficients ``c`` by Horner's rule, written out (see ``_series15``)."""
+    p = c[23]
+    p = p * x + c[22]
+    p = p * x + c[21]
+    p = p * x + c[20]
+    p = p * x + c[19]
+    p = p * x + c[18]
+    p = p * x + c[17]
+    p = p * x + c[16]
+    p = p * x + c[15]
+    p = p * x + c[14]
+    p = p * x + c[13]
+    p = p * x + c[12]
+    p = p * x + c[11]
+    p = p * x + c[10]
+    p = p * x + c[9]
+    p = p * x + c[8]
+    p = p * x + c[7]
+    p = p * x + c[6]
+    p = p * x + c[5]
+    p = p * x + c[4]
+    p = p * x + c[3]
+    p = p * x + c[2]
+    p = p * x + c[1]
+    p = p * x + c[0]
+    return p
+
+
+@_jit_vector
 def _exp_split(hi: float, lo: float) -> float:
     """``exp(hi + lo)`` for ``|lo|`` far below ``|hi|``'s ulp (``hi`` held to ``[-1400, 1400]``, where the result
     is 0 or inf): the reduction, series and powers of two of the module docstring. Inlined where it is called."""
@@ -167,35 +222,12 @@ def phi_many(x: np.ndarray, phi: np.ndarray, density: np.ndarray, n: int) -> Non
         lo = -0.5 * ((ax - ax_h) * (ax_h + ax))
         e = _exp_split(hi, lo)
         density[k] = e
-        # erfc(z) = e h(z) c / (c + z), h by Clenshaw's recurrence in y, each step one multiply-add on the chain
+        # erfc(z) = e h(z) c / (c + z), h by Horner's rule in y, each step one multiply-add
         t = x[k] * _SQRT1_2
         z = min(abs(t), ERFCX_Z_MAX)  # past it e is 0; an infinite z would make y NaN
         y = min(((z - ERFCX_C) / (z + ERFCX_C)) * _Y_SCALE - _Y_SHIFT, 1.0)
-        y2 = y + y
-        a = _ERFCX_CHEB[23]
-        b = _ERFCX_CHEB[22] + y2 * a
-        a = (_ERFCX_CHEB[21] - a) + y2 * b
-        b = (_ERFCX_CHEB[20] - b) + y2 * a
-        a = (_ERFCX_CHEB[19] - a) + y2 * b
-        b = (_ERFCX_CHEB[18] - b) + y2 * a
-        a = (_ERFCX_CHEB[17] - a) + y2 * b
-        b = (_ERFCX_CHEB[16] - b) + y2 * a
-        a = (_ERFCX_CHEB[15] - a) + y2 * b
-        b = (_ERFCX_CHEB[14] - b) + y2 * a
-        a = (_ERFCX_CHEB[13] - a) + y2 * b
-        b = (_ERFCX_CHEB[12] - b) + y2 * a
-        a = (_ERFCX_CHEB[11] - a) + y2 * b
-        b = (_ERFCX_CHEB[10] - b) + y2 * a
-        a = (_ERFCX_CHEB[9] - a) + y2 * b
-        b = (_ERFCX_CHEB[8] - b) + y2 * a
-        a = (_ERFCX_CHEB[7] - a) + y2 * b
-        b = (_ERFCX_CHEB[6] - b) + y2 * a
-        a = (_ERFCX_CHEB[5] - a) + y2 * b
-        b = (_ERFCX_CHEB[4] - b) + y2 * a
-        a = (_ERFCX_CHEB[3] - a) + y2 * b
-        b = (_ERFCX_CHEB[2] - b) + y2 * a
-        a = (_ERFCX_CHEB[1] - a) + y2 * b
-        half_erfc = 0.5 * (e * ((_ERFCX_CHEB[0] + y * a - b) * (ERFCX_C / (ERFCX_C + z))))
+        h = _series24(_ERFCX_POWERS, y)
+        half_erfc = 0.5 * (e * (h * (ERFCX_C / (ERFCX_C + z))))
         tail = 1.0 - half_erfc if t > 0.0 else half_erfc
         # erf(t) for |t| < sqrt(1/2)
         u = t * t
