@@ -10,7 +10,8 @@ instructions, the cases chosen by selects:
 - past, ``Phi = erfc(|t|) / 2`` (or 1 minus it for ``x > 0``), relatively exact in the left tail, with
   ``erfc(z) = exp(-z^2) h(z) c / (c + z)``, ``h(z) = erfcx(z) (1 + z / c)``, ``c = 3``: ``h`` is smooth and between
   0.19 and 1 on ``[0, 27.3]`` and is a Chebyshev series (degree 23, ``_ERFCX_CHEB``) in
-  ``y = ((z - c) / (z + c) - b) / a``, which maps ``[0, 27.3]`` onto ``[-1, 1]``; past 27.3 ``erfc`` rounds to 0;
+  ``y = ((z - c) / (z + c) - b) / a``, which maps ``[0, 27.3]`` onto ``[-1, 1]``, evaluated as powers of ``y``
+  (``_ERFCX_POWERS``) by Horner's rule; past 27.3 ``erfc`` rounds to 0;
 - the density ``exp(-x^2 / 2)`` (the ``exp(-z^2)`` of ``erfc``) with ``x^2 / 2`` as the exact ``x_h^2 / 2``
   (``x_h = x`` rounded to float32) plus ``(x - x_h) (x_h + x) / 2``, so the square's rounding (up to 1.6e-13
   relative at ``x = 37``; torch's ``ndtr`` via ``x / sqrt 2`` carries it) does not reach the result:
