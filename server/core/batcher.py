@@ -1339,8 +1339,9 @@ def code_sessions(keys: list[str]) -> tuple[np.ndarray, list[str]]:
     if len(distinct) == len(keys):
         return np.arange(len(keys), dtype=np.int64), keys
     codes = dict(zip(distinct, range(len(distinct)), strict=True))
-    # np.array of a list: np.fromiter costs about 10 us a call whatever the length (numpy 2.4)
-    return np.array(list(map(codes.__getitem__, keys)), dtype=np.int64), list(codes)
+    # np.fromiter with its count: no list of ints for numpy to inspect (about 20 % under np.array of a list at 64
+    # to 256 keys, numpy 2.4)
+    return np.fromiter(map(codes.__getitem__, keys), np.int64, len(keys)), list(codes)
 
 
 def _trues(n: int) -> np.ndarray:
