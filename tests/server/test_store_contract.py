@@ -200,6 +200,37 @@ def test_many_sessions_grow_the_pool_without_losing_rows(store_factory):
     assert torch.equal(as_tensors(loaded.tensors)["m"][:, 0, 0], torch.arange(2999, -1, -1, dtype=torch.float32))
 
 
+def test_every_item_of_every_field_comes_back_as_saved(store_factory):
+    """Distinct values in every item of every field (a session's rows of 1, 2 and 3 dimensions), saved over earlier
+    rows of some sessions, in an order other than the slots', then loaded: each session's rows as last saved."""
+    store = store_factory(capacity=100)
+    ids = [f"q{i}" for i in range(40)]
+    g = torch.Generator().manual_seed(3)
+
+    def random_rows(n: int) -> dict[str, torch.Tensor]:
+        return {
+            "m": torch.randn(n, 2, 3, generator=g),
+            "w": torch.randn(n, 2, 3, 4, generator=g),
+            "n_events": torch.randint(0, 1 << 40, (n,), generator=g),
+        }
+
+    async def go():
+        first, second = random_rows(40), random_rows(25)
+        await store.save(SaveBatch.of(ids, first, [meta(1) for _ in ids], [0] * 40))
+        again = ids[::-3] + [ids[i] for i in (1, 2, 4, 5, 7, 8, 10, 11, 13, 14, 16)]  # distinct, out of slot order
+        await store.save(SaveBatch.of(again, second, [meta(2) for _ in again], [1] * 25))
+        want = {k: v.clone() for k, v in first.items()}
+        for j, sid in enumerate(again):
+            for k in want:
+                want[k][ids.index(sid)] = second[k][j]
+        return want, await store.load(ids)
+
+    want, loaded = run_on(store, go())
+    got = as_tensors(loaded.tensors)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
 def test_unknown_store_url_is_refused():
     with pytest.raises(ValueError, match="unsupported store URL 'sqlite://x'"):
         open_store("sqlite://x", LAYOUT, capacity=1, idle_ttl_s=1)
