@@ -62,8 +62,10 @@ class MemoryStore(SessionStore):
         #: On the CPU, the pools' own memory as numpy arrays: a gather or scatter of a few rows costs
         #: numpy's fancy indexing (a fraction of a microsecond) where torch's index ops cost about three.
         self._arrays = self._numpy_views()
-        for array in (self._arrays or {}).values():  # _put_rows compiled (or loaded) for each field's dtype now
-            _put_rows(_matrix(array), np.zeros(0, np.int64), _matrix(array[:0]))
+        #: the same pools as matrices ``[S, W]`` (views): what ``_put_rows`` writes through
+        self._matrices = {k: _matrix(array) for k, array in (self._arrays or {}).items()}
+        for k, array in (self._arrays or {}).items():  # _put_rows compiled (or loaded) for each field's rows now
+            _put_rows(self._matrices[k], np.zeros(0, np.int64), np.ascontiguousarray(array[:0]))
         #: the ids of the last load, the index's changes then, and their slots (``load``, ``save``)
         self._looked_up: tuple[Sequence[str], int, np.ndarray] = _NOTHING_LOOKED_UP
         #: session id -> slot (and back, for eviction), with no Python object per session
@@ -152,7 +154,7 @@ class MemoryStore(SessionStore):
                 for k, array in self._arrays.items():
                     rows = given[k] if written is None else given[k][written]
                     if rows.dtype == array.dtype and rows.flags.c_contiguous:  # a version compiled at start
-                        _put_rows(_matrix(array), dst, _matrix(rows))
+                        _put_rows(self._matrices[k], dst, rows)
                     else:
                         array[dst] = rows
             else:
@@ -255,6 +257,7 @@ class MemoryStore(SessionStore):
         fresh = self.layout.empty(extra)
         self._pool = {k: torch.cat([pool, fresh[k]]) for k, pool in self._pool.items()}
         self._arrays = self._numpy_views()  # the same fields' types: _put_rows is compiled for them already
+        self._matrices = {k: _matrix(array) for k, array in (self._arrays or {}).items()}
         self._index.grow(rows + 1)
         self._seq = np.concatenate([self._seq, np.zeros(extra, dtype=np.int64)])
         self._last_time = np.concatenate([self._last_time, np.full(extra, ABSENT_LAST_TIME)])
@@ -616,16 +619,16 @@ def _matrix(rows: np.ndarray) -> np.ndarray:
 
 @compiled
 def _put_rows(target: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
-    """``target[slots] = rows`` for a field's pool as a matrix, ``target [S, W]``, and ``rows [n, W]`` (C-contiguous,
-    ``target``'s dtype): one compiled call where numpy's assignment through an index array costs about 1.3 us a
-    field for a few rows. Row by row, a loop over the row's items: it vectorizes (an assignment of a row of an
-    N-d array, ``target[s] = rows[i]``, copied item by item through its strides: 1,700 instructions a session
-    for the event model's 5 fields, against 245 so)."""
-    width = rows.shape[1]
+    """``target[slots] = rows`` for a field's pool as a matrix, ``target [S, W]`` (``_matrix``), and its rows
+    ``rows [n, ...]`` (C-contiguous, ``target``'s dtype, ``W`` items a row): one compiled call where numpy's
+    assignment through an index array costs about 1.3 us a field for a few rows. Row by row, a loop over the row's
+    items: it vectorizes (an assignment of an N-d array's row, ``target[s] = rows[i]``, copied item by item
+    through its strides: 1,700 instructions a session for the event model's 5 fields, against 245 so)."""
+    flat = rows.reshape((rows.shape[0], target.shape[1]))
     for i in range(slots.shape[0]):
         s = slots[i]
-        for j in range(width):
-            target[s, j] = rows[i, j]
+        for j in range(target.shape[1]):
+            target[s, j] = flat[i, j]
 
 
 @compiled
