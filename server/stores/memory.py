@@ -382,7 +382,7 @@ _ENCODING = ("utf-8", "surrogatepass")
 
 def _hashes(ids: Sequence[str]) -> np.ndarray:
     """Each id's ``hash()`` (int64 ``[n]``), read into the array as the iterator yields them (``np.fromiter``: no
-    list of ints for numpy to inspect, half of ``np.array(list(...))``'s cost)."""
+    list of ints for numpy to inspect, about 15 % under ``np.array(list(...))`` at 64-256 ids)."""
     return np.fromiter(map(hash, ids), np.int64, len(ids))
 
 
