@@ -50,7 +50,7 @@ import torch
 from aaren.jit import compiled
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
-from aaren_core.tasks.event.special import exp_rows, phi_many
+from aaren_core.tasks.event.special import chebyshev_powers, exp_rows, phi_many
 
 __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr"]
 
@@ -507,12 +507,12 @@ def _search(
 # --- float32 building blocks --------------------------------------------------------------------
 
 #: ``erf(x) / x`` on ``x^2 in [0, 3.9^2]`` as a Chebyshev series in ``u = 2 x^2 / 3.9^2 - 1`` (degree 16; the
-#: least-squares fit at 400 Chebyshev nodes of ``math.erf``), rewritten as powers of ``u`` (``_ERF_POWERS``, rounded
-#: to float32) and evaluated by Horner's rule in float32, each step one fused multiply-add (``_AFFINE_FASTMATH``);
-#: ``erf(x)`` rounds to 1 in float32 past 3.9. The power form is as well conditioned as the series here: its
-#: coefficients' signs alternate, so their absolute values sum to its value at ``u = -1`` (``2 / sqrt(pi)``) and no
-#: step cancels. Horner's 16 steps are half the 31 operations of Clenshaw's recurrence, which evaluated the series
-#: before (the GELU loop runs 2x faster).
+#: least-squares fit at 400 Chebyshev nodes of ``math.erf``), rewritten as powers of ``u`` (``_ERF_POWERS``:
+#: ``special.chebyshev_powers``, rounded to float32) and evaluated by Horner's rule in float32, each step one fused
+#: multiply-add (``_AFFINE_FASTMATH``); ``erf(x)`` rounds to 1 in float32 past 3.9. The power form is as well
+#: conditioned as the series here: its coefficients' signs alternate, so their absolute values sum to its value at
+#: ``u = -1`` (``2 / sqrt(pi)``) and no step cancels. Horner's 16 steps are half the 31 operations of Clenshaw's
+#: recurrence, which evaluated the series before (the GELU loop runs 2x faster).
 #: Its error is at most 1.5e-7 on [-6, 6] (Clenshaw's was 2.2e-7; torch's own vectorized float32 ``erf``, which
 #: its GELU uses, is an approximation with error up to 1.5e-7); being branch-free and call-free, the GELU loop
 #: vectorizes.
@@ -525,7 +525,7 @@ _ERF_CHEB = (
     4.216555680613965e-06, -1.0300764188286848e-06, 2.378285302029326e-07, -5.202186059705127e-08,
     1.0805005778991017e-08,
 )  # fmt: skip
-_ERF_POWERS = tuple(np.float32(a) for a in np.polynomial.chebyshev.cheb2poly(_ERF_CHEB))
+_ERF_POWERS = tuple(np.float32(a) for a in chebyshev_powers(_ERF_CHEB))
 
 
 @_jit_affine

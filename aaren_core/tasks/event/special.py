@@ -37,7 +37,7 @@ import numpy as np
 
 from aaren.jit import compiled
 
-__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "exp_rows", "phi_many"]
+__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "chebyshev_powers", "exp_rows", "phi_many"]
 
 #: ``c`` of ``h(z) = erfcx(z) (1 + z / c)`` and the end of its series' range (``erfc(27.3)`` rounds to 0)
 ERFCX_C = 3.0
@@ -58,7 +58,7 @@ _ERFCX_CHEB = (
 )  # fmt: skip
 
 
-def _chebyshev_powers(coefficients: tuple[float, ...]) -> tuple[float, ...]:
+def chebyshev_powers(coefficients: tuple[float, ...]) -> tuple[float, ...]:
     """The coefficients ``a_j`` of ``sum_k c_k T_k(y) = sum_j a_j y^j``, converted in exact rational arithmetic
     (``T_(k+1) = 2 y T_k - T_(k-1)``) and each rounded once to float64."""
     rows: list[list[Fraction]] = [[Fraction(1)], [Fraction(0), Fraction(1)]]
@@ -78,7 +78,7 @@ def _chebyshev_powers(coefficients: tuple[float, ...]) -> tuple[float, ...]:
 #: ``h``'s series as powers of ``y`` (``phi_many`` evaluates it by Horner's rule: 23 multiply-adds where Clenshaw's
 #: recurrence takes 46 operations): their absolute values sum to 1.002, as the Chebyshev coefficients' to 1.000, so
 #: the two forms round alike
-_ERFCX_POWERS = _chebyshev_powers(_ERFCX_CHEB)
+_ERFCX_POWERS = chebyshev_powers(_ERFCX_CHEB)
 
 #: ``erf(t) / t = 2 / sqrt(pi) sum_j (-1)^j t^2j / (j! (2 j + 1))``, ``j <= 14``
 _ERF_SERIES = tuple(2.0 / math.sqrt(math.pi) * (-1.0) ** j / (math.factorial(j) * (2 * j + 1)) for j in range(15))
