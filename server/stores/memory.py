@@ -61,9 +61,10 @@ class MemoryStore(SessionStore):
         self._device = layout.device
         #: On the CPU, the pools' own memory as numpy arrays: a gather or scatter of a few rows costs
         #: numpy's fancy indexing (a fraction of a microsecond) where torch's index ops cost about three.
-        self._arrays = self._numpy_views()
+        self._arrays: dict[str, np.ndarray] | None = None
         #: the same pools as matrices ``[S, W]`` (views): what ``_put_rows`` writes through
-        self._matrices = {k: _matrix(array) for k, array in (self._arrays or {}).items()}
+        self._matrices: dict[str, np.ndarray] = {}
+        self._view_pools()
         for k, array in (self._arrays or {}).items():  # _put_rows compiled (or loaded) for each field's rows now
             _put_rows(self._matrices[k], np.zeros(0, np.int64), np.ascontiguousarray(array[:0]))
         #: the ids of the last load, the index's changes then, and their slots (``load``, ``save``)
@@ -165,11 +166,11 @@ class MemoryStore(SessionStore):
         self._shrink()  # back to capacity, sparing what this call wrote
         return ok.tolist()
 
-    def _numpy_views(self) -> dict[str, np.ndarray] | None:
-        """The pools as numpy arrays sharing their memory (None off the CPU)."""
-        if self._device.type != "cpu":
-            return None
-        return {k: pool.numpy() for k, pool in self._pool.items()}
+    def _view_pools(self) -> None:
+        """``_arrays``: the pools as numpy arrays sharing their memory (None off the CPU), and ``_matrices``: the
+        same as ``[S, W]`` views (made again whenever the pools are)."""
+        self._arrays = None if self._device.type != "cpu" else {k: pool.numpy() for k, pool in self._pool.items()}
+        self._matrices = {k: _matrix(array) for k, array in (self._arrays or {}).items()}
 
     def _positions(self, positions: np.ndarray) -> Tensor:
         """``positions`` (int64) as an index tensor on the pool's device (shared memory on the CPU)."""
@@ -256,8 +257,7 @@ class MemoryStore(SessionStore):
         extra = rows - old
         fresh = self.layout.empty(extra)
         self._pool = {k: torch.cat([pool, fresh[k]]) for k, pool in self._pool.items()}
-        self._arrays = self._numpy_views()  # the same fields' types: _put_rows is compiled for them already
-        self._matrices = {k: _matrix(array) for k, array in (self._arrays or {}).items()}
+        self._view_pools()  # the same fields' types: _put_rows is compiled for them already
         self._index.grow(rows + 1)
         self._seq = np.concatenate([self._seq, np.zeros(extra, dtype=np.int64)])
         self._last_time = np.concatenate([self._last_time, np.full(extra, ABSENT_LAST_TIME)])
