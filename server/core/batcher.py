@@ -922,7 +922,9 @@ class Batcher:
         if failed_run is not None:
             for i in np.flatnonzero(failed_run >= 0).tolist():
                 work.errors[i] = session_error[int(failed_run[i])]
-        return _Decided(kind, last_seq, forecast_row, outputs, n_outputs, n_applied, n_dups)
+        # every event applied, in batch order, with its forecast: event i's forecast is row i
+        every_row = shape.in_order and failed_run is None and n_outputs == len(sess)
+        return _Decided(kind, last_seq, forecast_row, outputs, n_outputs, n_applied, n_dups, every_row)
 
     async def _run_model(
         self, work: _BatchInFlight, shape: _Runs, session_error: dict[int, ErrorInfo]
@@ -1237,6 +1239,8 @@ class _Decided:
     n_outputs: int
     n_applied: int
     n_dups: int
+    #: ``forecast_row`` is ``0 .. E - 1``: every event applied with its forecast, in batch order (the common case)
+    every_row: bool = False
 
     def outcomes(self, at: int, end: int, errors: dict[int, ErrorInfo]) -> Outcomes:
         """The outcomes of the batch's events ``at : end``, a whole request's (its positions 0..n-1):
@@ -1250,6 +1254,11 @@ class _Decided:
                 return Outcomes(kind, last_seq, errors, _NO_INDEX, None)
             one = outputs if row == 0 and self.n_outputs == 1 else outputs.take(slice(row, row + 1))
             return Outcomes(kind, last_seq, errors, _FIRST_INDEX, one)
+        if self.every_row:  # rows at..end, known without reading forecast_row (seven numpy calls a request)
+            whole = at == 0 and end == self.n_outputs
+            return Outcomes(
+                kind, last_seq, errors, np.arange(end - at), outputs if whole else outputs.take(slice(at, end))
+            )
         rows = self.forecast_row[at:end]
         has = rows >= 0
         if has.all():
