@@ -45,7 +45,10 @@ def test_batches_hold_at_most_max_batch_size_sessions_and_answer_every_queued_ev
         loop = asyncio.get_running_loop()
         for sessions in requests:  # all queued before the batcher runs
             ids = [f"s{u}" for u in sessions]
-            seqs = [seq.__setitem__(i, seq.get(i, 0) + 1) or seq[i] for i in ids]
+            seqs = []
+            for i in ids:
+                seq[i] = seq.get(i, 0) + 1
+                seqs.append(seq[i])
             times = [float(s) for s in seqs]
             future = loop.create_future()
             core.submit(checker.request(ids, seqs, times, [0] * len(ids), [[0.0, 0.0]] * len(ids)), future.set_result)
