@@ -1240,7 +1240,7 @@ class _Decided:
     n_applied: int
     n_dups: int
     #: ``forecast_row`` is ``0 .. E - 1``: every event applied with its forecast, in batch order (the common case)
-    every_row: bool = False
+    every_row: bool
 
     def outcomes(self, at: int, end: int, errors: dict[int, ErrorInfo]) -> Outcomes:
         """The outcomes of the batch's events ``at : end``, a whole request's (its positions 0..n-1):
