@@ -546,33 +546,59 @@ _ERF_CHEB = (
 )  # fmt: skip
 _ERF_POWERS = tuple(np.float32(a) for a in chebyshev_powers(_ERF_CHEB))
 
+#: the GELU loop's constants as one float32 array that the kernel's callers pass in at run time (``EventKernel``'s
+#: packed ``step``, its last item): ``_ERF_POWERS`` [0:17], then the clamp, ``u``'s scale, 1, 1/2 and sqrt(1/2).
+#: Written into the code as constants instead, they were too many for AVX2's 16 vector registers, and LLVM
+#: re-made each one inside the vectorized loop (numba's large code model: an address load and a broadcast a
+#: constant a vector, 75 instructions a vector of 8 values). Read from an argument, LLVM loads them once before the
+#: loop, and the ones that do not fit in a register are read from the stack by the multiply-adds themselves (33
+#: instructions a vector; the same values, bit for bit)
+_GELU_CLAMP, _GELU_U_SCALE, _GELU_ONE, _GELU_HALF, _GELU_SQRT1_2 = range(17, 22)
+GELU_CONSTANTS = np.array([*_ERF_POWERS, _ERF_CLAMP, _ERF_U_SCALE, _F32_ONE, _F32_HALF, _F32_SQRT1_2], np.float32)
+
+
+@_jit_affine
+def _erf32_of(x: np.float32, c: np.ndarray) -> np.float32:
+    """``erf(x)`` in float32 (see ``_ERF_POWERS``) with the constants ``c = GELU_CONSTANTS`` passed in:
+    ``clip(x_c P(u), -1, 1)``, ``x_c = clip(x, -3.9, 3.9)``, ``P(u) = sum_k a_k u^k`` by Horner's rule, written out."""
+    one = c[_GELU_ONE]
+    xc = min(max(x, -c[_GELU_CLAMP]), c[_GELU_CLAMP])
+    u = xc * xc * c[_GELU_U_SCALE] - one
+    p = c[16] * u + c[15]
+    p = p * u + c[14]
+    p = p * u + c[13]
+    p = p * u + c[12]
+    p = p * u + c[11]
+    p = p * u + c[10]
+    p = p * u + c[9]
+    p = p * u + c[8]
+    p = p * u + c[7]
+    p = p * u + c[6]
+    p = p * u + c[5]
+    p = p * u + c[4]
+    p = p * u + c[3]
+    p = p * u + c[2]
+    p = p * u + c[1]
+    p = p * u + c[0]
+    r = xc * p
+    return min(max(r, -one), one)
+
 
 @_jit_affine
 def erf32(x: np.float32) -> np.float32:
-    """``erf(x)`` in float32 (see ``_ERF_POWERS``): ``clip(x_c P(u), -1, 1)``, ``x_c = clip(x, -3.9, 3.9)``,
-    ``P(u) = sum_k a_k u^k`` by Horner's rule, written out: each coefficient a constant of the code rather than an
-    item of an array."""
-    a = _ERF_POWERS
-    xc = min(max(x, -_ERF_CLAMP), _ERF_CLAMP)
-    u = xc * xc * _ERF_U_SCALE - _F32_ONE
-    p = a[16] * u + a[15]
-    p = p * u + a[14]
-    p = p * u + a[13]
-    p = p * u + a[12]
-    p = p * u + a[11]
-    p = p * u + a[10]
-    p = p * u + a[9]
-    p = p * u + a[8]
-    p = p * u + a[7]
-    p = p * u + a[6]
-    p = p * u + a[5]
-    p = p * u + a[4]
-    p = p * u + a[3]
-    p = p * u + a[2]
-    p = p * u + a[1]
-    p = p * u + a[0]
-    r = xc * p
-    return min(max(r, -_F32_ONE), _F32_ONE)
+    """``erf(x)`` in float32 (``_erf32_of``), for one value: the constants compiled in."""
+    return _erf32_of(x, GELU_CONSTANTS)
+
+
+@_jit_affine
+def _gelu_rows(hidden: np.ndarray, n_rows: int, c: np.ndarray) -> None:
+    """``h <- h Phi(h) = h (1 + erf(h / sqrt 2)) / 2`` in place over the first ``n_rows`` rows of ``hidden [., n]``
+    (float32), the constants ``c = GELU_CONSTANTS`` passed in (see there); indexed, not sliced (``_layer_norms``)."""
+    half, one, scale = c[_GELU_HALF], c[_GELU_ONE], c[_GELU_SQRT1_2]
+    for r in range(n_rows):
+        for j in range(hidden.shape[1]):
+            a = hidden[r, j]
+            hidden[r, j] = a * half * (one + _erf32_of(a * scale, c))
 
 
 @_jit_affine
@@ -899,7 +925,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
     Rows go through the layers ``CHUNK`` at a time, each matrix over the chunk's rows (``_matrix``)."""
     dt, marks, values, m, u, w, n_events = inputs
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
-    sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps = step[7:]
+    sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps, gelu_constants = step[7:]
     rows = dt.shape[0]
     n_layers, n_heads, head_dim = w.shape[1], w.shape[2], w.shape[3]
     d = n_heads * head_dim
@@ -978,10 +1004,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
                     x[r, j] += acc[r, j]
             _layer_norms(x, n_rows, norms[layer, 2], norms[layer, 3], eps[layer, 1], h, 0)
             _matrix(h, fc1_wt[layer], fc1_b[layer], hidden, n_rows, blas)
-            for r in range(n_rows):
-                for j in range(hidden.shape[1]):
-                    a = hidden[r, j]
-                    hidden[r, j] = a * _F32_HALF * (_F32_ONE + erf32(a * _F32_SQRT1_2))
+            _gelu_rows(hidden, n_rows, gelu_constants)
             _matrix(hidden, fc2_wt[layer], fc2_b[layer], acc, n_rows, blas)
             for r in range(n_rows):
                 for j in range(d):
@@ -1001,7 +1024,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
 
 #: the number of dimensions of each packed array, in the order of ``EventKernel``'s ``step`` then ``head`` tuples
 #: (0: a scalar); ``head``'s last three (``K``, ``M``, ``V``) are in the layout's last row
-_STEP_NDIMS = (1, 2, 2, 3, 2, 2, 1, 3, 2, 3, 2, 3, 2, 3, 2, 2, 0)
+_STEP_NDIMS = (1, 2, 2, 3, 2, 2, 1, 3, 2, 3, 2, 3, 2, 3, 2, 2, 0, 1)
 _HEAD_NDIMS = (2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
 
 
@@ -1034,22 +1057,23 @@ def _unpack(flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple
         _part(flat32, layout, 14).reshape((layout[14, 2], layout[14, 3])),
         _part(flat32, layout, 15).reshape((layout[15, 2], layout[15, 3])),
         flat32[layout[16, 0]],
+        _part(flat32, layout, 17),
     )
     head = (
-        _part(flat32, layout, 17).reshape((layout[17, 2], layout[17, 3])),
-        _part(flat32, layout, 18),
+        _part(flat32, layout, 18).reshape((layout[18, 2], layout[18, 3])),
         _part(flat32, layout, 19),
         _part(flat32, layout, 20),
         _part(flat32, layout, 21),
         _part(flat32, layout, 22),
         _part(flat32, layout, 23),
-        _part(flat64, layout, 24),
+        _part(flat32, layout, 24),
         _part(flat64, layout, 25),
-        flat64[layout[26, 0]],
+        _part(flat64, layout, 26),
         flat64[layout[27, 0]],
-        layout[28, 2],
-        layout[28, 3],
-        layout[28, 4],
+        flat64[layout[28, 0]],
+        layout[29, 2],
+        layout[29, 3],
+        layout[29, 4],
     )
     return step, head
 
@@ -1072,13 +1096,13 @@ def _forecast_packed(y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.n
 def _pack(step: tuple, head: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(flat32, flat64, layout)``: the float32 items of ``step`` and ``head`` (``has_rate`` as 0/1) one after
     another in ``flat32``, the float64 ones in ``flat64``, and per item ``(offset, size, shape...)`` in
-    ``layout [29, 5]`` int64 (its last row: ``K, M, V``)."""
+    ``layout [30, 5]`` int64 (its last row: ``K, M, V``)."""
     parts32: list[np.ndarray] = []
     parts64: list[np.ndarray] = []
     layout = np.zeros((len(_STEP_NDIMS) + len(_HEAD_NDIMS) + 1, 5), np.int64)
     items = [*step, *head[:11]]
     for i, (item, ndim) in enumerate(zip(items, (*_STEP_NDIMS, *_HEAD_NDIMS), strict=True)):
-        wide = 24 <= i <= 27  # levels, Phi^-1(levels), gap_bound, resolution
+        wide = len(_STEP_NDIMS) + 7 <= i <= len(_STEP_NDIMS) + 10  # levels, Phi^-1(levels), gap_bound, resolution
         array = np.asarray(item, np.float64 if wide else np.float32).reshape(-1)
         parts = parts64 if wide else parts32
         layout[i, 0], layout[i, 1] = sum(p.size for p in parts), array.size
@@ -1168,6 +1192,7 @@ class EventKernel:
             stacked(lambda lay: lay.fc2[1]),
             np.stack([_f32(fused.final_norm[0]), _f32(fused.final_norm[1])]),
             np.float32(fused.final_norm[2]),
+            GELU_CONSTANTS,
         )
         # the heads' matrix, its bias and the bounds, scales and shifts of its columns: padded alike
         padded = (fused.head[0].t(), fused.head[1], fused.head_low, fused.head_high, fused.head_scale, fused.head_shift)
