@@ -136,3 +136,28 @@ def test_exp_matches_mpmath_to_an_ulp_and_keeps_its_limits() -> None:
     assert np.abs(out[~normal] - want[~normal]).max() < 1e-310
     got = exp_of(np.array([710.0, 1e5, math.inf, -746.0, -1e5, -math.inf, math.nan]))
     assert (got[:3] == math.inf).all() and (got[3:6] == 0.0).all() and math.isnan(got[6])
+
+
+def test_exp32_is_the_correctly_rounded_float32_exp_through_its_limits() -> None:
+    """``exp32_many`` (the kernel's softmax and recurrence exps) in place on float32: the float32 nearest to the exact
+    ``e^x`` (mpmath) at arguments across its whole range, the float32 subnormals and the edges of overflow included,
+    for counts that leave a remainder past the vector loop, and nothing past ``n`` written."""
+    rng = np.random.default_rng(7)
+    x = np.concatenate(
+        [
+            np.linspace(-110.0, 90.0, 2001),
+            rng.normal(0.0, 4.0, 1500),
+            rng.uniform(-104.0, -87.0, 300),  # results subnormal in float32
+            [0.0, -0.0, 88.72, 88.73, -103.97, -103.98, 1e-8, -1e-8],
+        ]
+    ).astype(np.float32)
+    for n in (x.size, 1, 3, 13):
+        buf = np.append(x[:n], np.float32(-7.0))
+        special.exp32_many(buf, n, special.EXP32_CONSTANTS)
+        assert buf[n] == np.float32(-7.0)
+        with np.errstate(over="ignore"):
+            want = np.array([float(mpmath.exp(mpmath.mpf(float(v)))) for v in x[:n]]).astype(np.float32)
+        assert np.array_equal(buf[:n], want), np.flatnonzero(buf[:n] != want)[:5]
+    limits = np.array([90.0, 1e30, math.inf, -110.0, -1e30, -math.inf, math.nan], np.float32)
+    special.exp32_many(limits, limits.size, special.EXP32_CONSTANTS)
+    assert (limits[:3] == math.inf).all() and (limits[3:6] == 0.0).all() and math.isnan(limits[6])

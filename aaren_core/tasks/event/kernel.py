@@ -14,7 +14,8 @@ four of ``W^T`` per pass, the same sums in the same order):
 - the step, per row, as ``FusedEventModel.step`` (float32): ``x = (E + b)[mark] + W [phi(dt), v]``;
   per layer ``s, v = W_sv LN1(x) + b_sv``, with time decay ``m <- m - rate dt``, ``m' = max(m, s)``,
   ``u' = u exp(m - m') + exp(s - m')``, ``w' = w exp(m - m') + v exp(s - m')``,
-  ``x += W_o (w' / u') + b_o``, ``x += W_2 GELU(W_1 LN2(x) + b_1) + b_2``; ``y = LN(x)``;
+  ``x += W_o (w' / u') + b_o``, ``x += W_2 GELU(W_1 LN2(x) + b_1) + b_2``; ``y = LN(x)``; the ``exp``s of every
+  row's heads in one vectorized pass (``special.exp32_many``: float32, correctly rounded), as the softmax's below;
 - the heads as ``FusedEventModel.forecast``: ``out = shift + clamp(W_h y + b_h, low, high) * scale`` (``W_h y``
   by the kernel's own loops, the same for a row in any batch: ``_OWN_LOOPS``); mark probabilities ``softmax``
   and the ``k`` largest (an insertion into the sorted top ``k``), value means and stds (float32);
@@ -50,7 +51,7 @@ import torch
 from aaren.jit import compiled
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
-from aaren_core.tasks.event.special import chebyshev_powers, exp_rows, phi_many
+from aaren_core.tasks.event.special import EXP32_CONSTANTS, chebyshev_powers, exp32_many, exp_rows, phi_many
 
 __all__ = ["EventKernel", "KernelOutputs", "erf32", "gap_summaries", "log_ndtr"]
 
@@ -803,7 +804,7 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
     """The outputs ``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of ``rows``
     forecasts, and the scratch: ``(heads [min(rows, CHUNK), P], probs [M], mix [MIX_ROWS, K], work)``
     (``work``: ``_gap_work``'s)."""
-    head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[11], head[12], head[13]
+    head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[12], head[13], head[14]
     outputs = (
         np.empty(rows, np.float64),
         np.empty((rows, levels.shape[0]), np.float64),
@@ -830,7 +831,7 @@ def _forecast_chunk(
 
     ``head``: ``EventKernel``'s packed head weights; ``outputs``, ``scratch`` from ``_forecast_buffers``."""
     head_low, head_high, head_scale, head_shift, value_std = head[2:7]
-    levels, ppf, gap_bound, resolution, k_all, m_all, v_all = head[7:]
+    levels, ppf, exp_constants, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
     probs, mix, work = scratch[1:]
     for r in range(n_rows):
@@ -847,11 +848,12 @@ def _forecast_chunk(
         top = heads[r, marks_at]
         for j in range(1, m_all):
             top = max(top, heads[r, marks_at + j])
+        for j in range(m_all):
+            probs[j] = heads[r, marks_at + j] - top
+        exp32_many(probs, m_all, exp_constants)
         total = _F32_ZERO
         for j in range(m_all):
-            e = np.exp(heads[r, marks_at + j] - top)
-            probs[j] = e
-            total += e
+            total += probs[j]
         inv = _F32_ONE / total
         # the k largest, descending, the lower mark first among equals: an insertion into the sorted top k
         held = 0
@@ -954,6 +956,9 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
     hidden = np.empty((size, fc1_b.shape[1]), np.float32)
     features = np.empty(embed_wt.shape[0], np.float32)
     gaps = np.empty(size, np.float32)
+    n_scales = 2 * n_heads  # a head's exp(m - m') and exp(s - m'), row by row
+    decay = np.empty(size * n_scales, np.float32)
+    exp_constants = head[9]
     outputs, scratch = _forecast_buffers(rows, top_k, head)
     for first in range(0, rows, CHUNK):
         n_rows = min(CHUNK, rows - first)
@@ -977,6 +982,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
         for layer in range(n_layers):
             _layer_norms(x, n_rows, norms[layer, 0], norms[layer, 1], eps[layer, 0], h, 0)
             _matrix(h, sv_wt[layer], sv_b[layer], sv, n_rows, blas)
+            # the exponents of every row's heads first, then their exps in one vectorized pass (exp32_many)
             for r in range(n_rows):
                 b = first + r
                 for hh in range(n_heads):
@@ -985,10 +991,16 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
                         m_old = m_old - gaps[r] * rate[layer, hh]
                     s = sv[r, hh]
                     m_top = m_old if m_old >= s else s
-                    c_old = np.exp(m_old - m_top)
-                    c_new = np.exp(s - m_top)
-                    u_next = c_new + u[b, layer, hh] * c_old
+                    decay[r * n_scales + 2 * hh] = m_old - m_top
+                    decay[r * n_scales + 2 * hh + 1] = s - m_top
                     m_new[b, layer, hh] = m_top
+            exp32_many(decay, n_rows * n_scales, exp_constants)
+            for r in range(n_rows):
+                b = first + r
+                for hh in range(n_heads):
+                    c_old = decay[r * n_scales + 2 * hh]
+                    c_new = decay[r * n_scales + 2 * hh + 1]
+                    u_next = c_new + u[b, layer, hh] * c_old
                     u_new[b, layer, hh] = u_next
                     # unsigned offsets: numba adds no wrap-around of negative indices to them, so the accesses
                     # are consecutive and the loop vectorizes (and no row is sliced: see _layer_norms)
@@ -1025,7 +1037,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
 #: the number of dimensions of each packed array, in the order of ``EventKernel``'s ``step`` then ``head`` tuples
 #: (0: a scalar); ``head``'s last three (``K``, ``M``, ``V``) are in the layout's last row
 _STEP_NDIMS = (1, 2, 2, 3, 2, 2, 1, 3, 2, 3, 2, 3, 2, 3, 2, 2, 0, 1)
-_HEAD_NDIMS = (2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
+_HEAD_NDIMS = (2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
 
 
 @_jit
@@ -1069,11 +1081,12 @@ def _unpack(flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple
         _part(flat32, layout, 24),
         _part(flat64, layout, 25),
         _part(flat64, layout, 26),
-        flat64[layout[27, 0]],
+        _part(flat64, layout, 27),
         flat64[layout[28, 0]],
-        layout[29, 2],
-        layout[29, 3],
-        layout[29, 4],
+        flat64[layout[29, 0]],
+        layout[30, 2],
+        layout[30, 3],
+        layout[30, 4],
     )
     return step, head
 
@@ -1096,13 +1109,14 @@ def _forecast_packed(y: np.ndarray, top_k: int, flat32: np.ndarray, flat64: np.n
 def _pack(step: tuple, head: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(flat32, flat64, layout)``: the float32 items of ``step`` and ``head`` (``has_rate`` as 0/1) one after
     another in ``flat32``, the float64 ones in ``flat64``, and per item ``(offset, size, shape...)`` in
-    ``layout [30, 5]`` int64 (its last row: ``K, M, V``)."""
+    ``layout [31, 5]`` int64 (its last row: ``K, M, V``)."""
     parts32: list[np.ndarray] = []
     parts64: list[np.ndarray] = []
     layout = np.zeros((len(_STEP_NDIMS) + len(_HEAD_NDIMS) + 1, 5), np.int64)
-    items = [*step, *head[:11]]
+    items = [*step, *head[:12]]
     for i, (item, ndim) in enumerate(zip(items, (*_STEP_NDIMS, *_HEAD_NDIMS), strict=True)):
-        wide = len(_STEP_NDIMS) + 7 <= i <= len(_STEP_NDIMS) + 10  # levels, Phi^-1(levels), gap_bound, resolution
+        # levels, Phi^-1(levels), exp32_many's constants, gap_bound, resolution
+        wide = len(_STEP_NDIMS) + 7 <= i <= len(_STEP_NDIMS) + 11
         array = np.asarray(item, np.float64 if wide else np.float32).reshape(-1)
         parts = parts64 if wide else parts32
         layout[i, 0], layout[i, 1] = sum(p.size for p in parts), array.size
@@ -1110,7 +1124,7 @@ def _pack(step: tuple, head: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         assert len(shape) == ndim, (i, shape)
         layout[i, 2 : 2 + ndim] = shape
         parts.append(array)
-    layout[-1, 2:] = head[11:]
+    layout[-1, 2:] = head[12:]
     return np.concatenate(parts32), np.concatenate(parts64), layout
 
 
@@ -1201,6 +1215,7 @@ class EventKernel:
             _f32(fused.value_std),
             level_arr,
             ppf,
+            EXP32_CONSTANTS,
             float(fused.gap_bound),
             float(fused.time_resolution),
             int(fused.n_components),

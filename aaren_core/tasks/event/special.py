@@ -37,7 +37,7 @@ import numpy as np
 
 from aaren.jit import compiled
 
-__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "chebyshev_powers", "exp_rows", "phi_many"]
+__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "EXP32_CONSTANTS", "chebyshev_powers", "exp32_many", "exp_rows", "phi_many"]
 
 #: ``c`` of ``h(z) = erfcx(z) (1 + z / c)`` and the end of its series' range (``erfc(27.3)`` rounds to 0)
 ERFCX_C = 3.0
@@ -208,6 +208,47 @@ def exp_rows(table: np.ndarray, source: int, target: int, n: int) -> None:
         v = table[source, k]
         e = _exp_split(v, 0.0)
         table[target, k] = e if v == v else v
+
+
+#: ``exp32_many``'s constants, passed in at run time: ``1 / j!`` for ``j = 0 .. 11`` [0:12], ``log2 e``, ``ln 2`` in two
+#: parts, ``_ROUND``, and the arguments' clamp ``[-110, 90]`` (past which the float32 result is 0, resp. inf)
+_E32_LOG2E, _E32_LN2_HI, _E32_LN2_LO, _E32_ROUND, _E32_LOW, _E32_HIGH = range(12, 18)
+EXP32_CONSTANTS = np.array(
+    [*(1.0 / math.factorial(j) for j in range(12)), _LOG2E, _LN2_HI, _LN2_LO, _ROUND, -110.0, 90.0], np.float64
+)
+
+
+@_jit_vector
+def exp32_many(x: np.ndarray, n: int, c: np.ndarray) -> None:
+    """``x[k] <- exp(x[k])`` for ``k < n``, float32 in place (``c = EXP32_CONSTANTS``): evaluated in float64 (the
+    reduction of ``_exp_split``, ``exp(r)`` by its Taylor series to ``r^11``, under 7e-15 relative for
+    ``|r| <= ln 2 / 2``, times ``2^n``, ``n`` in ``[-159, 130]``, one power of two) and rounded once to float32: the
+    correctly rounded ``expf`` but where the exact value lies within 7e-15 of a float32 rounding boundary (NaN kept,
+    ``exp(-inf) = 0``; glibc's ``expf``, which it replaces in the kernel, misrounds about 1 argument in 1,700).
+    Branch- and call-free, so that the loop vectorizes; the constants come from ``c``, an argument, because the 18
+    of them written into the code would not stay in AVX2's registers, and LLVM re-makes each such constant inside
+    the loop (numba's large code model: two instructions a constant a vector)."""
+    for k in range(n):
+        v = np.float64(x[k])
+        hi = min(max(v, c[_E32_LOW]), c[_E32_HIGH])
+        rounded = hi * c[_E32_LOG2E] + c[_E32_ROUND]
+        n_f = rounded - c[_E32_ROUND]
+        r = (hi - n_f * c[_E32_LN2_HI]) - n_f * c[_E32_LN2_LO]
+        p = c[11]
+        p = p * r + c[10]
+        p = p * r + c[9]
+        p = p * r + c[8]
+        p = p * r + c[7]
+        p = p * r + c[6]
+        p = p * r + c[5]
+        p = p * r + c[4]
+        p = p * r + c[3]
+        p = p * r + c[2]
+        p = p * r + c[1]
+        p = p * r + c[0]
+        # bits(rounded) = _ROUND_BITS + n, whose low 12 bits are 0: (bits + 1023) << 52 is 2^n's bits
+        e = np.float32(p * _bits_as_float((_float_as_bits(rounded) + 1023) << 52))
+        x[k] = e if v == v else x[k]
 
 
 @_jit_vector
