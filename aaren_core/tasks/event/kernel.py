@@ -907,7 +907,15 @@ def _matrix(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
 @_jit
 def _mark_infinite(values: np.ndarray, finite: np.ndarray) -> int:
     """``finite[b] = False`` where row ``b`` of ``values [B, n]`` holds an infinity or a NaN (the check an
-    or-reduction over the row, with no branch in it, so that the loop vectorizes); how many rows it marked."""
+    or-reduction over the row, with no branch in it, so that the loop vectorizes); how many rows it marked. The
+    whole array is checked first, in one loop (its rows are short: 8 values a row of ``m``), and row by row only
+    where that finds one."""
+    flat = values.reshape(values.size)
+    any_bad = False
+    for i in range(flat.size):
+        any_bad |= not np.isfinite(flat[i])
+    if not any_bad:
+        return 0
     marked = 0
     for b in range(values.shape[0]):
         bad = False
