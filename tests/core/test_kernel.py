@@ -415,3 +415,22 @@ def test_blas_products_equal_the_kernels_loops() -> None:
 @numba.njit
 def _sgemm_into(addr: int, kind: int, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
     sgemm(addr, kind, a, b, c)
+
+
+def test_marks_rank_descending_with_the_lower_mark_first_among_equal_probabilities() -> None:
+    """The marks' top ``k`` (the kernel counts each mark's place) for probabilities with ties: the order of a stable
+    sort, descending, for every ``k``, the probabilities the softmax's, and nothing past ``k`` written."""
+    model = model_of(num_marks=7)
+    with torch.no_grad():
+        model.heads.mark.weight.zero_()  # the logits are the bias alone: tied where the bias is
+        model.heads.mark.bias.copy_(torch.tensor([0.5, 2.0, -1.0, 2.0, 0.5, 2.0, -1.0]))
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    y = np.random.default_rng(2).standard_normal((3, 15)).astype(np.float32)
+    probs = torch.softmax(model.heads.mark.bias.detach(), -1).numpy()
+    order = np.argsort(-probs, kind="stable")
+    assert order.tolist() == [1, 3, 5, 0, 4, 2, 6]
+    for k in (0, 1, 2, 4, 7, 9):
+        _, _, marks, top, _, _ = kernel.forecast(y, k)
+        want = order[: min(k, 7)]
+        assert marks.shape == (3, len(want)) and (marks == want).all(), (k, marks[0])
+        np.testing.assert_allclose(top, np.broadcast_to(probs[want], top.shape), rtol=1e-6)

@@ -37,7 +37,17 @@ import numpy as np
 
 from aaren.jit import compiled
 
-__all__ = ["ERFCX_C", "ERFCX_Z_MAX", "EXP32_CONSTANTS", "chebyshev_powers", "exp32_many", "exp_rows", "phi_many"]
+__all__ = [
+    "ERFCX_C",
+    "ERFCX_Z_MAX",
+    "EXP32_CONSTANTS",
+    "bits_as_float",
+    "chebyshev_powers",
+    "exp32_many",
+    "exp_rows",
+    "float_as_bits",
+    "phi_many",
+]
 
 #: ``c`` of ``h(z) = erfcx(z) (1 + z / c)`` and the end of its series' range (``erfc(27.3)`` rounds to 0)
 ERFCX_C = 3.0
@@ -106,7 +116,7 @@ def _jit_vector(fn: Callable[..., Any]) -> Any:
 
 
 @numba.extending.intrinsic
-def _bits_as_float(typingctx: Any, bits: Any) -> Any:
+def bits_as_float(typingctx: Any, bits: Any) -> Any:
     """The float64 whose bits are the int64 ``bits`` (LLVM's ``bitcast``: one register move, vectorizable)."""
     if bits != numba.types.int64:
         return None
@@ -118,7 +128,7 @@ def _bits_as_float(typingctx: Any, bits: Any) -> Any:
 
 
 @numba.extending.intrinsic
-def _float_as_bits(typingctx: Any, value: Any) -> Any:
+def float_as_bits(typingctx: Any, value: Any) -> Any:
     """The int64 whose bits are the float64 ``value`` (LLVM's ``bitcast``: one register move, vectorizable)."""
     if value != numba.types.float64:
         return None
@@ -194,9 +204,9 @@ def _exp_split(hi: float, lo: float) -> float:
     n_f = rounded - _ROUND
     r = (hi - n_f * _LN2_HI) - n_f * _LN2_LO + lo
     p = _series15(_EXP_SERIES, r)
-    n_i = _float_as_bits(rounded) - _ROUND_BITS  # n_f as an integer, read off its bits (AVX2 has no vector cvtpd2qq)
+    n_i = float_as_bits(rounded) - _ROUND_BITS  # n_f as an integer, read off its bits (AVX2 has no vector cvtpd2qq)
     half = n_i >> 1
-    return (p * _bits_as_float((half + 1023) << 52)) * _bits_as_float((n_i - half + 1023) << 52)
+    return (p * bits_as_float((half + 1023) << 52)) * bits_as_float((n_i - half + 1023) << 52)
 
 
 @_jit_vector
@@ -247,7 +257,7 @@ def exp32_many(x: np.ndarray, n: int, c: np.ndarray) -> None:
         p = p * r + c[1]
         p = p * r + c[0]
         # bits(rounded) = _ROUND_BITS + n, whose low 12 bits are 0: (bits + 1023) << 52 is 2^n's bits
-        e = np.float32(p * _bits_as_float((_float_as_bits(rounded) + 1023) << 52))
+        e = np.float32(p * bits_as_float((float_as_bits(rounded) + 1023) << 52))
         x[k] = e if v == v else x[k]
 
 
