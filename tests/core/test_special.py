@@ -161,3 +161,17 @@ def test_exp32_is_the_correctly_rounded_float32_exp_through_its_limits() -> None
     limits = np.array([90.0, 1e30, math.inf, -110.0, -1e30, -math.inf, math.nan], np.float32)
     special.exp32_many(limits, limits.size, special.EXP32_CONSTANTS)
     assert (limits[:3] == math.inf).all() and (limits[3:6] == 0.0).all() and math.isnan(limits[6])
+
+
+def test_exp_row_pairs_is_exp_rows_of_each_row() -> None:
+    """``exp_row_pairs`` writes each target row as ``exp_rows`` would, bit for bit, and no other entry."""
+    rng = np.random.default_rng(11)
+    for n in (1, 5, 8, 13):
+        table = np.full((5, n + 1), -7.0)
+        table[0, :n] = rng.normal(0.0, 30.0, n)
+        table[3, :n] = np.append([math.inf, -math.inf, math.nan], rng.normal(0.0, 3.0, n))[:n]
+        want = table.copy()
+        exp_rows(want, 0, 1, n)
+        exp_rows(want, 3, 4, n)
+        special.exp_row_pairs(table, 0, 1, 3, 4, n)
+        assert np.array_equal(table, want, equal_nan=True), n

@@ -55,6 +55,7 @@ from aaren_core.tasks.event.special import (
     EXP32_CONSTANTS,
     chebyshev_powers,
     exp32_many,
+    exp_row_pairs,
     exp_rows,
     float_as_bits,
     phi_many,
@@ -207,7 +208,7 @@ def _mixture(heads: np.ndarray, row: int, mix: np.ndarray) -> None:
     (``(x - max) - log sum exp(x - max)``, as torch), ``pi = exp(x - max) / sum exp(x - max)`` (the same to an
     ulp or two, from the sum's terms), ``sigma``, ``1 / sigma`` and ``log pi_k + mu_k + sigma_k^2 / 2``, the part
     of ``log_partial_expectation``'s terms that ``x`` leaves alone, and its ``exp`` (``_integrated_cdf``'s terms;
-    inf where it overflows); the ``exp``s of a kind in one ``special.exp_rows``."""
+    inf where it overflows); the ``exp``s in ``special.exp_row_pairs`` and ``special.exp_rows``."""
     k_all = mix.shape[1]
     top = -math.inf
     for k in range(k_all):
@@ -215,8 +216,7 @@ def _mixture(heads: np.ndarray, row: int, mix: np.ndarray) -> None:
     for k in range(k_all):
         mix[_TERMS, k] = np.float64(heads[row, k]) - top
         mix[_LOG_SCALE, k] = np.float64(heads[row, 2 * k_all + k])
-    exp_rows(mix, _TERMS, _WEIGHTS, k_all)
-    exp_rows(mix, _LOG_SCALE, _SCALE, k_all)
+    exp_row_pairs(mix, _TERMS, _WEIGHTS, _LOG_SCALE, _SCALE, k_all)
     total = 0.0
     for k in range(k_all):
         total += mix[_WEIGHTS, k]

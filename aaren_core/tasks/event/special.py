@@ -44,6 +44,7 @@ __all__ = [
     "bits_as_float",
     "chebyshev_powers",
     "exp32_many",
+    "exp_row_pairs",
     "exp_rows",
     "float_as_bits",
     "phi_many",
@@ -215,9 +216,23 @@ def exp_rows(table: np.ndarray, source: int, target: int, n: int) -> None:
     -745.1, NaN kept), ``target != source``: the rows of the mixture table indexed, not sliced (a slice takes a
     reference to its array and gives it back)."""
     for k in range(n):
-        v = table[source, k]
-        e = _exp_split(v, 0.0)
-        table[target, k] = e if v == v else v
+        table[target, k] = _exp_of(table[source, k])
+
+
+@_jit_vector
+def exp_row_pairs(table: np.ndarray, source: int, target: int, source2: int, target2: int, n: int) -> None:
+    """``exp_rows`` of two rows in one loop (``source -> target``, ``source2 -> target2``; no target a source):
+    one call's set-up (the series' constants made ready for the loop) where two calls took two."""
+    for k in range(n):
+        table[target, k] = _exp_of(table[source, k])
+        table[target2, k] = _exp_of(table[source2, k])
+
+
+@_jit_vector
+def _exp_of(v: float) -> float:
+    """``exp(v)`` (float64, within an ulp; inf past 709.78, 0 below -745.1, NaN kept). Inlined where it is called."""
+    e = _exp_split(v, 0.0)
+    return e if v == v else v
 
 
 #: ``exp32_many``'s constants, passed in at run time: ``1 / j!`` for ``j = 0 .. 11`` [0:12], ``log2 e``, ``ln 2`` in two
