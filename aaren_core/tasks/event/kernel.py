@@ -18,7 +18,7 @@ four of ``W^T`` per pass, the same sums in the same order):
   row's heads in one vectorized pass (``special.exp32_many``: float32, correctly rounded), as the softmax's below;
 - the heads as ``FusedEventModel.forecast``: ``out = shift + clamp(W_h y + b_h, low, high) * scale`` (``W_h y``
   by the kernel's own loops, the same for a row in any batch: ``_OWN_LOOPS``); mark probabilities ``softmax``
-  and the ``k`` largest (an insertion into the sorted top ``k``), value means and stds (float32);
+  and the ``k`` largest (each mark's place counted from an integer key), value means and stds (float32);
 - the gap summaries in float64 from the float32 mixture ``(logits, mu, log sigma)`` cast to float64,
   as ``heads.truncated_mean`` and ``heads.discrete_quantiles`` compute them (the same expressions;
   ``log_ndtr`` as torch evaluates it, below ``-20`` by its asymptotic series, where ``erfc`` nears
