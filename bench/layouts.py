@@ -17,8 +17,12 @@ before each TorchServe cell. Every session is its own stream, one event per mess
 each reply; aaren and the echo are driven by ``bench.stream_client``, which keeps the kit client's
 accounting (latency write -> read leaving out the first 10 events per session; ``wall`` = all
 events / wall time; ``all-active`` = events completed while every session was still running).
-Its streams are spread over up to 8 connections, so that every front end of ``--frontends N`` gets
-load (SO_REUSEPORT balances connections, not streams); the kit's client uses one.
+A client talks to a one-process server (``--frontends 0``, the echo) over one connection, as the
+kit's client talks to TorchServe; against front-end processes it spreads its streams over up to 8
+connections, so that every front end of ``--frontends N`` gets load (SO_REUSEPORT balances
+connections, not streams). Eight connections to one process cost both ends CPU an event for nothing:
+at 64 sessions they served the echo 0.86-0.91 and ``--frontends 0`` 0.91-1.07 of one connection's
+events/s (``bench/results/round_connections.md``).
 
 Server CPU per event, by process, from ``/proc/PID/stat`` (user + sys) before and after each cell:
 aaren's core (the ``aaren serve`` pid) and each front end (its children), TorchServe's
@@ -64,7 +68,8 @@ AIM_CPU_ECHO = 1.5
 AIM_P50_ECHO = 3.0
 AIM_BATCHED_ECHO = 0.3
 AIM_CORE_B256 = 200_000
-#: Connections each aaren / echo client spreads its streams over (at most one per stream).
+#: Connections each aaren client spreads its streams over where the server has front-end processes (at most
+#: one per stream); one where it is one process (``Target.connections``).
 CHANNELS = 8
 BATCHED_KINDS = (("batch", "64 sessions x 1 event/msg"), ("run", "64-event history of 1 session/msg"))
 CORE_KINDS = (
@@ -94,6 +99,12 @@ class Target:
     address: str
     processes: Callable[[], dict[str, int]]
     stop: Callable[[], None]
+
+    @property
+    def connections(self) -> int:
+        """The connections a client spreads its streams over: one to one process (and TorchServe's kit client
+        always uses one), else ``CHANNELS``."""
+        return 1 if self.kind == "torchserve" or len(self.processes()) == 1 else CHANNELS
 
 
 def aaren_target(server: Server) -> Target:
@@ -186,7 +197,7 @@ class Bench:
             "--target",
             target.address,
             "--channels",
-            str(CHANNELS),
+            str(target.connections),
             "--num-marks",
             str(m.num_marks),
             "--value-width",
@@ -396,7 +407,7 @@ def report(
 
     out += [
         f"### Batched messages, columns layout ({a.batched_streams} streams, {a.batched_messages} messages "
-        f"each, up to {CHANNELS} connections; min-max over reps)",
+        f"each, one connection to one process, up to {CHANNELS} to front ends; min-max over reps)",
         "",
     ]
     rows = []

@@ -22,6 +22,7 @@ def test_layouts_quick_without_torchserve(tmp_path):
     for c in single:
         assert c["errors"] == 0 and c["forecasts"] == c["sessions"] * 30, c
         assert c["cpu_s"], c  # the server's processes were found
+        assert c["channels"] == 1, c  # one connection to a one-process server, as the TorchServe kit's client
     batched = [c for c in cells if c["phase"] == "batched"]
     assert {(c["server"], c["mode"]) for c in batched} == {
         (s, m) for s in ("aaren f0", "echo") for m in ("batch", "run")
