@@ -4,7 +4,8 @@ Its ``Stream`` answers every ``StreamRequest`` at once with a ``StreamResponse``
 event, an ``EventResult`` with a dummy ``Forecast`` of the same shape the real service sends
 (``--quantiles`` gap quantiles, ``--marks`` top marks, ``--values`` value forecasts, the model
 ref), so the response bytes match but there is no model, no store, no batching. The gRPC server
-options are those of ``server/app.py``. The other methods are left unimplemented.
+options are those of ``server/app.py``, and so is its event loop (``--event-loop``, by default uvloop
+where it is installed: ``aaren.event_loop``). The other methods are left unimplemented.
 
 Run from the repository root (``bench/service.py`` starts it as a subprocess)::
 
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from aaren import event_loop
 from aaren.server.settings import ServerSettings
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc as pb_grpc
@@ -168,7 +170,11 @@ def main() -> None:
     parser.add_argument("--model-name", default="aaren-random", help="model name in every forecast")
     parser.add_argument("--model-version", default="random-seed0", help="model version in every forecast")
     parser.add_argument("--max-message-bytes", type=int, default=None, help="default: the server's default")
-    asyncio.run(serve(parser.parse_args()))
+    parser.add_argument(
+        "--event-loop", choices=event_loop.LOOPS, default="auto", help="as aaren serve's (default: auto, uvloop)"
+    )
+    args = parser.parse_args()
+    event_loop.run(serve(args), args.event_loop)
 
 
 if __name__ == "__main__":

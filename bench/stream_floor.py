@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from aaren import event_loop
 from aaren.server.contract.core_api import OnDone
 from aaren.server.contract.errors import ErrorInfo
 from aaren.server.frontends.handlers import add_service
@@ -185,7 +186,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.serve:
-        asyncio.run(serve(a.serve, reply_bytes(a.reply_marks, a.reply_values)))
+        event_loop.run(serve(a.serve, reply_bytes(a.reply_marks, a.reply_values)))  # aaren serve's default loop
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
     servers: list[Server] = []

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry, start_http_server
 
+from aaren import event_loop
 from aaren.server.contract.errors import ConfigError
 from aaren.server.core.engine_core import EngineCore
 from aaren.server.frontends.aaren_v1.servicer import ForecastServicer
@@ -410,6 +411,7 @@ async def _serve(settings: ServerSettings) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    log.info("event loop: %s", event_loop.resolve(settings.event_loop))
     try:
         await server.start()
     except ConfigError as exc:
@@ -430,4 +432,4 @@ def run(settings: ServerSettings) -> None:
         raise SystemExit(f"checkpoint {settings.checkpoint} does not exist")
     if settings.models_dir is not None and not Path(settings.models_dir).is_dir():
         raise SystemExit(f"models_dir {settings.models_dir} is not a directory")
-    asyncio.run(_serve(settings))
+    event_loop.run(_serve(settings), settings.event_loop)

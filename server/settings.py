@@ -102,6 +102,11 @@ class ServerSettings(BaseSettings):
         "64 sessions, 0 served streams unevenly (p99 0.9-1.2 s, p50 0.11 s); 0.5 ms: p99 0.29-0.30 s, same "
         "throughput",
     )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="the event loop the server's processes run on: uvloop where it is installed (auto), uvloop "
+        "(an error where it is not), or asyncio's own (aaren.event_loop)",
+    )
     model_thread: bool = Field(
         False,
         description="run batched model calls on a worker thread (keeps gRPC responsive during long batches); "

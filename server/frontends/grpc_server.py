@@ -28,6 +28,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from aaren import event_loop
 from aaren.server.contract.core_api import CoreAPI
 from aaren.server.contract.errors import ConfigError
 from aaren.server.frontends.aaren_v1.servicer import ForecastServicer, add_forecast_servicer_to_server
@@ -285,7 +286,9 @@ def main() -> None:
         format=f"%(asctime)s %(levelname)s %(name)s[frontend {spec['index']}]: %(message)s",
     )
     try:
-        code = asyncio.run(_serve_front_end(settings, spec["socket"], os.environ[KEY_ENV], int(spec["index"])))
+        code = event_loop.run(
+            _serve_front_end(settings, spec["socket"], os.environ[KEY_ENV], int(spec["index"])), settings.event_loop
+        )
     except ConfigError as exc:
         raise SystemExit(f"aaren front end: {exc}") from None
     sys.exit(code)

@@ -14,6 +14,7 @@ import signal
 
 from prometheus_client import start_http_server
 
+from aaren import event_loop
 from aaren.server.contract.errors import ConfigError
 from aaren.server.frontends.eventlog.addresses import Member, open_sink, open_source, redact
 from aaren.server.frontends.eventlog.answerers import RemoteAnswerer
@@ -81,4 +82,4 @@ async def _run_remote(settings: ServerSettings) -> None:
 def run_remote(settings: ServerSettings) -> None:
     """Run the consumer against ``settings.consume_target`` until SIGTERM or SIGINT."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(_run_remote(settings))
+    event_loop.run(_run_remote(settings), settings.event_loop)
