@@ -66,5 +66,5 @@ def test_the_server_serves_on_the_loop_it_says(tmp_path, tiny_checkpoint, choice
 
 
 def test_an_unknown_loop_setting_stops_the_server_with_its_choices(tmp_path, tiny_checkpoint):
-    with pytest.raises(RuntimeError, match="auto.*uvloop.*asyncio"):
+    with pytest.raises(RuntimeError, match=r"auto.*uvloop.*asyncio"):
         ServerProcess(tmp_path / "server.log", checkpoint=tiny_checkpoint, event_loop="trio")
