@@ -432,4 +432,8 @@ def run(settings: ServerSettings) -> None:
         raise SystemExit(f"checkpoint {settings.checkpoint} does not exist")
     if settings.models_dir is not None and not Path(settings.models_dir).is_dir():
         raise SystemExit(f"models_dir {settings.models_dir} is not a directory")
+    try:
+        event_loop.resolve(settings.event_loop)
+    except ValueError as exc:
+        raise SystemExit(f"aaren serve: {exc}") from None
     event_loop.run(_serve(settings), settings.event_loop)

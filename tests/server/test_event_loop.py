@@ -68,3 +68,12 @@ def test_the_server_serves_on_the_loop_it_says(tmp_path, tiny_checkpoint, choice
 def test_an_unknown_loop_setting_stops_the_server_with_its_choices(tmp_path, tiny_checkpoint):
     with pytest.raises(RuntimeError, match=r"auto.*uvloop.*asyncio"):
         ServerProcess(tmp_path / "server.log", checkpoint=tiny_checkpoint, event_loop="trio")
+
+
+def test_uvloop_asked_for_where_it_is_missing_stops_the_server_with_a_clear_message(monkeypatch, tiny_checkpoint):
+    from aaren.server.app import run
+    from aaren.server.settings import ServerSettings
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as where it is not installed
+    with pytest.raises(SystemExit, match="aaren serve: event loop 'uvloop': uvloop is not installed"):
+        run(ServerSettings(checkpoint=str(tiny_checkpoint), event_loop="uvloop", metrics_port=-1))

@@ -82,4 +82,8 @@ async def _run_remote(settings: ServerSettings) -> None:
 def run_remote(settings: ServerSettings) -> None:
     """Run the consumer against ``settings.consume_target`` until SIGTERM or SIGINT."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        event_loop.resolve(settings.event_loop)
+    except ValueError as exc:
+        raise SystemExit(f"aaren consume: {exc}") from None
     event_loop.run(_run_remote(settings), settings.event_loop)
