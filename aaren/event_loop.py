@@ -4,9 +4,9 @@
 ``asyncio`` code through ``run``, on the loop the ``event_loop`` setting chooses (``--event-loop``,
 ``AAREN_EVENT_LOOP``): ``auto`` (the default) takes uvloop where it imports, ``uvloop`` insists on it,
 ``asyncio`` keeps the standard library's. uvloop (libuv's loop, as uvicorn's ``--loop auto``) makes a
-turn of the loop, a callback and a future cheaper: at 64 streams of one event a message the server
-took 0.087-0.088 ms of CPU an event on it against 0.095-0.097 on asyncio's, and served 5-9 % more
-events/s (``bench/results/round_uvloop.md``). Nothing else changes: the same coroutines, the same
+turn of the loop, a callback and a future cheaper: at 16 and 64 streams of one event a message the
+server took 4-12 % less CPU an event on it than on asyncio's, and served 3-12 % more events/s (two
+runs side by side, ``bench/results/round_uvloop.md``). Nothing else changes: the same coroutines, the same
 order of callbacks. uvloop has no Windows build; there ``auto`` is asyncio's loop.
 """
 
