@@ -21,7 +21,7 @@ A client talks to a one-process server (``--frontends 0``, the echo) over one co
 kit's client talks to TorchServe; against front-end processes it spreads its streams over up to 8
 connections, so that every front end of ``--frontends N`` gets load (SO_REUSEPORT balances
 connections, not streams). Eight connections to one process cost both ends CPU an event for nothing:
-at 64 sessions they served the echo 0.86-0.91 and ``--frontends 0`` 0.91-1.07 of one connection's
+at 64 sessions they served the echo 0.85-0.93 and ``--frontends 0`` 0.88-0.97 of one connection's
 events/s (``bench/results/round_connections.md``).
 
 Server CPU per event, by process, from ``/proc/PID/stat`` (user + sys) before and after each cell:

@@ -44,6 +44,7 @@ from aaren.server.settings import ServerSettings
 from aaren.v1 import aaren_pb2 as pb
 from bench.echo_server import dummy_forecast
 from bench.harness import ROOT, Server, cpu_seconds, describe, start_aaren, start_echo
+from bench.layouts import span
 
 __all__ = ["main"]
 
@@ -134,11 +135,6 @@ def cell(server: Server, model: pb.DescribeModelResponse, sessions: int, events:
     return res
 
 
-def span(values: list[float], fmt: str) -> str:
-    lo, hi = min(values), max(values)
-    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
-
-
 #: What each server's CPU an event is compared with: the layer it adds to.
 BELOW = {"loop": "bare", "echo": "bare", "aaren f0": "loop"}
 
@@ -156,12 +152,14 @@ def report(cells: list[dict[str, Any]], names: list[str], levels: list[int]) -> 
             mine = [c for c in at if c["server"] == name]
             below = BELOW.get(name)
             diffs = [
-                c["cpu_ms"] - b["cpu_ms"] for c in mine for b in at if b["server"] == below and b["rep"] == c["rep"]
+                c["cpu_ms"] - b["cpu_ms"]
+                for c in mine
+                for b in at
+                if b["server"] == below and b["rep"] == c["rep"] and None not in (c["cpu_ms"], b["cpu_ms"])
             ]
             lines.append(
-                f"| {level} | {name} | {span([c['all_active_ev_per_s'] or 0 for c in mine], '{:,.0f}')} "
-                f"| {span([c['cpu_ms'] for c in mine], '{:.4f}')} | {below or '-'} "
-                f"| {span(diffs, '{:+.4f}') if diffs else '-'} |"
+                f"| {level} | {name} | {span([c['all_active_ev_per_s'] for c in mine])} "
+                f"| {span([c['cpu_ms'] for c in mine], '{:.4f}')} | {below or '-'} | {span(diffs, '{:+.4f}')} |"
             )
     return lines
 
@@ -192,13 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     servers: list[Server] = []
     cells: list[dict[str, Any]] = []
     try:
-        aaren = start_aaren(0, a.out / "stream_floor-aaren.log", name="aaren f0")
-        model = describe(aaren.address)
+        servers.append(start_aaren(0, a.out / "stream_floor-aaren.log", name="aaren f0"))
+        model = describe(servers[0].address)
         for kind in ("bare", "loop"):
             cmd = [sys.executable, "-m", "bench.stream_floor", "--serve", kind,
                    "--reply-marks", str(model.num_marks), "--reply-values", str(model.value_width)]  # fmt: skip
-            servers.append(Server(kind, cmd, READY, a.out / f"stream_floor-{kind}.log"))
-        servers += [start_echo(model, a.out / "stream_floor-echo.log"), aaren]
+            servers.insert(-1, Server(kind, cmd, READY, a.out / f"stream_floor-{kind}.log"))
+        servers.insert(-1, start_echo(model, a.out / "stream_floor-echo.log"))  # the layers in order, aaren last
         for server in servers:  # warm-up, uncounted
             cell(server, model, min(16, max(a.levels)), 30)
         for rep in range(a.reps):
