@@ -10,8 +10,10 @@ or ``NUMBA_CACHE_DIR``).
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import math
+import sys
 from pathlib import Path
 
 import numba
@@ -22,7 +24,9 @@ from test_fused import bisection_quantiles, random_mixture
 
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.nn.backbones import BackboneConfig
-from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
+from aaren_core.tasks.event import blas as blas_module
+from aaren_core.tasks.event.blas import ILP64, LP64, MKL, NO_BLAS, find_sgemm, sgemm
+from aaren_core.tasks.event.borrow import borrowed
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.heads import discrete_quantiles, truncated_mean
 from aaren_core.tasks.event.kernel import EventKernel, KernelOutputs, erf32, gap_summaries, log_ndtr
@@ -389,22 +393,35 @@ def test_discrete_quantiles_recover_a_quantile_some_cells_off() -> None:
     assert moved > 2000  # most of the shifted quantiles stay positive: the walk runs both ways
 
 
-def test_blas_products_equal_the_kernels_loops() -> None:
-    """The layers' matrices by numpy's BLAS (found here: numpy's wheels carry OpenBLAS) and by the kernel's own
-    loops: the same products within float32 rounding, and so the same step and forecast."""
-    addr, kind = find_sgemm()
-    assert kind != NO_BLAS and addr
+@pytest.mark.parametrize("choice", ["mkl", "openblas"])
+def test_blas_products_equal_the_kernels_loops(choice: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layers' matrices by each BLAS found here (MKL inside torch's x86 wheels, OpenBLAS inside numpy's) and by
+    the kernel's own loops: the same products within float32 rounding, and so the same step and forecast; MKL's
+    product leaves the calling thread's MKL thread count as it found it."""
+    monkeypatch.setenv("AAREN_KERNEL_BLAS", choice)
+    monkeypatch.setattr(blas_module, "_found", None)
+    found = find_sgemm()
+    monkeypatch.setattr(blas_module, "_found", None)  # the next kernel finds its own
+    if choice == "mkl" and found[1] == NO_BLAS:
+        pytest.skip("no MKL here (a torch built without it: not x86, or not PyPI's wheel)")
+    assert found[1] in ((MKL,) if choice == "mkl" else (ILP64, LP64)) and found[0]
     rng = np.random.default_rng(3)
-    for m, n, p in ((4, 7, 5), (9, 64, 68), (64, 256, 64)):
+    for m, n, p in ((4, 7, 5), (9, 64, 68), (64, 256, 64), (256, 64, 256)):
         a = rng.standard_normal((m, n)).astype(np.float32)
         b = rng.standard_normal((n, p)).astype(np.float32)
         c = np.full((m + 2, p), 7.0, np.float32)  # added to the products; rows past m are left alone
-        _sgemm_into(addr, kind, a, b, c)
+        _sgemm_into(found, a, b, c)
         assert np.abs(c[:m] - (a.astype(np.float64) @ b + 7.0)).max() < 1e-5 * n and (c[m:] == 7.0).all()
+    if found[1] == MKL:
+        set_local = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(found[2])
+        set_local(2)
+        _sgemm_into(found, a, b, c)
+        assert set_local(0) == 2  # given back as it was
     model = model_of(d_model=16, n_heads=4, num_marks=7, value_width=2, n_components=4, time_resolution=1.0, seed=5)
     blas = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    blas._blas = found
     loops = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
-    loops._blas = (0, NO_BLAS)
+    loops._blas = (0, NO_BLAS, 0)
     state = state_arrays(tuple(model.init_state(40).tensors().values()))
     dt, marks, values = (t.numpy() for t in events(40, 2, 7, seed=9))
     a, b = (k.step_forecast(dt, marks, values, *state, 3) for k in (blas, loops))
@@ -412,9 +429,17 @@ def test_blas_products_equal_the_kernels_loops() -> None:
     assert_forecasts_match(a.forecast, b.forecast, 1.0)
 
 
+def test_an_unknown_blas_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AAREN_KERNEL_BLAS", "atlas")
+    monkeypatch.setattr(blas_module, "_found", None)
+    with pytest.raises(ValueError, match=r"AAREN_KERNEL_BLAS='atlas': expected one of auto, mkl, openblas, 0"):
+        find_sgemm()
+    monkeypatch.setattr(blas_module, "_found", None)
+
+
 @numba.njit
-def _sgemm_into(addr: int, kind: int, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
-    sgemm(addr, kind, a, b, c)
+def _sgemm_into(blas: tuple, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    sgemm(blas, a, b, c)
 
 
 def test_marks_rank_descending_with_the_lower_mark_first_among_equal_probabilities() -> None:
@@ -434,3 +459,23 @@ def test_marks_rank_descending_with_the_lower_mark_first_among_equal_probabiliti
         want = order[: min(k, 7)]
         assert marks.shape == (3, len(want)) and (marks == want).all(), (k, marks[0])
         np.testing.assert_allclose(top, np.broadcast_to(probs[want], top.shape), rtol=1e-6)
+
+
+@numba.njit
+def _borrow_and_write(a: np.ndarray) -> tuple[float, int]:
+    view = borrowed(a)
+    row = view[1]  # a view sliced from a borrowed one borrows too
+    row[2] = 5.0
+    return view[0, 1], view.shape[0] * view.shape[1]
+
+
+def test_a_borrowed_view_reads_and_writes_the_arrays_memory() -> None:
+    """``borrow.borrowed``: the same data, shape and strides (a write through it lands in the array, a view of it
+    sees the array), no reference of its own (the array's count is as before: the view is dropped with nothing to
+    give back)."""
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)
+    before = sys.getrefcount(a)
+    assert _borrow_and_write(a) == (1.0, 12)
+    assert a[1, 2] == 5.0 and sys.getrefcount(a) == before
+    strided = np.arange(24, dtype=np.float64).reshape(3, 8)[:, ::2]  # not contiguous: strides carried over
+    assert _borrow_and_write(strided) == (2.0, 12) and strided[1, 2] == 5.0

@@ -1,112 +1,193 @@
-"""numpy's own BLAS ``sgemm``, callable from compiled (numba) code: the kernel's layer matrices.
+"""A BLAS ``sgemm`` callable from compiled (numba) code: the kernel's layer matrices.
 
-numpy's wheels carry OpenBLAS (``numpy.libs``, or ``numpy/.dylibs`` on macOS); its ``cblas_sgemm`` does a
-batch's ``[B, n] x [n, p]`` product two to three times faster than numba's loops at these sizes (a
-register-blocked kernel for the machine, chosen at load). ``find_sgemm`` finds it and returns its address;
-the kernel passes that address to ``sgemm`` as an argument (not a global), so numba still caches the
-compiled kernel: an address is per process, the machine code is not. Where numpy carries no OpenBLAS (a
-build against another BLAS), ``find_sgemm`` says so (kind ``NO_BLAS``) and the kernel keeps its own loops.
+Two libraries are at hand in the engine core's process, both found by address, neither a new dependency:
 
-OpenBLAS is set to one thread in a process that uses it here: the engine core runs batches on one core
-(as torch's ``torch_threads`` does), and a threaded product of this size would take the core gRPC needs.
+- **MKL, inside torch** (``MKL``): PyTorch's x86 wheels link Intel's MKL into ``libtorch_cpu`` and export its
+  Fortran ``SGEMM`` (no ``cblas_sgemm``) and ``MKL_Set_Num_Threads_Local``. At these sizes it does a batch's
+  ``[B, n] x [n, p]`` products in 0.72-0.92 of OpenBLAS's time (the bundled model's four products a layer on an
+  AVX-512 Xeon, one thread: 1.16 against 1.41 us a row at 256 rows, 1.36 against 1.73 at 64;
+  ``bench/results/round_mkl.md``).
+- **OpenBLAS, inside numpy** (``ILP64``, ``LP64``: its ``cblas_sgemm``'s integers): numpy's wheels carry it
+  (``numpy.libs``, or ``numpy/.dylibs`` on macOS); two to three times faster than numba's loops at these sizes.
+
+``find_sgemm`` picks the first it finds in that order (``AAREN_KERNEL_BLAS``: ``auto``, the default, ``mkl``,
+``openblas``, or ``0`` for the kernel's own loops) and returns ``(address, kind, threads)``; the kernel passes
+them to ``sgemm`` as arguments (not globals), so numba still caches the compiled kernel: an address is per
+process, the machine code is not. Where neither is found (a torch without MKL, a numpy built against another BLAS)
+the kernel keeps its own loops (kind ``NO_BLAS``).
+
+The products run on one thread: the engine core runs batches on one core (as torch's ``torch_threads`` does), and
+a threaded product of this size would take the core gRPC needs. OpenBLAS is set to one thread once, in the process
+(no one else calls numpy's OpenBLAS here); MKL, which torch's own operations share, is held to one thread around
+each product only, on the calling thread (``threads``: the address of ``MKL_Set_Num_Threads_Local``, its previous
+value given back after), so that torch's operations keep the threads the process gave them.
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import importlib.util
 import os
 from typing import Any
 
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["ILP64", "LP64", "NO_BLAS", "find_sgemm", "sgemm"]
+__all__ = ["ILP64", "LP64", "MKL", "NO_BLAS", "find_sgemm", "sgemm"]
 
-#: what ``find_sgemm`` found: no BLAS, a ``cblas_sgemm`` with 64-bit integers (numpy's OpenBLAS), or 32-bit ones
-NO_BLAS, ILP64, LP64 = 0, 1, 2
+#: what ``find_sgemm`` found: no BLAS, OpenBLAS's ``cblas_sgemm`` with 64-bit integers (numpy's) or 32-bit ones,
+#: or MKL's Fortran ``SGEMM`` (32-bit integers, every argument by address)
+NO_BLAS, ILP64, LP64, MKL = 0, 1, 2, 3
+#: the choices of ``AAREN_KERNEL_BLAS``
+CHOICES = ("auto", "mkl", "openblas", "0")
 #: (symbol of cblas_sgemm, its integers, symbol that sets the threads), most likely first
-_SYMBOLS = (
+_OPENBLAS_SYMBOLS = (
     ("scipy_cblas_sgemm64_", ILP64, "scipy_openblas_set_num_threads64_"),
     ("cblas_sgemm64_", ILP64, "openblas_set_num_threads64_"),
     ("cblas_sgemm", LP64, "openblas_set_num_threads"),
 )
+#: MKL's Fortran sgemm and its thread-local thread count (C interface: the count by value, the previous returned)
+_MKL_SYMBOLS = ("SGEMM", "MKL_Set_Num_Threads_Local")
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
-_found: tuple[int, int] | None = None
+_found: tuple[int, int, int] | None = None
 
 
-def _libraries() -> list[str]:
+def _openblas_libraries() -> list[str]:
     """numpy's bundled BLAS libraries (OpenBLAS), if it has any."""
     root = os.path.dirname(np.__file__)
     places = (os.path.join(os.path.dirname(root), "numpy.libs"), os.path.join(root, ".dylibs"), root)
     return sorted({path for place in places for path in glob.glob(os.path.join(place, "*openblas*"))})
 
 
-def find_sgemm() -> tuple[int, int]:
-    """``(address, kind)`` of numpy's ``cblas_sgemm`` (kind ``ILP64`` or ``LP64``; ``(0, NO_BLAS)`` where
-    there is none), its library set to one thread. ``AAREN_KERNEL_BLAS=0`` turns it off."""
+def _torch_libraries() -> list[str]:
+    """torch's CPU library (``libtorch_cpu``), where torch is installed."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    lib = os.path.join(next(iter(spec.submodule_search_locations)), "lib")
+    return sorted(glob.glob(os.path.join(lib, "libtorch_cpu.*")) + glob.glob(os.path.join(lib, "torch_cpu.dll")))
+
+
+def _open(path: str) -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(path)
+    except OSError:
+        return None
+
+
+def _address(function: Any) -> int:
+    return ctypes.cast(function, ctypes.c_void_p).value or 0
+
+
+def _find_mkl() -> tuple[int, int, int] | None:
+    for path in _torch_libraries():
+        library = _open(path)
+        functions = [getattr(library, name, None) for name in _MKL_SYMBOLS] if library is not None else [None]
+        if all(f is not None for f in functions):
+            return _address(functions[0]), MKL, _address(functions[1])
+    return None
+
+
+def _find_openblas() -> tuple[int, int, int] | None:
+    for path in _openblas_libraries():
+        library = _open(path)
+        if library is None:
+            continue
+        for name, kind, threads in _OPENBLAS_SYMBOLS:
+            function = getattr(library, name, None)
+            if function is None:
+                continue
+            set_threads = getattr(library, threads, None)
+            if set_threads is not None:
+                set_threads.argtypes = [ctypes.c_int64 if kind == ILP64 else ctypes.c_int]
+                set_threads(1)
+            return _address(function), kind, 0
+    return None
+
+
+def find_sgemm() -> tuple[int, int, int]:
+    """``(address, kind, threads)`` of the ``sgemm`` the kernel's layers use (the module docstring): MKL's (kind
+    ``MKL``, ``threads`` the address of its thread-local thread count) or numpy's OpenBLAS's (``ILP64`` or ``LP64``,
+    the library set to one thread; ``threads`` 0), as ``AAREN_KERNEL_BLAS`` (``auto``, ``mkl``, ``openblas``, ``0``)
+    allows; ``(0, NO_BLAS, 0)`` where none is found or it is ``0``. An unknown choice raises ``ValueError``."""
     global _found
     if _found is None:
-        _found = (0, NO_BLAS)
-        if os.environ.get("AAREN_KERNEL_BLAS", "1") != "0":
-            for path in _libraries():
-                try:
-                    library = ctypes.CDLL(path)
-                except OSError:
-                    continue
-                for name, kind, threads in _SYMBOLS:
-                    function = getattr(library, name, None)
-                    if function is None:
-                        continue
-                    set_threads = getattr(library, threads, None)
-                    if set_threads is not None:
-                        set_threads.argtypes = [ctypes.c_int64 if kind == ILP64 else ctypes.c_int]
-                        set_threads(1)
-                    _found = (ctypes.cast(function, ctypes.c_void_p).value or 0, kind)
-                    break
-                if _found[1] != NO_BLAS:
-                    break
+        choice = os.environ.get("AAREN_KERNEL_BLAS", "auto").strip().lower() or "auto"
+        if choice in ("1", "on"):  # what turned the BLAS on before there was a choice
+            choice = "auto"
+        if choice not in CHOICES:
+            raise ValueError(f"AAREN_KERNEL_BLAS={choice!r}: expected one of {', '.join(CHOICES)}")
+        finders = {"auto": (_find_mkl, _find_openblas), "mkl": (_find_mkl,), "openblas": (_find_openblas,)}
+        _found = next((got for find in finders.get(choice, ()) if (got := find()) is not None), (0, NO_BLAS, 0))
     return _found
 
 
 @intrinsic
-def sgemm(typingctx: Any, address: Any, kind: Any, a: Any, b: Any, c: Any) -> Any:
+def sgemm(typingctx: Any, blas: Any, a: Any, b: Any, c: Any) -> Any:
     """``c[:m] = a @ b + c[:m]`` (float32, row-major, every array C-contiguous: ``a [m, n]``, ``b [n, p]``,
-    ``c [m', p]`` with ``m' >= m``) through the ``cblas_sgemm`` at ``address`` (``find_sgemm``; ``kind`` its
-    integers): ``c`` holds the bias rows, added to each finished sum (``beta = 1``: nothing is scaled or
-    zeroed first). The caller checks the shapes; ``kind`` ``NO_BLAS`` must not reach here."""
+    ``c [m', p]`` with ``m' >= m``) through the ``sgemm`` of ``blas = (address, kind, threads)`` (``find_sgemm``):
+    ``c`` holds the bias rows, added to each finished sum (``beta = 1``: nothing is scaled or zeroed first). MKL's
+    Fortran (column-major) ``SGEMM`` computes the same product transposed, ``c^T = b^T a^T``, on one thread. The
+    caller checks the shapes; kind ``NO_BLAS`` must not reach here."""
     if not all(
         isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 2 and t.layout == "C" for t in (a, b, c)
     ):
         return None
-    signature = types.void(types.int64, types.int64, a, b, c)
+    if not (isinstance(blas, types.UniTuple) and blas.count == 3 and isinstance(blas.dtype, types.Integer)):
+        return None
+    signature = types.void(blas, a, b, c)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        address_v, kind_v, a_v, b_v, c_v = args
-        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        blas_v, a_v, b_v, c_v = args
+        address_v, kind_v, threads_v = (
+            builder.sext(builder.extract_value(blas_v, i), ir.IntType(64))
+            if blas.dtype.bitwidth < 64
+            else builder.extract_value(blas_v, i)
+            for i in range(3)
+        )
+        f32, i32, i64, i8 = ir.FloatType(), ir.IntType(32), ir.IntType(64), ir.IntType(8)
         f32p = ir.PointerType(f32)
-        given = zip(sig.args[2:], (a_v, b_v, c_v), strict=True)
+        given = zip(sig.args[1:], (a_v, b_v, c_v), strict=True)
         arrays = [context.make_array(t)(context, builder, v) for t, v in given]
-        pointers = [builder.bitcast(arr.data, f32p) for arr in arrays]
+        a_p, b_p, c_p = (builder.bitcast(arr.data, f32p) for arr in arrays)
         m, n = (builder.extract_value(arrays[0].shape, i) for i in (0, 1))
         p = builder.extract_value(arrays[1].shape, 1)
         one = ir.Constant(f32, 1.0)
-        enums = [ir.Constant(i32, v) for v in (_ROW_MAJOR, _NO_TRANS, _NO_TRANS)]
-        is_ilp64 = builder.icmp_signed("==", kind_v, ir.Constant(i64, ILP64))
-        with builder.if_else(is_ilp64) as (wide, narrow):
-            for block, int_type in ((wide, i64), (narrow, i32)):
-                with block:
-                    ints = [m, p, n] if int_type is i64 else [builder.trunc(v, i32) for v in (m, p, n)]
-                    lda, ldb, ldc = ints[2], ints[1], ints[1]
-                    # cblas_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
-                    matrix = [f32p, int_type]  # a pointer and its leading dimension
-                    arg_types = [i32, i32, i32, *[int_type] * 3, f32, *matrix, *matrix, f32, *matrix]
-                    function = builder.inttoptr(address_v, ir.FunctionType(ir.VoidType(), arg_types).as_pointer())
-                    a_p, b_p, c_p = pointers
-                    builder.call(function, [*enums, *ints, one, a_p, lda, b_p, ldb, one, c_p, ldc])
+        is_mkl = builder.icmp_signed("==", kind_v, ir.Constant(i64, MKL))
+        with builder.if_else(is_mkl) as (mkl, openblas):
+            with mkl:
+                # SGEMM(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc), column-major, all by address:
+                # the row-major c [m, p] is the column-major c^T [p, m] = b^T [p, n] a^T [n, m]
+                no_trans = cgutils.alloca_once_value(builder, ir.Constant(i8, ord("N")))
+                p_r, m_r, n_r = (cgutils.alloca_once_value(builder, builder.trunc(v, i32)) for v in (p, m, n))
+                one_r = cgutils.alloca_once_value(builder, one)
+                i8p, i32p = ir.PointerType(i8), ir.PointerType(i32)
+                arg_types = [i8p, i8p, i32p, i32p, i32p, f32p, f32p, i32p, f32p, i32p, f32p, f32p, i32p]
+                function = builder.inttoptr(address_v, ir.FunctionType(ir.VoidType(), arg_types).as_pointer())
+                set_threads = builder.inttoptr(threads_v, ir.FunctionType(i32, [i32]).as_pointer())
+                before = builder.call(set_threads, [ir.Constant(i32, 1)])
+                builder.call(function, [no_trans, no_trans, p_r, m_r, n_r, one_r, b_p, p_r, a_p, n_r, one_r, c_p, p_r])
+                builder.call(set_threads, [before])
+            with openblas:
+                enums = [ir.Constant(i32, v) for v in (_ROW_MAJOR, _NO_TRANS, _NO_TRANS)]
+                is_ilp64 = builder.icmp_signed("==", kind_v, ir.Constant(i64, ILP64))
+                with builder.if_else(is_ilp64) as (wide, narrow):
+                    for block, int_type in ((wide, i64), (narrow, i32)):
+                        with block:
+                            ints = [m, p, n] if int_type is i64 else [builder.trunc(v, i32) for v in (m, p, n)]
+                            lda, ldb, ldc = ints[2], ints[1], ints[1]
+                            # cblas_sgemm(order, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+                            matrix = [f32p, int_type]  # a pointer and its leading dimension
+                            arg_types = [i32, i32, i32, *[int_type] * 3, f32, *matrix, *matrix, f32, *matrix]
+                            function = builder.inttoptr(
+                                address_v, ir.FunctionType(ir.VoidType(), arg_types).as_pointer()
+                            )
+                            builder.call(function, [*enums, *ints, one, a_p, lda, b_p, ldb, one, c_p, ldc])
         return context.get_dummy_value()
 
     return signature, codegen

@@ -50,6 +50,7 @@ import torch
 
 from aaren.jit import compiled
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
+from aaren_core.tasks.event.borrow import borrowed
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
 from aaren_core.tasks.event.special import (
     EXP32_CONSTANTS,
@@ -264,6 +265,12 @@ def _gap_work(k_all: int, n_levels: int) -> tuple:
         np.empty((6, q), np.float64),
         np.empty((3, 2 * q + 1), np.float64),  # and one slot for _integrated_cdf
     )
+
+
+@_jit_inline
+def _lent(work: tuple) -> tuple:
+    """``_gap_work``'s arrays, each ``borrowed`` (``aaren_core.tasks.event.borrow``)."""
+    return borrowed(work[0]), borrowed(work[1]), borrowed(work[2]), borrowed(work[3]), borrowed(work[4])
 
 
 @_jit_inline
@@ -644,7 +651,7 @@ CHUNK = 256
 #: ``_matrix``'s ``blas`` for the heads' matrix: the kernel's own loops, the same sums in the same order for a row
 #: whatever rows are beside it (sgemm's tiles may group them otherwise), so that the forecast computed again from a
 #: stored ``y`` (``forecast``, the unary ``Forecast``) is the one ``step_forecast`` served, bit for bit
-_OWN_LOOPS = (0, NO_BLAS)
+_OWN_LOOPS = (0, NO_BLAS, 0)
 
 
 #: rows per pass of the layers' matrices in ``_step_forecast_rows`` (each row of ``W^T`` loaded once for all)
@@ -777,8 +784,10 @@ def _gap_rows(mixtures: np.ndarray, spec: tuple) -> tuple[np.ndarray, np.ndarray
     work = _gap_work(k_all, levels.shape[0])
     time_mean = np.empty(rows, np.float64)
     quantiles = np.empty((rows, levels.shape[0]), np.float64)
+    mixtures_b, levels_b, ppf_b, mix_b = borrowed(mixtures), borrowed(levels), borrowed(ppf), borrowed(mix)
+    work_b, time_mean_b, quantiles_b = _lent(work), borrowed(time_mean), borrowed(quantiles)
     for b in range(rows):
-        _gap_row(b, mixtures, b, levels, ppf, gap_bound, resolution, mix, work, time_mean, quantiles)
+        _gap_row(b, mixtures_b, b, levels_b, ppf_b, gap_bound, resolution, mix_b, work_b, time_mean_b, quantiles_b)
     return time_mean, quantiles
 
 
@@ -842,6 +851,10 @@ def _forecast_chunk(
     levels, ppf, exp_constants, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
     exps, keys, mix, work = scratch[1:]
+    # the arrays the rows' calls take, borrowed once (``borrow``): no atomic reference count a call and a row
+    heads_b, levels_b, ppf_b, mix_b = borrowed(heads), borrowed(levels), borrowed(ppf), borrowed(mix)
+    work_b, time_mean_b, quantiles_b = _lent(work), borrowed(time_mean), borrowed(quantiles)
+    exps_b, constants_b = borrowed(exps), borrowed(exp_constants)
     for r in range(n_rows):
         b = first + r
         for j in range(heads.shape[1]):
@@ -858,7 +871,7 @@ def _forecast_chunk(
             top = max(top, heads[r, marks_at + j])
         for j in range(m_all):
             exps[j] = heads[r, marks_at + j] - top
-        exp32_many(exps, m_all, exp_constants)
+        exp32_many(exps_b, m_all, constants_b)
         total = _F32_ZERO
         for j in range(m_all):
             total += exps[j]
@@ -880,7 +893,7 @@ def _forecast_chunk(
             if place < top_k:
                 top_probs[b, place] = exps[j]
                 top_marks[b, place] = j
-        _gap_row(b, heads, r, levels, ppf, gap_bound, resolution, mix, work, time_mean, quantiles)
+        _gap_row(b, heads_b, r, levels_b, ppf_b, gap_bound, resolution, mix_b, work_b, time_mean_b, quantiles_b)
 
 
 @_jit
@@ -898,17 +911,16 @@ def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
 
 @_jit_affine
 def _matrix(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarray, n_rows: int, blas: tuple) -> None:
-    """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [., n]`` into ``out [., p]`` (float32): by
-    numpy's BLAS ``sgemm`` where ``blas = (address, kind)`` has one (``aaren_core.tasks.event.blas``) and there
-    are ``BLOCK`` rows or more (its products sum each ``out_j`` over ``i`` in order, one fused multiply-add a
-    term, as ``_affine`` does; at the edges of its register tiles it may group them otherwise: the same
-    within float32 rounding), else ``_affine_rows`` ``BLOCK`` rows at a time; the bias added last."""
-    address, kind = blas
-    if kind != NO_BLAS and n_rows >= BLOCK:
+    """``out[r] = W x[r] + b`` for the first ``n_rows`` rows of ``x [., n]`` into ``out [., p]`` (float32): by a
+    BLAS ``sgemm`` where ``blas = (address, kind, threads)`` has one (``aaren_core.tasks.event.blas``: MKL's, inside
+    torch, or numpy's OpenBLAS) and there are ``BLOCK`` rows or more (one fused multiply-add a term, as ``_affine``
+    does, but the library may group a sum's terms otherwise, by its register tiles and the length of ``i``: the
+    same within float32 rounding), else ``_affine_rows`` ``BLOCK`` rows at a time; the bias added last."""
+    if blas[1] != NO_BLAS and n_rows >= BLOCK:
         for r in range(n_rows):  # the bias first: sgemm adds each finished sum to it (rows indexed: _layer_norms)
             for j in range(out.shape[1]):
                 out[r, j] = bias[j]
-        sgemm(address, kind, x[:n_rows], weight_t, out)
+        sgemm(blas, x[:n_rows], weight_t, out)
         return
     for first in range(0, n_rows, BLOCK):
         k = min(BLOCK, n_rows - first)
@@ -942,7 +954,7 @@ def _mark_infinite(values: np.ndarray, finite: np.ndarray) -> int:
 def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, blas: tuple) -> tuple:
     """One event per row, then the forecast from its features (see the module docstring): ``inputs`` are
     ``EventKernel.step_forecast``'s arrays ``(dt, marks, values, m, u, w, n_events)``; ``step`` and ``head``:
-    ``EventKernel``'s packed weights; ``blas``: ``(address, kind)`` of numpy's ``sgemm`` (``blas.find_sgemm``).
+    ``EventKernel``'s packed weights; ``blas``: ``(address, kind, threads)`` of a BLAS ``sgemm`` (``blas.find_sgemm``).
     Rows go through the layers ``CHUNK`` at a time, each matrix over the chunk's rows (``_matrix``)."""
     dt, marks, values, m, u, w, n_events = inputs
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
@@ -1189,7 +1201,7 @@ class EventKernel:
         self.time_resolution = float(fused.time_resolution)
         self.levels = levels
         self._packed = _pack(step, head)
-        #: numpy's sgemm for the layers' matrices (``blas.find_sgemm``; ``(0, NO_BLAS)``: the kernel's loops)
+        #: the sgemm of the layers' matrices (``blas.find_sgemm``; ``(0, NO_BLAS, 0)``: the kernel's loops)
         self._blas = find_sgemm()
 
     @classmethod
