@@ -10,7 +10,9 @@ mark ranked, as the engine core asks; in one run, so that ratios compare like wi
    state as torch tensors converted in (``.numpy()``) and out (``torch.from_numpy``), as a caller holding
    tensors pays;
 2. the forecast alone from ``B`` feature rows: ``FusedEventModel.forecast`` against ``EventKernel.forecast``;
-3. the first call in a fresh process (numba's compile, or its load from the cache): in a subprocess with
+3. ``step_forecast`` with the layers' matrices by each BLAS found here (``blas.available``: MKL inside torch,
+   numpy's OpenBLAS, the kernel's own loops), in turns;
+4. the first call in a fresh process (numba's compile, or its load from the cache): in a subprocess with
    an empty ``NUMBA_CACHE_DIR``, then again with the cache that run wrote.
 
 The candidates of one cell take turns, round by round (``bench.core.time_round_robin``), and the
@@ -45,6 +47,7 @@ import torch
 from rich.console import Console
 
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks.event.blas import available
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.kernel import FASTMATH, EventKernel
 from aaren_core.tasks.event.model import EventModel
@@ -189,6 +192,7 @@ def run(batches: Sequence[int], quick: bool, console: Console) -> list[Table]:
             ]
         )
         console.log(f"forecast B={batch}: " + ", ".join(f"{n} {v:.0f} µs" for n, v in us.items()))
+    blas_table = blas_comparison(model, fused, batches, quick, console)
     compile_table = Table(
         f"First call in a fresh process, s (kernel {flags}; model load excluded)",
         ["numba cache", "import (torch, numba, kernel)", "first step_forecast", "first forecast"],
@@ -200,7 +204,33 @@ def run(batches: Sequence[int], quick: bool, console: Console) -> list[Table]:
                 [label, f"{t['import_s']:.2f}", f"{t['step_forecast_s']:.2f}", f"{t['forecast_s']:.2f}"]
             )
             console.log(f"first call, cache {label}: {t}")
-    return [step_table, forecast_table, compile_table]
+    return [step_table, forecast_table, blas_table, compile_table]
+
+
+def blas_comparison(
+    model: EventModel, fused: FusedEventModel, batches: Sequence[int], quick: bool, console: Console
+) -> Table:
+    """``EventKernel.step_forecast`` with its layers' matrices by each ``sgemm`` found here (``blas.available``: MKL
+    inside torch, numpy's OpenBLAS, the kernel's own loops), round robin: µs a row, and each over the first's."""
+    found = available()
+    names = list(found)
+    table = Table(
+        "Step + forecast by the layers' BLAS: µs a row (blas.available; round robin)",
+        ["B", *[f"{n} µs/row" for n in names], *[f"{n} ÷ {names[0]}" for n in names[1:]]],
+    )
+    kernels = {}
+    for name, blas in found.items():
+        kernels[name] = EventKernel.from_fused(fused, QUANTILES)
+        kernels[name]._blas = blas
+    for batch in batches:
+        (dt, marks, values), state = session_inputs(model, fused, batch)
+        arrays = tuple(t.numpy() for t in (dt, marks, values, *state))
+        calls = {n: (lambda k=k, a=arrays: k.step_forecast(*a, fused.num_marks)) for n, k in kernels.items()}
+        settings = {"repeats": 5 if quick else 30, "warmup": 3, "budget_s": 1.0 if quick else 8.0, "block_s": 0.05}
+        us = {n: t * 1e6 / batch for n, t in time_round_robin(calls, **settings).items()}
+        table.rows.append([str(batch), *[fmt(us[n]) for n in names], *[ratio(us[n], us[names[0]]) for n in names[1:]]])
+        console.log(f"blas B={batch}: " + ", ".join(f"{n} {v:.2f} µs/row" for n, v in us.items()))
+    return table
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -412,6 +412,12 @@ def test_blas_products_equal_the_kernels_loops(choice: str, monkeypatch: pytest.
         c = np.full((m + 2, p), 7.0, np.float32)  # added to the products; rows past m are left alone
         _sgemm_into(found, a, b, c)
         assert np.abs(c[:m] - (a.astype(np.float64) @ b + 7.0)).max() < 1e-5 * n and (c[m:] == 7.0).all()
+    outs = set()  # the same product whatever the arrays' alignment (MKL's kernels may peel by it): the same bits
+    for offset in range(0, 64, 4):
+        c = _at_offset(np.zeros((m, p), np.float32), offset)
+        _sgemm_into(found, _at_offset(a, (3 * offset) % 64), _at_offset(b, (5 * offset) % 64), c)
+        outs.add(c.tobytes())
+    assert len(outs) == 1
     if found[1] == MKL:
         set_local = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(found[2])
         set_local(2)
@@ -435,6 +441,15 @@ def test_an_unknown_blas_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ValueError, match=r"AAREN_KERNEL_BLAS='atlas': expected one of auto, mkl, openblas, 0"):
         find_sgemm()
     monkeypatch.setattr(blas_module, "_found", None)
+
+
+def _at_offset(a: np.ndarray, offset: int) -> np.ndarray:
+    """A C-contiguous copy of ``a`` starting ``offset`` bytes past a 64-byte boundary."""
+    buf = np.empty(a.nbytes + 128, np.uint8)
+    start = (-buf.ctypes.data) % 64 + offset
+    out = buf[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
 
 
 @numba.njit

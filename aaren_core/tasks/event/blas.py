@@ -37,7 +37,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["ILP64", "LP64", "MKL", "NO_BLAS", "find_sgemm", "sgemm"]
+__all__ = ["ILP64", "LP64", "MKL", "NO_BLAS", "available", "find_sgemm", "sgemm"]
 
 #: what ``find_sgemm`` found: no BLAS, OpenBLAS's ``cblas_sgemm`` with 64-bit integers (numpy's) or 32-bit ones,
 #: or MKL's Fortran ``SGEMM`` (32-bit integers, every argument by address)
@@ -125,6 +125,13 @@ def find_sgemm() -> tuple[int, int, int]:
         finders = {"auto": (_find_mkl, _find_openblas), "mkl": (_find_mkl,), "openblas": (_find_openblas,)}
         _found = next((got for find in finders.get(choice, ()) if (got := find()) is not None), (0, NO_BLAS, 0))
     return _found
+
+
+def available() -> dict[str, tuple[int, int, int]]:
+    """Every ``(address, kind, threads)`` found here by name (``mkl``, ``openblas``; ``loops``: the kernel's own,
+    always), whatever ``AAREN_KERNEL_BLAS`` says: for a benchmark that times them side by side."""
+    found = {"mkl": _find_mkl(), "openblas": _find_openblas(), "loops": (0, NO_BLAS, 0)}
+    return {name: got for name, got in found.items() if got is not None}
 
 
 @intrinsic
