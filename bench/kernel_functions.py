@@ -42,18 +42,21 @@ REGIONS = ("step_forecast", "forecast")
 _CACHE_FILES = ("aaren_core/tasks/event/__pycache__/*.nbc",)
 
 
-def _object_symbols(pattern: str) -> set[str]:
-    """The function symbols defined in the ELF objects inside numba's cache files matching ``pattern``."""
-    names: set[str] = set()
+def _object_symbols(pattern: str) -> dict[str, int]:
+    """The function symbols defined in the ELF objects inside numba's cache files matching ``pattern``, with
+    their sizes in bytes."""
+    names: dict[str, int] = {}
     for path in glob.glob(pattern):
         data = Path(path).read_bytes()
         at = data.find(b"\x7fELF")
         while at >= 0:
             with tempfile.NamedTemporaryFile(suffix=".o", delete=False) as f:
                 f.write(data[at:])
-            listed = subprocess.run(["nm", "--defined-only", f.name], capture_output=True, text=True).stdout
+            listed = subprocess.run(["nm", "-S", "--defined-only", f.name], capture_output=True, text=True).stdout
             os.unlink(f.name)
-            names.update(p[2] for p in (line.split() for line in listed.splitlines()) if len(p) == 3 and p[1] in "Tt")
+            for p in (line.split() for line in listed.splitlines()):
+                if len(p) == 4 and p[2] in "Tt":
+                    names[p[3]] = int(p[1], 16)
             at = data.find(b"\x7fELF", at + 4)
     return names
 
@@ -103,7 +106,7 @@ def _inside(rows: int, calls: int, helper: str, symbols: str) -> None:
         for _ in range(calls):
             work[name]()
         library.aaren_count_stop(name.encode())
-    names = set().union(*(_object_symbols(str(ROOT / p)) for p in _CACHE_FILES))
+    names = {name for p in _CACHE_FILES for name in _object_symbols(str(ROOT / p))}
     found: dict[str, str] = {}
     for dispatcher in (kernel_module._step_forecast_packed, kernel_module._forecast_packed):
         for compiled in dispatcher.overloads.values():
