@@ -3,10 +3,10 @@
 Two libraries are at hand in the engine core's process, both found by address, neither a new dependency:
 
 - **MKL, inside torch** (``MKL``): PyTorch's x86 wheels link Intel's MKL into ``libtorch_cpu`` and export its
-  Fortran ``SGEMM`` (no ``cblas_sgemm``) and ``MKL_Set_Num_Threads_Local``. At these sizes it does a batch's
-  ``[B, n] x [n, p]`` products in 0.72-0.92 of OpenBLAS's time (the bundled model's four products a layer on an
-  AVX-512 Xeon, one thread: 1.16 against 1.41 us a row at 256 rows, 1.36 against 1.73 at 64;
-  ``bench/results/round_mkl.md``).
+  Fortran ``SGEMM`` (no ``cblas_sgemm``) and ``MKL_Set_Num_Threads_Local``. It does a batch's ``[B, n] x [n, p]``
+  products in 0.79-0.82 of OpenBLAS's time at 64-256 rows (the bundled model's four products a layer on an AVX-512
+  Xeon, one thread: 1.16 against 1.41 us a row at 256 rows, 1.36 against 1.73 at 64; 0.91-0.98 at 4-28 rows),
+  the whole kernel in 0.95-0.98 of it (``bench.kernel``'s BLAS table, ``bench/results/round_borrow.md``).
 - **OpenBLAS, inside numpy** (``ILP64``, ``LP64``: its ``cblas_sgemm``'s integers): numpy's wheels carry it
   (``numpy.libs``, or ``numpy/.dylibs`` on macOS); two to three times faster than numba's loops at these sizes.
 
