@@ -44,7 +44,7 @@ _CACHE_FILES = ("aaren_core/tasks/event/__pycache__/*.nbc",)
 
 def _object_symbols(pattern: str) -> dict[str, int]:
     """The function symbols defined in the ELF objects inside numba's cache files matching ``pattern``, with
-    their sizes in bytes."""
+    their sizes in bytes (0 where the object gives none)."""
     names: dict[str, int] = {}
     for path in glob.glob(pattern):
         data = Path(path).read_bytes()
@@ -57,6 +57,8 @@ def _object_symbols(pattern: str) -> dict[str, int]:
             for p in (line.split() for line in listed.splitlines()):
                 if len(p) == 4 and p[2] in "Tt":
                     names[p[3]] = int(p[1], 16)
+                elif len(p) == 3 and p[1] in "Tt":  # a symbol without a size (nm -S leaves the column out)
+                    names[p[2]] = 0
             at = data.find(b"\x7fELF", at + 4)
     return names
 
