@@ -28,10 +28,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.instructions import ROOT, build_helper
 
-__all__ = ["main", "per_function"]
+__all__ = ["bundled_kernel", "main", "per_function"]
 
 _HELPER = r"""
 #include <valgrind/callgrind.h>
@@ -78,12 +79,13 @@ def _short(symbol: str) -> str:
     return ("python wrapper of " if m.group(2) else "cfunc of " if m.group(1) else "") + name
 
 
-def _inside(rows: int, calls: int, helper: str, symbols: str) -> None:
-    """The counted process: both regions counted, then the address -> function map written to ``symbols``."""
+def bundled_kernel(rows: int) -> tuple[Any, list[Any], int]:
+    """The bundled model's ``EventKernel`` (torch on one thread), the arrays of ``rows`` sessions' next events
+    (``bench.kernel.session_inputs``) and the ``top_k`` the server's batches ask: a counted or sampled process's
+    workload."""
     import torch
 
     from aaren_core.checkpoint import load_checkpoint
-    from aaren_core.tasks.event import kernel as kernel_module
     from aaren_core.tasks.event.fused import FusedEventModel
     from aaren_core.tasks.event.kernel import EventKernel
     from bench.kernel import CHECKPOINT, QUANTILES, session_inputs
@@ -95,7 +97,14 @@ def _inside(rows: int, calls: int, helper: str, symbols: str) -> None:
     (dt, marks, values), state = session_inputs(model, fused, rows)
     arrays = [t.numpy() for t in (dt, marks, values, *state)]
     arrays[0] = arrays[0].astype("float64")  # as a batch's RunColumns pass gaps
-    top_k = fused.num_marks  # every mark ranked, as the server's batches do (front ends keep a request's top_k)
+    return kernel, arrays, fused.num_marks  # every mark ranked, as the server's batches do
+
+
+def _inside(rows: int, calls: int, helper: str, symbols: str) -> None:
+    """The counted process: both regions counted, then the address -> function map written to ``symbols``."""
+    from aaren_core.tasks.event import kernel as kernel_module
+
+    kernel, arrays, top_k = bundled_kernel(rows)
     features = kernel.step_forecast(*arrays, top_k).y
     work = {
         "step_forecast": lambda: kernel.step_forecast(*arrays, top_k),

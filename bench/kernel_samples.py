@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from bench.instructions import ROOT
-from bench.kernel_functions import _object_symbols, _short
+from bench.kernel_functions import _object_symbols, _short, bundled_kernel
 
 __all__ = ["main", "sample"]
 
@@ -66,22 +66,9 @@ def _inside(rows: int, seconds: float) -> None:
     """The sampled process: the kernel warmed up, the perf map written, ``ready`` printed, then the loop."""
     import gc
 
-    import torch
-
-    from aaren_core.checkpoint import load_checkpoint
     from aaren_core.tasks.event import kernel as kernel_module
-    from aaren_core.tasks.event.fused import FusedEventModel
-    from aaren_core.tasks.event.kernel import EventKernel
-    from bench.kernel import CHECKPOINT, QUANTILES, session_inputs
 
-    torch.set_num_threads(1)
-    model = load_checkpoint(str(ROOT / CHECKPOINT)).model.eval()
-    fused = FusedEventModel.from_model(model)
-    kernel = EventKernel.from_fused(fused, QUANTILES)
-    (dt, marks, values), state = session_inputs(model, fused, rows)
-    arrays = [t.numpy() for t in (dt, marks, values, *state)]
-    arrays[0] = arrays[0].astype("float64")  # as a batch's RunColumns pass gaps
-    top_k = fused.num_marks
+    kernel, arrays, top_k = bundled_kernel(rows)
     kernel.step_forecast(*arrays, top_k)  # compiled (or loaded) before the map is read
     symbols = {name: size for path in _cache_files() for name, size in _object_symbols(path).items()}
     lines = _perf_map(symbols, [kernel_module._step_forecast_packed])
