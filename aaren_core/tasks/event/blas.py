@@ -122,8 +122,10 @@ def find_sgemm() -> tuple[int, int, int]:
             choice = "auto"
         if choice not in CHOICES:
             raise ValueError(f"AAREN_KERNEL_BLAS={choice!r}: expected one of {', '.join(CHOICES)}")
-        finders = {"auto": (_find_mkl, _find_openblas), "mkl": (_find_mkl,), "openblas": (_find_openblas,)}
-        _found = next((got for find in finders.get(choice, ()) if (got := find()) is not None), (0, NO_BLAS, 0))
+        openblas = _find_openblas()  # found whatever the choice: it sets numpy's OpenBLAS to one thread, process-wide
+        found = {"mkl": _find_mkl, "openblas": lambda: openblas}
+        order = {"auto": ("mkl", "openblas"), "mkl": ("mkl",), "openblas": ("openblas",)}.get(choice, ())
+        _found = next((got for name in order if (got := found[name]()) is not None), (0, NO_BLAS, 0))
     return _found
 
 
