@@ -10,9 +10,11 @@ end would), and the next round continues the same sessions one seq (or one run) 
 Kinds (``--kind``): ``b1`` one session x 1 event, one request at a time (the core's share of a
 one-session round trip: nothing to amortize), ``b64`` 64 sessions x 1 event per request, ``b256``
 256 x 1, ``run64`` one 64-event history of one session per request (the parallel scan). One JSON line per kind:
-``ev_per_s``, ``us_per_event``, ``forecasts``, ``events``, ``errors``.
+``ev_per_s``, ``us_per_event``, ``forecasts``, ``events``, ``errors``, ``kernel_threads`` (the threads a large
+batch's kernel call may split across: ``aaren_core.tasks.event.row_parts``, set as the server sets it).
 
     python -m bench.engine_core --kind b64,b256,run64 --rounds 50
+    python -m bench.engine_core --kind b256 --rounds 1000 --reps 5 --kernel-threads 1,-1   # in turns
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ import sys
 import time
 
 import numpy as np
-import torch
 
+from aaren.server.app import apply_threads
 from aaren.server.contract.columns import FORECAST, CoreRequest, Outcomes
 from aaren.server.core.engine_core import EngineCore
 from aaren.server.frontends.streams import EventChecker
@@ -34,6 +36,7 @@ from aaren.server.observability.metrics import Metrics
 from aaren.server.settings import ServerSettings, bundled_checkpoint
 from aaren.server.stores import StateLayout, open_store
 from aaren.server.tasks.event.task import load_event_task, resolve_device
+from aaren_core.tasks.event import row_parts
 
 __all__ = ["KINDS", "main"]
 
@@ -67,10 +70,9 @@ def build_requests(
     return out
 
 
-async def measure(kind: str, rounds: int, warmup: int) -> dict[str, object]:
-    settings = ServerSettings()
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+async def measure(kind: str, rounds: int, warmup: int, kernel_threads: int | None = None) -> dict[str, object]:
+    settings = ServerSettings() if kernel_threads is None else ServerSettings(kernel_threads=kernel_threads)
+    apply_threads(settings, frontends=0)  # as `aaren serve --frontends 0` sets torch's and the kernel's threads
     engine = load_event_task(str(bundled_checkpoint()), resolve_device("cpu"), settings.quantiles)
     store = open_store(
         settings.store_url,
@@ -119,6 +121,7 @@ async def measure(kind: str, rounds: int, warmup: int) -> dict[str, object]:
         events=events,
         forecasts=forecasts,
         errors=errors,
+        kernel_threads=row_parts.threads(),
         wall_s=round(wall, 4),
         ev_per_s=round(forecasts / wall, 1),
         us_per_event=round(wall / max(forecasts, 1) * 1e6, 2),
@@ -130,13 +133,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kind", default="b1,b64,b256,run64", help=f"comma list of {', '.join(KINDS)}")
     p.add_argument("--rounds", type=int, default=50, help="measured rounds per kind")
     p.add_argument("--warmup", type=int, default=5, help="unmeasured rounds first")
+    p.add_argument(
+        "--kernel-threads",
+        default="",
+        help="comma list of kernel_threads settings to measure in turns, rep by rep (default: the settings')",
+    )
+    p.add_argument("--reps", type=int, default=1, help="measurements of each kind (and kernel_threads)")
     a = p.parse_args(argv)
+    choices: list[int | None] = [int(t) for t in a.kernel_threads.split(",") if t] or [None]
     bad = 0
     for kind in a.kind.split(","):
         rounds = a.rounds * 8 if kind == "b1" else a.rounds  # one event a round: more rounds
-        res = asyncio.run(measure(kind, rounds, a.warmup))
-        print(json.dumps(res), flush=True)
-        bad += int(res["errors"]) > 0 or res["forecasts"] != res["events"]
+        for _ in range(a.reps):
+            for threads in choices:
+                res = asyncio.run(measure(kind, rounds, a.warmup, threads))
+                print(json.dumps(res), flush=True)
+                bad += int(res["errors"]) > 0 or res["forecasts"] != res["events"]
     return 1 if bad else 0
 
 

@@ -45,8 +45,9 @@ from aaren.server.stores import StateLayout, model_store_url, open_store
 from aaren.server.stores.factory import redact_url
 from aaren.server.tasks.event.task import resolve_device
 from aaren.server.tasks.repository import load_models
+from aaren_core.tasks.event import row_parts
 
-__all__ = ["AarenServer", "resolve_frontends", "run"]
+__all__ = ["AarenServer", "apply_threads", "resolve_frontends", "resolve_kernel_threads", "run"]
 
 log = logging.getLogger("aaren.server")
 
@@ -69,6 +70,28 @@ def resolve_frontends(setting: int, cpus: int | None = None) -> int:
         return setting
     cpus = usable_cpus() if cpus is None else cpus
     return 0 if cpus < MIN_CPUS_FOR_FRONTENDS else min(8, cpus - 1)
+
+
+#: ``--kernel-threads -1`` splits a large batch over at most this many threads: unmeasured beyond 2 CPUs, and a
+#: part of 64 rows (row_parts.MIN_PART_ROWS) fills 4 threads from the batcher's default 256 sessions
+MAX_KERNEL_THREADS = 4
+
+
+def resolve_kernel_threads(setting: int, frontends: int, cpus: int | None = None) -> int:
+    """``-1`` (auto): the usable CPUs beyond one for each of ``frontends`` front-end processes, at least 1 and at
+    most ``MAX_KERNEL_THREADS``; ``cpus`` defaults to ``usable_cpus()``. A count stands."""
+    if setting >= 1:
+        return setting
+    cpus = usable_cpus() if cpus is None else cpus
+    return max(1, min(MAX_KERNEL_THREADS, cpus - frontends))
+
+
+def apply_threads(settings: ServerSettings, frontends: int) -> None:
+    """The process's compute threads as ``settings`` ask, for a process with ``frontends`` front ends beside it:
+    torch's intra-op threads (``torch_threads``) and the event kernel's (``kernel_threads``, ``row_parts``)."""
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    row_parts.set_threads(resolve_kernel_threads(settings.kernel_threads, frontends))
 
 
 def usable_cpus() -> int:
@@ -150,8 +173,7 @@ class AarenServer:
             self.front = await GrpcFrontEnd.start(s, self.metrics)  # NOT_SERVING while the model loads
             self.grpc_port = self.front.port
 
-        if s.torch_threads:
-            torch.set_num_threads(s.torch_threads)
+        apply_threads(s, self.frontends)
         device = resolve_device(s.device)
         served = await asyncio.to_thread(
             load_models,

@@ -118,6 +118,14 @@ class ServerSettings(BaseSettings):
         description="torch intra-op threads (0: torch's default). Batched steps are small ops that gain "
         "little from threads, and spinning OpenMP workers steal the core gRPC needs",
     )
+    kernel_threads: int = Field(
+        -1,
+        ge=-1,
+        description="threads one call of the compiled event kernel may split a large batch across, 64 rows or "
+        "more a thread (aaren_core.tasks.event.row_parts; the same numbers bit for bit); -1: the CPUs this process "
+        "may use beyond its front ends' (--frontends), at most 4; 1: one thread. On 2 CPUs a 256-event batch's "
+        "kernel took 0.77 of its one-thread time (bench/results/round_row_parts.md)",
+    )
     compile_model: bool = Field(
         False,
         description="torch.compile the batched step and the forecast while the server loads, tens of seconds "
@@ -223,6 +231,13 @@ class ServerSettings(BaseSettings):
         "of loading a model in the consumer",
     )
     log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("kernel_threads")
+    @classmethod
+    def _threads_or_auto(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("kernel_threads: expected -1 (by the CPUs) or a count of 1 or more, got 0")
+        return v
 
     @field_validator("quantiles")
     @classmethod

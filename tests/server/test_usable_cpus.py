@@ -8,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from aaren.server.app import MIN_CPUS_FOR_FRONTENDS, cgroup_cpu_quota, cpus_within, resolve_frontends, usable_cpus
+from aaren.server.app import (
+    MAX_KERNEL_THREADS,
+    MIN_CPUS_FOR_FRONTENDS,
+    apply_threads,
+    cgroup_cpu_quota,
+    cpus_within,
+    resolve_frontends,
+    resolve_kernel_threads,
+    usable_cpus,
+)
+from aaren.server.settings import ServerSettings
+from aaren_core.tasks.event import row_parts
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -51,3 +62,22 @@ def test_this_machine_counts_its_own_cpus():
     quota = cgroup_cpu_quota()
     assert usable_cpus() == cpus_within(len(os.sched_getaffinity(0)), quota)
     assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+
+
+def test_the_kernel_threads_are_the_cpus_the_front_ends_leave():
+    """``--kernel-threads -1``: one process on 2 CPUs splits a large batch in 2; with front ends beside the core
+    (4 CPUs and up by default) the core keeps one CPU, so one thread; at most MAX_KERNEL_THREADS; a count stands."""
+    assert MAX_KERNEL_THREADS == 4
+    auto = [resolve_kernel_threads(-1, resolve_frontends(-1, cpus), cpus) for cpus in (1, 2, 3, 4, 9, 64)]
+    assert auto == [1, 2, 3, 1, 1, 4]
+    assert resolve_kernel_threads(-1, 0, cpus=64) == 4 and resolve_kernel_threads(-1, 2, cpus=2) == 1
+    assert resolve_kernel_threads(3, 8, cpus=2) == 3
+    with pytest.raises(ValueError, match="kernel_threads: expected -1"):
+        ServerSettings(kernel_threads=0)
+    try:
+        apply_threads(ServerSettings(kernel_threads=3, torch_threads=0), frontends=0)
+        assert row_parts.threads() == 3
+        apply_threads(ServerSettings(torch_threads=0), frontends=0)
+        assert row_parts.threads() == min(MAX_KERNEL_THREADS, usable_cpus())
+    finally:
+        row_parts.set_threads(1)

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from aaren.jit import compiled
+from aaren_core.tasks.event import row_parts
 from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.borrow import borrowed
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
@@ -1182,6 +1183,19 @@ _F64 = np.dtype(np.float64)
 _INPUT_DTYPES = ((_F32, _F64), (_I64,), (_F32,), (_F32,), (_F32,), (_F32,), (_I64,))
 
 
+def _joined(results: list[tuple]) -> tuple:
+    """The outputs of consecutive parts' ``_step_forecast_packed`` calls as one call's: each array joined along
+    its rows; ``finite`` None where every part's is (every row finite), else each part's, all-True for a None."""
+    y, m, u, w, n, forecasts, finites = zip(*results, strict=True)
+    joined = [np.concatenate(arrays) for arrays in (y, m, u, w, n)]
+    forecast = tuple(np.concatenate(arrays) for arrays in zip(*forecasts, strict=True))
+    finite = None
+    if any(f is not None for f in finites):
+        every = [np.ones(len(rows), np.bool_) if f is None else f for rows, f in zip(y, finites, strict=True)]
+        finite = np.concatenate(every)
+    return (*joined, forecast, finite)
+
+
 class EventKernel:
     """``FusedEventModel``'s step and forecast as one compiled call per batch (see the module docstring).
 
@@ -1285,7 +1299,18 @@ class EventKernel:
             if array.dtype not in dtypes:
                 raise ValueError(f"{name}: expected {' or '.join(map(str, dtypes))}, got {array.dtype}")
         k = max(0, min(int(top_k), self.num_marks))
-        y, m2, u2, w2, n2, forecast, finite = _step_forecast_packed(inputs, k, *self._packed, self._blas)
+        packed, blas = self._packed, self._blas
+        bounds = row_parts.parts(len(dt))
+        if len(bounds) == 1:
+            y, m2, u2, w2, n2, forecast, finite = _step_forecast_packed(inputs, k, *packed, blas)
+        else:  # a large batch: its rows in parts on the kernel's threads (row_parts), joined in row order
+            if any(len(a) != len(dt) for a in inputs):  # as the compiled check, which a part's slices could pass
+                raise ValueError("dt, marks, values, m, u, w and n_events must have one row per event")
+
+            def part(start: int, stop: int) -> tuple:
+                return _step_forecast_packed(tuple(a[start:stop] for a in inputs), k, *packed, blas)
+
+            y, m2, u2, w2, n2, forecast, finite = _joined(row_parts.in_parts(part, bounds))
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast), finite)
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,90 @@
+"""One kernel call's rows in parts on several threads: a large batch uses the CPUs the process has.
+
+The event kernel computes each row of a batch from that row's inputs alone (``kernel.EventKernel``), and its
+compiled code runs without the GIL (``aaren.jit.compiled``: ``nogil``). So a batch of ``B`` rows can be cut into
+``P`` consecutive parts, each part computed by its own call on its own thread, and the parts' outputs joined in
+row order: the same numbers, bit for bit (each BLAS sums a row's products in the same order whatever the number
+of rows; tests/core/test_row_parts.py holds every BLAS found to it).
+
+Off by default (``set_threads(1)``), as ``torch.set_num_threads`` leaves a library's caller to choose: the server
+sets it from ``kernel_threads`` (``aaren.server.settings``). A part has at least ``min_rows`` rows: a call's fixed
+cost (its arguments, its outputs, a worker's wake-up: some 30 µs on a 2-CPU VM) makes smaller parts slower than
+one call. Measured on 2 AMD EPYC (Zen 4) vCPUs, the bundled model, one call against two parts on two threads
+(``bench/results/round_row_parts.md``): 64 rows 349 -> 392 µs (slower), 128 rows 586 -> 487 µs, 256 rows
+1,213 -> 935 µs. Two parts take more than half of one call's time because the CPUs' shared clock and caches slow
+each (two processes of single-threaded ``sgemm`` each ran at 0.82 of one alone).
+
+The calling thread computes the first part itself; the others go to a pool of ``threads - 1`` workers that wait
+on a queue (no spinning: a worker takes no CPU from gRPC's threads between batches).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["MIN_PART_ROWS", "in_parts", "parts", "set_threads", "threads"]
+
+T = TypeVar("T")
+
+#: The fewest rows a part has: below 128 rows a batch is one call (two parts of 32 rows took 1.1x one call of 64)
+MIN_PART_ROWS = 64
+
+
+class _Config:
+    """The process's setting: threads, the fewest rows a part, the workers (None while ``threads`` is 1)."""
+
+    def __init__(self) -> None:
+        self.threads = 1
+        self.min_rows = MIN_PART_ROWS
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.lock = threading.Lock()
+
+
+_config = _Config()
+
+
+def set_threads(count: int, min_rows: int = MIN_PART_ROWS) -> None:
+    """Split a call of ``B`` rows into ``min(count, B // min_rows)`` parts, each on its own thread (the caller's
+    among them); ``count = 1``: every call in one part, on the caller's thread. Raises ``ValueError`` for a
+    count or ``min_rows`` under 1."""
+    if count < 1 or min_rows < 1:
+        raise ValueError(f"kernel threads: expected a count and a part's rows of 1 or more, got {count}, {min_rows}")
+    with _config.lock:
+        old = _config.pool
+        _config.pool = (
+            concurrent.futures.ThreadPoolExecutor(count - 1, thread_name_prefix="aaren-kernel") if count > 1 else None
+        )
+        _config.threads, _config.min_rows = count, min_rows
+    if old is not None:
+        old.shutdown(wait=True)
+
+
+def threads() -> int:
+    """The threads a large call is split across (``set_threads``)."""
+    return _config.threads
+
+
+def parts(rows: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]``: ``rows`` cut into consecutive parts of nearly equal size, as many as the
+    threads allow with ``min_rows`` rows or more each (at least one part)."""
+    count = max(1, min(_config.threads, rows // _config.min_rows))
+    bounds = [rows * i // count for i in range(count + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def in_parts(run: Callable[[int, int], T], bounds: list[tuple[int, int]]) -> list[T]:
+    """``[run(start, stop) for each part]``, the first on this thread and the others on the workers, all
+    finished before it returns (or raises the first part's error, in part order)."""
+    pool = _config.pool
+    if len(bounds) == 1 or pool is None:
+        return [run(start, stop) for start, stop in bounds]
+    futures = [pool.submit(run, start, stop) for start, stop in bounds[1:]]
+    try:
+        first = run(*bounds[0])
+    finally:
+        concurrent.futures.wait(futures)  # no part outlives the call, whatever the first part raised
+    return [first, *(f.result() for f in futures)]

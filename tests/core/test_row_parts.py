@@ -1,0 +1,123 @@
+"""A kernel call's rows in parts on several threads (aaren_core.tasks.event.row_parts): the parts, the threads
+they run on, and the kernel's outputs the same bits as one call's, with every BLAS found here."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from test_kernel import events, model_of, state_arrays
+
+from aaren_core.tasks.event import row_parts
+from aaren_core.tasks.event.blas import available
+from aaren_core.tasks.event.fused import FusedEventModel
+from aaren_core.tasks.event.kernel import EventKernel
+
+LEVELS = (0.1, 0.5, 0.9)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_after() -> Iterator[None]:
+    yield
+    row_parts.set_threads(1)
+
+
+def test_rows_are_cut_into_as_many_parts_as_the_threads_and_the_fewest_rows_allow() -> None:
+    assert row_parts.threads() == 1 and row_parts.parts(1000) == [(0, 1000)]  # off: one part, whatever the rows
+    row_parts.set_threads(2, min_rows=3)
+    assert row_parts.threads() == 2
+    assert row_parts.parts(5) == [(0, 5)]  # two parts would hold fewer than 3 rows
+    assert row_parts.parts(6) == [(0, 3), (3, 6)]
+    assert row_parts.parts(7) == [(0, 3), (3, 7)]
+    assert row_parts.parts(0) == [(0, 0)]
+    row_parts.set_threads(4, min_rows=2)
+    assert row_parts.parts(7) == [(0, 2), (2, 4), (4, 7)]
+    assert row_parts.parts(257) == [(0, 64), (64, 128), (128, 192), (192, 257)]
+    row_parts.set_threads(4)
+    assert row_parts.parts(127) == [(0, 127)] and len(row_parts.parts(128)) == 2  # MIN_PART_ROWS a part
+    for bad in ((0, 64), (2, 0)):
+        with pytest.raises(ValueError, match="expected a count and a part's rows of 1 or more"):
+            row_parts.set_threads(*bad)
+
+
+def test_the_first_part_runs_on_the_caller_and_the_others_on_the_workers() -> None:
+    row_parts.set_threads(3, min_rows=1)
+    seen: dict[int, int] = {}
+
+    def run(start: int, stop: int) -> tuple[int, int]:
+        seen[start] = threading.get_ident()
+        return start, stop
+
+    bounds = row_parts.parts(3)
+    assert row_parts.in_parts(run, bounds) == [(0, 1), (1, 2), (2, 3)]  # in part order
+    assert seen[0] == threading.get_ident() and seen[1] != seen[0] and seen[2] != seen[0]
+
+
+def test_a_parts_error_is_raised_once_every_part_is_done() -> None:
+    row_parts.set_threads(2, min_rows=1)
+    finished = threading.Event()
+
+    def run(start: int, stop: int) -> int:
+        if start == 0:
+            raise ValueError("the first part")
+        finished.wait(5)  # the caller must still wait for this part after its own failed
+        return stop
+
+    def release_then_fail(start: int, stop: int) -> int:
+        if start == 0:
+            threading.Timer(0.2, finished.set).start()
+        return run(start, stop)
+
+    with pytest.raises(ValueError, match="the first part"):
+        row_parts.in_parts(release_then_fail, row_parts.parts(2))
+    assert finished.is_set()
+
+    def second_fails(start: int, stop: int) -> int:
+        if start:
+            raise KeyError("the second part")
+        return stop
+
+    with pytest.raises(KeyError, match="the second part"):
+        row_parts.in_parts(second_fails, row_parts.parts(2))
+
+
+@pytest.mark.parametrize("blas", sorted(available()))
+def test_a_batch_in_parts_is_the_same_bits_as_one_call(blas: str) -> None:
+    """Odd batch sizes split 2 and 3 ways (a part of 5 rows or more) against one call, with each BLAS found (the
+    layers' products may group a row's sums by the number of rows: they must not); one row's step overflows."""
+    model = model_of(d_model=16, n_heads=4, num_marks=7, value_width=2, n_components=4, time_resolution=1.0, seed=7)
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    kernel._blas = available()[blas]
+    for b, threads in ((11, 2), (17, 3), (40, 3)):
+        state = state_arrays(tuple(model.init_state(b).tensors().values()))
+        dt, marks, values = (t.numpy() for t in events(b, 2, 7, seed=b))
+        gaps = dt.astype(np.float64)
+        gaps[b - 2] = 1e300  # past float32: this row's state overflows (finite False), in the last part
+        row_parts.set_threads(1)
+        whole = kernel.step_forecast(gaps, marks, values, *state, 3)
+        row_parts.set_threads(threads, min_rows=5)
+        assert len(row_parts.parts(b)) == threads
+        split = kernel.step_forecast(gaps, marks, values, *state, 3)
+        for name in ("y", "m", "u", "w", "n_events", "finite"):
+            got, want = getattr(split, name), getattr(whole, name)
+            assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), (blas, b, name)
+        assert whole.finite is not None and whole.finite.tolist().count(False) == 1
+        for got, want in zip(split.forecast, whole.forecast, strict=True):
+            assert got.dtype == want.dtype and np.array_equal(got, want, equal_nan=True), (blas, b)
+        finite = kernel.step_forecast(dt, marks, values, *state, 3)
+        assert finite.finite is None  # every row of every part finite
+
+
+def test_a_batch_in_parts_refuses_arrays_of_unequal_rows() -> None:
+    """The compiled check sees a part's slices only: a longer array than ``dt`` would pass it part by part."""
+    model = model_of()
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
+    state = state_arrays(tuple(model.init_state(12).tensors().values()))
+    dt, marks, values = (t.numpy() for t in events(12, 3, 7, seed=1))
+    row_parts.set_threads(2, min_rows=4)
+    with pytest.raises(ValueError, match="one row per event"):
+        kernel.step_forecast(dt[:10], marks[:10], values[:10], *state, 3)
+    with pytest.raises(ValueError, match="mark is outside"):  # a part's own error, from a worker
+        kernel.step_forecast(dt, np.array([0] * 11 + [7]), values, *state, 3)
