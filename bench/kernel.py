@@ -12,7 +12,9 @@ mark ranked, as the engine core asks; in one run, so that ratios compare like wi
 2. the forecast alone from ``B`` feature rows: ``FusedEventModel.forecast`` against ``EventKernel.forecast``;
 3. ``step_forecast`` with the layers' matrices by each BLAS found here (``blas.available``: MKL inside torch,
    numpy's OpenBLAS, the kernel's own loops), in turns;
-4. the first call in a fresh process (numba's compile, or its load from the cache): in a subprocess with
+4. ``step_forecast`` as one call and in parts on the CPUs here (``row_parts``, at most the server's
+   ``MAX_KERNEL_THREADS``): parts of ``MIN_PART_ROWS`` rows or more, as the server splits, and of any size;
+5. the first call in a fresh process (numba's compile, or its load from the cache): in a subprocess with
    an empty ``NUMBA_CACHE_DIR``, then again with the cache that run wrote.
 
 The candidates of one cell take turns, round by round (``bench.core.time_round_robin``), and the
@@ -46,14 +48,19 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from aaren.server.app import MAX_KERNEL_THREADS
 from aaren_core.checkpoint import load_checkpoint
+from aaren_core.tasks.event import row_parts
 from aaren_core.tasks.event.blas import available
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.kernel import FASTMATH, EventKernel
 from aaren_core.tasks.event.model import EventModel
+from aaren_core.tasks.event.row_parts import MIN_PART_ROWS
 from bench.core import Table, fmt, ratio, time_round_robin
 
 BATCHES = (1, 16, 64, 256)
+#: the batches of the threads table: a part has MIN_PART_ROWS rows or more, so 128 is the first split
+PART_BATCHES = (64, 128, 256, 512)
 QUANTILES = (0.1, 0.5, 0.9)
 CHECKPOINT = "models/default"
 SERVER_THREADS = 1  # server.settings: torch_threads defaults to 1
@@ -193,6 +200,7 @@ def run(batches: Sequence[int], quick: bool, console: Console) -> list[Table]:
         )
         console.log(f"forecast B={batch}: " + ", ".join(f"{n} {v:.0f} µs" for n, v in us.items()))
     blas_table = blas_comparison(model, fused, batches, quick, console)
+    threads_table = threads_comparison(fused, model, quick, console)
     compile_table = Table(
         f"First call in a fresh process, s (kernel {flags}; model load excluded)",
         ["numba cache", "import (torch, numba, kernel)", "first step_forecast", "first forecast"],
@@ -204,7 +212,7 @@ def run(batches: Sequence[int], quick: bool, console: Console) -> list[Table]:
                 [label, f"{t['import_s']:.2f}", f"{t['step_forecast_s']:.2f}", f"{t['forecast_s']:.2f}"]
             )
             console.log(f"first call, cache {label}: {t}")
-    return [step_table, forecast_table, blas_table, compile_table]
+    return [step_table, forecast_table, blas_table, threads_table, compile_table]
 
 
 def blas_comparison(
@@ -230,6 +238,42 @@ def blas_comparison(
         us = {n: t * 1e6 / batch for n, t in time_round_robin(calls, **settings).items()}
         table.rows.append([str(batch), *[fmt(us[n]) for n in names], *[ratio(us[n], us[names[0]]) for n in names[1:]]])
         console.log(f"blas B={batch}: " + ", ".join(f"{n} {v:.2f} µs/row" for n, v in us.items()))
+    return table
+
+
+def threads_comparison(fused: FusedEventModel, model: EventModel, quick: bool, console: Console) -> Table:
+    """``EventKernel.step_forecast`` of one call against its rows in parts on ``T`` threads (``row_parts``; ``T``
+    the CPUs this process may use, at most ``server.app.MAX_KERNEL_THREADS``): parts of ``MIN_PART_ROWS`` rows or
+    more (the server's rule) and parts of any size (``T`` parts whatever the rows), round robin: µs a call."""
+    count = min(MAX_KERNEL_THREADS, len(os.sched_getaffinity(0)))
+    table = Table(
+        f"Step + forecast in parts on {count} threads (row_parts): µs a call (round robin)",
+        ["B", "one call µs", f"parts ≥ {MIN_PART_ROWS} rows µs", "parts of any size µs", "one ÷ parts ≥", "one ÷ any"],
+    )
+    if count < 2:
+        console.log("threads: one CPU here, no parts to compare")
+        return table
+    kernel = EventKernel.from_fused(fused, QUANTILES)
+    rules = {"one": 1 << 62, "parts": MIN_PART_ROWS, "any": 1}  # the fewest rows a part
+    try:
+        for batch in PART_BATCHES:
+            (dt, marks, values), state = session_inputs(model, fused, batch)
+            arrays = tuple(t.numpy() for t in (dt, marks, values, *state))
+            calls = {n: (lambda a=arrays: kernel.step_forecast(*a, fused.num_marks)) for n in rules}
+            settings = {"repeats": 5 if quick else 30, "warmup": 3, "budget_s": 1.0 if quick else 8.0, "block_s": 0.05}
+            row_parts.set_threads(count)
+            us = {
+                n: t * 1e6
+                for n, t in time_round_robin(
+                    calls, before_block=lambda n: row_parts.set_threads(count, rules[n]), **settings
+                ).items()
+            }
+            table.rows.append(
+                [str(batch), *(fmt(us[n]) for n in rules), ratio(us["one"], us["parts"]), ratio(us["one"], us["any"])]
+            )
+            console.log(f"threads B={batch}: " + ", ".join(f"{n} {v:.0f} µs" for n, v in us.items()))
+    finally:
+        row_parts.set_threads(1)
     return table
 
 

@@ -49,16 +49,19 @@ _config = _Config()
 
 def set_threads(count: int, min_rows: int = MIN_PART_ROWS) -> None:
     """Split a call of ``B`` rows into ``min(count, B // min_rows)`` parts, each on its own thread (the caller's
-    among them); ``count = 1``: every call in one part, on the caller's thread. Raises ``ValueError`` for a
-    count or ``min_rows`` under 1."""
+    among them); ``count = 1``: every call in one part, on the caller's thread. The workers of the same count are
+    kept (a new ``min_rows`` alone costs nothing). Raises ``ValueError`` for a count or ``min_rows`` under 1."""
     if count < 1 or min_rows < 1:
         raise ValueError(f"kernel threads: expected a count and a part's rows of 1 or more, got {count}, {min_rows}")
     with _config.lock:
+        _config.min_rows = min_rows
+        if count == _config.threads:
+            return  # the same workers serve
         old = _config.pool
         _config.pool = (
             concurrent.futures.ThreadPoolExecutor(count - 1, thread_name_prefix="aaren-kernel") if count > 1 else None
         )
-        _config.threads, _config.min_rows = count, min_rows
+        _config.threads = count
     if old is not None:
         old.shutdown(wait=True)
 
