@@ -27,7 +27,7 @@ from test_fused import bisection_quantiles, random_mixture
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.nn.backbones import BackboneConfig
 from aaren_core.tasks.event import blas as blas_module
-from aaren_core.tasks.event.blas import ILP64, LP64, MKL, NO_BLAS, find_sgemm, sgemm
+from aaren_core.tasks.event.blas import ILP64, LP64, MKL, NO_BLAS, available, find_sgemm, sgemm
 from aaren_core.tasks.event.borrow import borrowed
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.heads import discrete_quantiles, truncated_mean
@@ -435,6 +435,23 @@ def test_blas_products_equal_the_kernels_loops(choice: str, monkeypatch: pytest.
     a, b = (k.step_forecast(dt, marks, values, *state, 3) for k in (blas, loops))
     assert rel_err(a.y, b.y) < TOL and rel_err(a.w, b.w) < TOL
     assert_forecasts_match(a.forecast, b.forecast, 1.0)
+
+
+def test_auto_takes_mkl_first_on_intel_and_openblas_first_elsewhere(tmp_path: Path, monkeypatch) -> None:
+    """The vendor as /proc/cpuinfo writes it; this machine's own choice follows the rule."""
+    info = tmp_path / "cpuinfo"
+    for vendor, first in (("GenuineIntel", "mkl"), ("AuthenticAMD", "openblas"), ("HygonGenuine", "openblas")):
+        info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: 25\n\nprocessor\t: 1\n")
+        assert blas_module.cpu_vendor(str(info)) == vendor
+        assert blas_module.auto_order(vendor)[0] == first
+    assert blas_module.cpu_vendor(str(tmp_path / "none")) == "" and blas_module.auto_order("")[0] == "mkl"
+    monkeypatch.setenv("AAREN_KERNEL_BLAS", "auto")
+    monkeypatch.setattr(blas_module, "_found", None)
+    chosen = find_sgemm()
+    monkeypatch.setattr(blas_module, "_found", None)
+    found = available()
+    first = next(name for name in blas_module.auto_order(blas_module.cpu_vendor()) if name in found)
+    assert chosen == found[first]
 
 
 def test_an_unknown_blas_choice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

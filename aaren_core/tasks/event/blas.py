@@ -10,14 +10,18 @@ Two libraries are at hand in the engine core's process, both found by address, n
 - **OpenBLAS, inside numpy** (``ILP64``, ``LP64``: its ``cblas_sgemm``'s integers): numpy's wheels carry it
   (``numpy.libs``, or ``numpy/.dylibs`` on macOS); two to three times faster than numba's loops at these sizes.
 
-``find_sgemm`` picks the first it finds in that order (``AAREN_KERNEL_BLAS``: ``auto``, the default, ``mkl``,
-``openblas``, or ``0`` for the kernel's own loops) and returns ``(address, kind, threads)``; the kernel passes
+``find_sgemm`` picks the first it finds in that order on Intel's CPUs (or where the vendor cannot be read), and
+OpenBLAS first on others: on 2 AMD EPYC (Zen 4) vCPUs MKL's ``sgemm`` runs its ``zen`` kernels, and the whole
+kernel took 0.83-0.84 of MKL's time with OpenBLAS at 16 rows, 0.97-0.99 at 64-256
+(``bench/results/round_row_parts.md``). ``AAREN_KERNEL_BLAS`` chooses otherwise: ``auto``, the default, ``mkl``,
+``openblas``, or ``0`` for the kernel's own loops. It returns ``(address, kind, threads)``; the kernel passes
 them to ``sgemm`` as arguments (not globals), so numba still caches the compiled kernel: an address is per
 process, the machine code is not. Where neither is found (a torch without MKL, a numpy built against another BLAS)
 the kernel keeps its own loops (kind ``NO_BLAS``).
 
-The products run on one thread: the engine core runs batches on one core (as torch's ``torch_threads`` does), and
-a threaded product of this size would take the core gRPC needs. OpenBLAS is set to one thread once, in the process
+Each product runs on its calling thread: a threaded product of this size would take the core gRPC needs, and where
+the process has CPUs to spare a large batch's rows are cut into parts, each on its own thread (``row_parts``).
+OpenBLAS is set to one thread once, in the process
 (no one else calls numpy's OpenBLAS here); MKL, which torch's own operations share, is held to one thread around
 each product only, on the calling thread (``threads``: the address of ``MKL_Set_Num_Threads_Local``, its previous
 value given back after), so that torch's operations keep the threads the process gave them.
@@ -37,7 +41,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["ILP64", "LP64", "MKL", "NO_BLAS", "available", "find_sgemm", "sgemm"]
+__all__ = ["ILP64", "LP64", "MKL", "NO_BLAS", "auto_order", "available", "cpu_vendor", "find_sgemm", "sgemm"]
 
 #: what ``find_sgemm`` found: no BLAS, OpenBLAS's ``cblas_sgemm`` with 64-bit integers (numpy's) or 32-bit ones,
 #: or MKL's Fortran ``SGEMM`` (32-bit integers, every argument by address)
@@ -84,6 +88,25 @@ def _address(function: Any) -> int:
     return ctypes.cast(function, ctypes.c_void_p).value or 0
 
 
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's vendor as Linux reads it (``vendor_id``: ``GenuineIntel``, ``AuthenticAMD``, ...); ``""`` where
+    there is none to read (another OS, another architecture)."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as lines:
+            for line in lines:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def auto_order(vendor: str) -> tuple[str, ...]:
+    """``AAREN_KERNEL_BLAS=auto``'s libraries, first found first: MKL first on Intel's CPUs and where the vendor is
+    unknown, OpenBLAS first on others (the module docstring)."""
+    return ("mkl", "openblas") if vendor in ("GenuineIntel", "") else ("openblas", "mkl")
+
+
 def _find_mkl() -> tuple[int, int, int] | None:
     for path in _torch_libraries():
         library = _open(path)
@@ -124,7 +147,8 @@ def find_sgemm() -> tuple[int, int, int]:
             raise ValueError(f"AAREN_KERNEL_BLAS={choice!r}: expected one of {', '.join(CHOICES)}")
         openblas = _find_openblas()  # found whatever the choice: it sets numpy's OpenBLAS to one thread, process-wide
         found = {"mkl": _find_mkl, "openblas": lambda: openblas}
-        order = {"auto": ("mkl", "openblas"), "mkl": ("mkl",), "openblas": ("openblas",)}.get(choice, ())
+        auto = auto_order(cpu_vendor())
+        order = {"auto": auto, "mkl": ("mkl",), "openblas": ("openblas",)}.get(choice, ())
         _found = next((got for name in order if (got := found[name]()) is not None), (0, NO_BLAS, 0))
     return _found
 
