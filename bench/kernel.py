@@ -59,7 +59,7 @@ from aaren_core.tasks.event.row_parts import MIN_PART_ROWS
 from bench.core import Table, fmt, ratio, time_round_robin
 
 BATCHES = (1, 16, 64, 256)
-#: the batches of the threads table: a part has MIN_PART_ROWS rows or more, so 128 is the first split
+#: the batches of the threads table: a part has MIN_PART_ROWS (128) rows or more, so 256 is the server's first split
 PART_BATCHES = (64, 128, 256, 512)
 QUANTILES = (0.1, 0.5, 0.9)
 CHECKPOINT = "models/default"

@@ -72,8 +72,8 @@ def resolve_frontends(setting: int, cpus: int | None = None) -> int:
     return 0 if cpus < MIN_CPUS_FOR_FRONTENDS else min(8, cpus - 1)
 
 
-#: ``--kernel-threads -1`` splits a large batch over at most this many threads: unmeasured beyond 2 CPUs, and a
-#: part of 64 rows (row_parts.MIN_PART_ROWS) fills 4 threads from the batcher's default 256 sessions
+#: ``--kernel-threads -1`` splits a large batch over at most this many threads: unmeasured beyond 2 CPUs; with parts
+#: of 128 rows or more (row_parts.MIN_PART_ROWS) the default 256 sessions a batch fill 2, a --max-batch-size of 512, 4
 MAX_KERNEL_THREADS = 4
 
 

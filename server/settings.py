@@ -121,10 +121,10 @@ class ServerSettings(BaseSettings):
     kernel_threads: int = Field(
         -1,
         ge=-1,
-        description="threads one call of the compiled event kernel may split a large batch across, 64 rows or "
+        description="threads one call of the compiled event kernel may split a large batch across, 128 rows or "
         "more a thread (aaren_core.tasks.event.row_parts; the same numbers bit for bit); -1: the CPUs this process "
         "may use beyond its front ends' (--frontends), at most 4; 1: one thread. On 2 CPUs a 256-event batch's "
-        "kernel took 0.77 of its one-thread time (bench/results/round_row_parts.md)",
+        "kernel took 0.73 of its one-thread time (bench/results/round_row_parts.md)",
     )
     compile_model: bool = Field(
         False,

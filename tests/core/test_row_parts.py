@@ -36,7 +36,7 @@ def test_rows_are_cut_into_as_many_parts_as_the_threads_and_the_fewest_rows_allo
     assert row_parts.parts(7) == [(0, 2), (2, 4), (4, 7)]
     assert row_parts.parts(257) == [(0, 64), (64, 128), (128, 192), (192, 257)]
     row_parts.set_threads(4)
-    assert row_parts.parts(127) == [(0, 127)] and len(row_parts.parts(128)) == 2  # MIN_PART_ROWS a part
+    assert row_parts.parts(255) == [(0, 255)] and len(row_parts.parts(256)) == 2  # MIN_PART_ROWS a part
     for bad in ((0, 64), (2, 0)):
         with pytest.raises(ValueError, match="expected a count and a part's rows of 1 or more"):
             row_parts.set_threads(*bad)

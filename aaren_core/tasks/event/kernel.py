@@ -1290,6 +1290,10 @@ class EventKernel:
         ``values [B, V]`` float32, the state ``m, u [B, L, H]``, ``w [B, L, H, Dh]`` float32 and
         ``n_events [B]`` int64 (not changed) -> ``KernelOutputs`` with ``k = min(top_k, M)`` marks.
 
+        Where ``row_parts.set_threads`` allows more than one thread, a batch with rows for two parts or more (128 rows
+        a part by default) runs in parts, each its own compiled call on its own thread, joined in row order: the
+        same bits as one call.
+
         Arrays of another dtype, or of shapes that disagree with the model or each other, and marks outside
         ``[0, M)`` raise ``ValueError``. Pass C-contiguous arrays: numba compiles a version of its own (once,
         seconds) for any other layout.

@@ -8,11 +8,12 @@ of rows; tests/core/test_row_parts.py holds every BLAS found to it).
 
 Off by default (``set_threads(1)``), as ``torch.set_num_threads`` leaves a library's caller to choose: the server
 sets it from ``kernel_threads`` (``aaren.server.settings``). A part has at least ``min_rows`` rows: a call's fixed
-cost (its arguments, its outputs, a worker's wake-up: some 30 µs on a 2-CPU VM) makes smaller parts slower than
-one call. Measured on 2 AMD EPYC (Zen 4) vCPUs, the bundled model, one call against two parts on two threads
-(``bench/results/round_row_parts.md``): 64 rows 349 -> 392 µs (slower), 128 rows 586 -> 487 µs, 256 rows
-1,213 -> 935 µs. Two parts take more than half of one call's time because the CPUs' shared clock and caches slow
-each (two processes of single-threaded ``sgemm`` each ran at 0.82 of one alone).
+cost (its arguments, its buffers, the weights packed again by the BLAS, a worker's wake-up: some 30 µs on a 2-CPU
+VM) makes small parts slower than one call. Measured on 2 AMD EPYC (Zen 4) vCPUs, the bundled model, one call
+against two parts on two threads (``bench.kernel``, ``bench/results/round_row_parts.md``): 64 rows 257 -> 296 µs
+(slower), 128 rows 497 -> 466 µs, 256 rows 1,001 -> 684 µs, 512 rows 1,978 -> 1,318 µs. Two parts take more than
+half of one call's time: the two vCPUs slow each other (two processes of single-threaded ``sgemm`` each ran at 0.82
+of one alone).
 
 The calling thread computes the first part itself; the others go to a pool of ``threads - 1`` workers that wait
 on a queue (no spinning: a worker takes no CPU from gRPC's threads between batches).
@@ -30,8 +31,10 @@ __all__ = ["MIN_PART_ROWS", "in_parts", "parts", "set_threads", "threads"]
 
 T = TypeVar("T")
 
-#: The fewest rows a part has: below 128 rows a batch is one call (two parts of 32 rows took 1.1x one call of 64)
-MIN_PART_ROWS = 64
+#: The fewest rows a part has: a batch of fewer than 256 rows is one call. Two parts of 64 rows took 0.91-0.94 of one
+#: call's time, and served (batched messages, 64-256 rows a batch) parts of 64 rows cost 12 % more server CPU an event
+#: for the same events/s; two parts of 128 rows take 0.68-0.73 of one call's time
+MIN_PART_ROWS = 128
 
 
 class _Config:
