@@ -226,10 +226,7 @@ def blas_comparison(
         "Step + forecast by the layers' BLAS: µs a row (blas.available; round robin)",
         ["B", *[f"{n} µs/row" for n in names], *[f"{n} ÷ {names[0]}" for n in names[1:]]],
     )
-    kernels = {}
-    for name, blas in found.items():
-        kernels[name] = EventKernel.from_fused(fused, QUANTILES)
-        kernels[name]._blas = blas
+    kernels = {name: EventKernel.from_fused(fused, QUANTILES, blas) for name, blas in found.items()}
     for batch in batches:
         (dt, marks, values), state = session_inputs(model, fused, batch)
         arrays = tuple(t.numpy() for t in (dt, marks, values, *state))

@@ -426,10 +426,9 @@ def test_blas_products_equal_the_kernels_loops(choice: str, monkeypatch: pytest.
         _sgemm_into(found, a, b, c)
         assert set_local(0) == 2  # given back as it was
     model = model_of(d_model=16, n_heads=4, num_marks=7, value_width=2, n_components=4, time_resolution=1.0, seed=5)
-    blas = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
-    blas._blas = found
-    loops = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
-    loops._blas = (0, NO_BLAS, 0)
+    blas = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS, found)
+    loops = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS, (0, NO_BLAS, 0))
+    assert blas._blas == found and loops._blas == (0, NO_BLAS, 0)
     state = state_arrays(tuple(model.init_state(40).tensors().values()))
     dt, marks, values = (t.numpy() for t in events(40, 2, 7, seed=9))
     a, b = (k.step_forecast(dt, marks, values, *state, 3) for k in (blas, loops))

@@ -88,8 +88,7 @@ def test_a_batch_in_parts_is_the_same_bits_as_one_call(blas: str) -> None:
     """Odd batch sizes split 2 and 3 ways (a part of 5 rows or more) against one call, with each BLAS found (the
     layers' products may group a row's sums by the number of rows: they must not); one row's step overflows."""
     model = model_of(d_model=16, n_heads=4, num_marks=7, value_width=2, n_components=4, time_resolution=1.0, seed=7)
-    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS)
-    kernel._blas = available()[blas]
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS, available()[blas])
     for b, threads in ((11, 2), (17, 3), (40, 3)):
         state = state_arrays(tuple(model.init_state(b).tensors().values()))
         dt, marks, values = (t.numpy() for t in events(b, 2, 7, seed=b))

@@ -1208,6 +1208,7 @@ class EventKernel:
         levels: tuple[float, ...],
         step: tuple[np.ndarray | np.float32, ...],
         head: tuple[np.ndarray | float | int, ...],
+        blas: tuple[int, int, int] | None = None,
     ) -> None:
         self.d_model = fused.d_model
         self.num_marks = fused.num_marks
@@ -1216,11 +1217,14 @@ class EventKernel:
         self.levels = levels
         self._packed = _pack(step, head)
         #: the sgemm of the layers' matrices (``blas.find_sgemm``; ``(0, NO_BLAS, 0)``: the kernel's loops)
-        self._blas = find_sgemm()
+        self._blas = find_sgemm() if blas is None else blas
 
     @classmethod
-    def from_fused(cls, fused: FusedEventModel, levels: tuple[float, ...]) -> EventKernel:
-        """Pack ``fused``'s weights and the quantile ``levels`` in (0, 1).
+    def from_fused(
+        cls, fused: FusedEventModel, levels: tuple[float, ...], blas: tuple[int, int, int] | None = None
+    ) -> EventKernel:
+        """Pack ``fused``'s weights and the quantile ``levels`` in (0, 1); ``blas``: the layers' ``sgemm`` as
+        ``blas.available`` gives one (default ``blas.find_sgemm()``, as ``AAREN_KERNEL_BLAS`` chooses).
 
         Raises ``ValueError`` for a backbone without a fused step (``fused.layers is None``) or bad levels.
         """
@@ -1267,7 +1271,7 @@ class EventKernel:
             int(fused.num_marks),
             int(fused.value_width),
         )
-        return cls(fused, levels, step, head)
+        return cls(fused, levels, step, head, blas)
 
     def _finish(self, forecast: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         if self.time_resolution > 0:
