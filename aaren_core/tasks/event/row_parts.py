@@ -32,8 +32,8 @@ __all__ = ["MIN_PART_ROWS", "in_parts", "parts", "set_threads", "threads"]
 T = TypeVar("T")
 
 #: The fewest rows a part has: a batch of fewer than 256 rows is one call. Two parts of 64 rows took 0.91-0.94 of one
-#: call's time, and served (batched messages, 64-256 rows a batch) parts of 64 rows cost 12-16 % more server CPU an event
-#: for the same events/s; two parts of 128 rows take 0.68-0.73 of one call's time
+#: call's time, and served (batched messages, 64-256 rows a batch) parts of 64 rows cost 12-16 % more server CPU an
+#: event for the same events/s; two parts of 128 rows take 0.68-0.73 of one call's time
 MIN_PART_ROWS = 128
 
 
