@@ -19,13 +19,15 @@ LEVELS = (0.1, 0.5, 0.9)
 
 
 @pytest.fixture(autouse=True)
-def one_thread_after() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
+    """One thread before and after each test (a server started in this process earlier sets its own count)."""
+    row_parts.set_threads(1)
     yield
     row_parts.set_threads(1)
 
 
 def test_rows_are_cut_into_as_many_parts_as_the_threads_and_the_fewest_rows_allow() -> None:
-    assert row_parts.threads() == 1 and row_parts.parts(1000) == [(0, 1000)]  # off: one part, whatever the rows
+    assert row_parts.threads() == 1 and row_parts.parts(1000) == [(0, 1000)]  # one thread: one part, whatever the rows
     row_parts.set_threads(2, min_rows=3)
     assert row_parts.threads() == 2
     assert row_parts.parts(5) == [(0, 5)]  # two parts would hold fewer than 3 rows
