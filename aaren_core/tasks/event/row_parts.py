@@ -77,7 +77,9 @@ def threads() -> int:
 def parts(rows: int) -> list[tuple[int, int]]:
     """``[(start, stop), ...]``: ``rows`` cut into consecutive parts of nearly equal size, as many as the
     threads allow with ``min_rows`` rows or more each (at least one part)."""
-    count = max(1, min(_config.threads, rows // _config.min_rows))
+    count = min(_config.threads, rows // _config.min_rows)
+    if count <= 1:  # every batch on one thread, and every small one: no list of bounds to build
+        return [(0, rows)]
     bounds = [rows * i // count for i in range(count + 1)]
     return list(itertools.pairwise(bounds))
 
