@@ -27,7 +27,7 @@ from test_fused import bisection_quantiles, random_mixture
 from aaren_core.checkpoint import load_checkpoint
 from aaren_core.nn.backbones import BackboneConfig
 from aaren_core.tasks.event import blas as blas_module
-from aaren_core.tasks.event.blas import ILP64, LP64, MKL, NO_BLAS, available, find_sgemm, sgemm
+from aaren_core.tasks.event.blas import ILP64, LP64, MKL, NO_BLAS, available, find_sgemm, product
 from aaren_core.tasks.event.borrow import borrowed
 from aaren_core.tasks.event.fused import FusedEventModel
 from aaren_core.tasks.event.heads import discrete_quantiles, truncated_mean
@@ -412,18 +412,18 @@ def test_blas_products_equal_the_kernels_loops(choice: str, monkeypatch: pytest.
         a = rng.standard_normal((m, n)).astype(np.float32)
         b = rng.standard_normal((n, p)).astype(np.float32)
         c = np.full((m + 2, p), 7.0, np.float32)  # added to the products; rows past m are left alone
-        _sgemm_into(found, a, b, c)
+        product(found, a, b, c)
         assert np.abs(c[:m] - (a.astype(np.float64) @ b + 7.0)).max() < 1e-5 * n and (c[m:] == 7.0).all()
     outs = set()  # the same product whatever the arrays' alignment (MKL's kernels may peel by it): the same bits
     for offset in range(0, 64, 4):
         c = _at_offset(np.zeros((m, p), np.float32), offset)
-        _sgemm_into(found, _at_offset(a, (3 * offset) % 64), _at_offset(b, (5 * offset) % 64), c)
+        product(found, _at_offset(a, (3 * offset) % 64), _at_offset(b, (5 * offset) % 64), c)
         outs.add(c.tobytes())
     assert len(outs) == 1
     if found[1] == MKL:
         set_local = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(found[2])
         set_local(2)
-        _sgemm_into(found, a, b, c)
+        product(found, a, b, c)
         assert set_local(0) == 2  # given back as it was
     model = model_of(d_model=16, n_heads=4, num_marks=7, value_width=2, n_components=4, time_resolution=1.0, seed=5)
     blas = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS, found)
@@ -468,11 +468,6 @@ def _at_offset(a: np.ndarray, offset: int) -> np.ndarray:
     out = buf[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
     out[...] = a
     return out
-
-
-@numba.njit
-def _sgemm_into(blas: tuple, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
-    sgemm(blas, a, b, c)
 
 
 def test_marks_rank_descending_with_the_lower_mark_first_among_equal_probabilities() -> None:

@@ -19,6 +19,16 @@ them to ``sgemm`` as arguments (not globals), so numba still caches the compiled
 process, the machine code is not. Where neither is found (a torch without MKL, a numpy built against another BLAS)
 the kernel keeps its own loops (kind ``NO_BLAS``).
 
+**A row's bits whatever rows share its call.** The kernel computes a row from that row's inputs alone, and a
+batch's rows in parts (``row_parts``) must give what one call gives. A BLAS may sum a row's products in another
+order where its tiles fall otherwise: numpy's OpenBLAS does on an AMD EPYC Zen 3 (its ``Haswell`` kernels, which
+valgrind also gets: 92 of 256 rows of a 64-wide model's features differed between one call and two of 128 rows);
+on Zen 4 (``SkylakeX``) it passed ``tests/core/test_row_parts.py``, as MKL does on each. ``find_sgemm(shapes)``
+with ``auto`` therefore takes the first library in its order whose products pass ``rows_exact`` on the model's own
+matrix shapes (rows computed in windows of one call of 256, 4 to 128 rows at six offsets, against that call, bit
+for bit); where none passes, the kernel's own loops, exact by construction. A library named in
+``AAREN_KERNEL_BLAS`` is taken as named, unprobed.
+
 Each product runs on its calling thread: a threaded product of this size would take the core gRPC needs, and where
 the process has CPUs to spare a large batch's rows are cut into parts, each on its own thread (``row_parts``).
 OpenBLAS is set to one thread once, in the process
@@ -32,6 +42,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import importlib.util
+import logging
 import os
 from typing import Any
 
@@ -41,7 +52,25 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["ILP64", "LP64", "MKL", "NO_BLAS", "auto_order", "available", "cpu_vendor", "find_sgemm", "sgemm"]
+from aaren.jit import compiled
+
+__all__ = [
+    "ILP64",
+    "LP64",
+    "MKL",
+    "NO_BLAS",
+    "PROBE_ROWS",
+    "PROBE_WINDOWS",
+    "auto_order",
+    "available",
+    "cpu_vendor",
+    "find_sgemm",
+    "product",
+    "rows_exact",
+    "sgemm",
+]
+
+_log = logging.getLogger(__name__)
 
 #: what ``find_sgemm`` found: no BLAS, OpenBLAS's ``cblas_sgemm`` with 64-bit integers (numpy's) or 32-bit ones,
 #: or MKL's Fortran ``SGEMM`` (32-bit integers, every argument by address)
@@ -58,7 +87,22 @@ _OPENBLAS_SYMBOLS = (
 _MKL_SYMBOLS = ("SGEMM", "MKL_Set_Num_Threads_Local")
 _ROW_MAJOR, _NO_TRANS = 101, 111
 
-_found: tuple[int, int, int] | None = None
+#: ``(auto, ((name, (address, kind, threads)), ...))``: whether ``AAREN_KERNEL_BLAS`` is ``auto``, and the libraries
+#: it allows that were found, in its order (``find_sgemm``; None until first asked)
+_found: tuple[bool, tuple[tuple[str, tuple[int, int, int]], ...]] | None = None
+#: ``rows_exact``'s answers by library and shapes, as the process found them
+_exact: dict[tuple[tuple[int, int, int], tuple[tuple[int, int], ...]], bool] = {}
+
+#: rows of ``rows_exact``'s whole call (a kernel call's most: ``kernel.CHUNK``), and the windows of it computed
+#: alone: lengths that fill a library's register tiles or leave each remainder, at offsets on and off a tile, from 4
+#: rows (``kernel.BLOCK``: the kernel computes fewer by its own loops; MKL's products of 1-3 rows sum otherwise)
+PROBE_ROWS = 256
+PROBE_WINDOWS = tuple(
+    (start, start + length)
+    for start in (0, 1, 3, 64, 77, 128)
+    for length in (4, 5, 8, 13, 16, 31, 64, 100, 128)
+    if start + length <= PROBE_ROWS
+)
 
 
 def _openblas_libraries() -> list[str]:
@@ -133,11 +177,8 @@ def _find_openblas() -> tuple[int, int, int] | None:
     return None
 
 
-def find_sgemm() -> tuple[int, int, int]:
-    """``(address, kind, threads)`` of the ``sgemm`` the kernel's layers use (the module docstring): MKL's (kind
-    ``MKL``, ``threads`` the address of its thread-local thread count) or numpy's OpenBLAS's (``ILP64`` or ``LP64``,
-    the library set to one thread; ``threads`` 0), as ``AAREN_KERNEL_BLAS`` (``auto``, ``mkl``, ``openblas``, ``0``)
-    allows; ``(0, NO_BLAS, 0)`` where none is found or it is ``0``. An unknown choice raises ``ValueError``."""
+def _candidates() -> tuple[bool, tuple[tuple[str, tuple[int, int, int]], ...]]:
+    """``_found``, read from ``AAREN_KERNEL_BLAS`` and the libraries once a process."""
     global _found
     if _found is None:
         choice = os.environ.get("AAREN_KERNEL_BLAS", "auto").strip().lower() or "auto"
@@ -147,10 +188,61 @@ def find_sgemm() -> tuple[int, int, int]:
             raise ValueError(f"AAREN_KERNEL_BLAS={choice!r}: expected one of {', '.join(CHOICES)}")
         openblas = _find_openblas()  # found whatever the choice: it sets numpy's OpenBLAS to one thread, process-wide
         found = {"mkl": _find_mkl, "openblas": lambda: openblas}
-        auto = auto_order(cpu_vendor())
-        order = {"auto": auto, "mkl": ("mkl",), "openblas": ("openblas",)}.get(choice, ())
-        _found = next((got for name in order if (got := found[name]()) is not None), (0, NO_BLAS, 0))
+        order = {"auto": auto_order(cpu_vendor()), "mkl": ("mkl",), "openblas": ("openblas",)}.get(choice, ())
+        _found = choice == "auto", tuple((name, got) for name in order if (got := found[name]()) is not None)
     return _found
+
+
+def find_sgemm(shapes: tuple[tuple[int, int], ...] = ()) -> tuple[int, int, int]:
+    """``(address, kind, threads)`` of the ``sgemm`` the kernel's layers use (the module docstring): MKL's (kind
+    ``MKL``, ``threads`` the address of its thread-local thread count) or numpy's OpenBLAS's (``ILP64`` or ``LP64``,
+    the library set to one thread; ``threads`` 0), as ``AAREN_KERNEL_BLAS`` (``auto``, ``mkl``, ``openblas``, ``0``)
+    allows; ``(0, NO_BLAS, 0)`` where none is found or it is ``0``. With ``auto`` and the layers' ``shapes``
+    (``(n, p)`` a product ``[B, n] x [n, p]``), the first whose rows are exact on them (``rows_exact``), else the
+    kernel's loops. An unknown choice raises ``ValueError``."""
+    auto, candidates = _candidates()
+    for name, got in candidates:
+        if not (auto and shapes) or rows_exact(got, shapes):
+            return got
+        _log.warning(
+            "kernel BLAS: %s sums a row's products otherwise where other rows share its call (shapes %s); "
+            "not taken (AAREN_KERNEL_BLAS=%s takes it)",
+            name,
+            list(shapes),
+            name,
+        )
+    return 0, NO_BLAS, 0
+
+
+@compiled
+def product(blas: tuple, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    """``c[:m] += a @ b`` by ``sgemm`` (its shapes and layout rules) from Python: a probe's or a test's call."""
+    sgemm(blas, a, b, c)
+
+
+def rows_exact(blas: tuple[int, int, int], shapes: tuple[tuple[int, int], ...], seed: int = 0) -> bool:
+    """Whether ``blas`` gives a row of ``[B, n] x [n, p]`` (for each ``(n, p)`` of ``shapes``) the same bits
+    whatever rows share its call: the rows of ``PROBE_WINDOWS``, each window its own call, against one call over
+    ``PROBE_ROWS`` rows, bias rows added alike (random float32). The kernel's loops (``NO_BLAS``) are, by
+    construction. Once a process for a library and shapes (a few milliseconds)."""
+    key = (blas, tuple(shapes))
+    if blas[1] == NO_BLAS:
+        return True
+    if key not in _exact:
+        rng = np.random.default_rng(seed)
+        exact = True
+        for n, p in shapes:
+            a = rng.standard_normal((PROBE_ROWS, n), dtype=np.float32)
+            b = rng.standard_normal((n, p), dtype=np.float32)
+            bias = rng.standard_normal(p, dtype=np.float32)
+            whole = np.tile(bias, (PROBE_ROWS, 1))
+            product(blas, a, b, whole)
+            for start, stop in PROBE_WINDOWS:
+                window = np.tile(bias, (stop - start, 1))
+                product(blas, a[start:stop], b, window)
+                exact = exact and np.array_equal(window, whole[start:stop])
+        _exact[key] = exact
+    return _exact[key]
 
 
 def available() -> dict[str, tuple[int, int, int]]:

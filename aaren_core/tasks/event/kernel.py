@@ -817,12 +817,11 @@ def gap_summaries(
 
 
 @_jit
-def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
+def _forecast_outputs(rows: int, top_k: int, head: tuple) -> tuple:
     """The outputs ``(time_mean, time_quantiles, top_marks, top_probs, value_mean, value_std)`` of ``rows``
-    forecasts, and the scratch: ``(heads [min(rows, CHUNK), P], probs [M], keys [M] int64, mix [MIX_ROWS, K], work)``
-    (``work``: ``_gap_work``'s)."""
-    head_b, levels, n_components, num_marks, value_width = head[1], head[7], head[12], head[13], head[14]
-    outputs = (
+    forecasts (uninitialized)."""
+    levels, value_width = head[7], head[14]
+    return (
         np.empty(rows, np.float64),
         np.empty((rows, levels.shape[0]), np.float64),
         np.empty((rows, top_k), np.int64),
@@ -830,14 +829,20 @@ def _forecast_buffers(rows: int, top_k: int, head: tuple) -> tuple:
         np.empty((rows, value_width), np.float32),
         np.empty((rows, value_width), np.float32),
     )
-    scratch = (
+
+
+@_jit
+def _forecast_scratch(rows: int, head: tuple) -> tuple:
+    """The scratch of a call over ``rows`` forecasts: ``(heads [min(rows, CHUNK), P], probs [M], keys [M] int64,
+    mix [MIX_ROWS, K], work)`` (``work``: ``_gap_work``'s)."""
+    head_b, levels, n_components, num_marks = head[1], head[7], head[12], head[13]
+    return (
         np.empty((max(min(rows, CHUNK), 1), head_b.shape[0]), np.float32),
         np.empty(num_marks, np.float32),
         np.empty(num_marks, np.int64),
         np.empty((MIX_ROWS, n_components), np.float64),
         _gap_work(n_components, levels.shape[0]),
     )
-    return outputs, scratch
 
 
 @_jit
@@ -847,7 +852,8 @@ def _forecast_chunk(
     """The forecasts of rows ``first .. first + n_rows`` of ``outputs`` (``FusedEventModel.forecast``) from their
     head pre-activations ``heads[r] = W_h y + b_h [P]`` (overwritten), ``r < n_rows``; the tuples unpacked once.
 
-    ``head``: ``EventKernel``'s packed head weights; ``outputs``, ``scratch`` from ``_forecast_buffers``."""
+    ``head``: ``EventKernel``'s packed head weights; ``outputs``, ``scratch`` from ``_forecast_outputs`` and
+    ``_forecast_scratch``."""
     head_low, head_high, head_scale, head_shift, value_std = head[2:7]
     levels, ppf, exp_constants, gap_bound, resolution, k_all, m_all, v_all = head[7:]
     time_mean, quantiles, top_marks, top_probs, value_mean, value_stds = outputs
@@ -901,7 +907,7 @@ def _forecast_chunk(
 def _forecast_rows(y: np.ndarray, top_k: int, head: tuple) -> tuple:
     """The forecast of feature rows ``y [B, d]`` (C-contiguous; see ``_forecast_chunk``), ``CHUNK`` rows at a
     time."""
-    outputs, scratch = _forecast_buffers(y.shape[0], top_k, head)
+    outputs, scratch = _forecast_outputs(y.shape[0], top_k, head), _forecast_scratch(y.shape[0], head)
     heads = scratch[0]
     for first in range(0, y.shape[0], CHUNK):
         n_rows = min(CHUNK, y.shape[0] - first)
@@ -952,12 +958,33 @@ def _mark_infinite(values: np.ndarray, finite: np.ndarray) -> int:
 
 
 @_jit
-def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, blas: tuple) -> tuple:
-    """One event per row, then the forecast from its features (see the module docstring): ``inputs`` are
+def _step_outputs(rows: int, top_k: int, head: tuple, m: np.ndarray, w: np.ndarray) -> tuple:
+    """The outputs of a ``_step_forecast_rows`` call over ``rows`` rows, uninitialized but ``finite`` (all True):
+    ``(y [rows, d], m, u [rows, L, H], w [rows, L, H, Dh], n_events [rows], forecast outputs, finite [rows])``,
+    the state's shapes those of ``m`` and ``w`` past their first dimension."""
+    n_layers, n_heads, head_dim = w.shape[1], w.shape[2], w.shape[3]
+    return (
+        np.empty((rows, n_heads * head_dim), np.float32),
+        np.empty((rows, m.shape[1], m.shape[2]), np.float32),
+        np.empty((rows, m.shape[1], m.shape[2]), np.float32),
+        np.empty((rows, n_layers, n_heads, head_dim), np.float32),
+        np.empty(rows, np.int64),
+        _forecast_outputs(rows, top_k, head),
+        np.ones(rows, np.bool_),
+    )
+
+
+@_jit
+def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, blas: tuple, out: tuple) -> int:
+    """One event per row, then the forecast from its features (see the module docstring), written into ``out``
+    (``_step_outputs``' arrays, as many rows as the inputs); how many rows it marked not finite in ``out``'s
+    ``finite`` (a row whose new state or features overflowed: the server refuses it). ``inputs`` are
     ``EventKernel.step_forecast``'s arrays ``(dt, marks, values, m, u, w, n_events)``; ``step`` and ``head``:
-    ``EventKernel``'s packed weights; ``blas``: ``(address, kind, threads)`` of a BLAS ``sgemm`` (``blas.find_sgemm``).
-    Rows go through the layers ``CHUNK`` at a time, each matrix over the chunk's rows (``_matrix``)."""
+    ``EventKernel``'s packed weights; ``blas``: ``(address, kind, threads)`` of a BLAS ``sgemm``
+    (``blas.find_sgemm``). Rows go through the layers ``CHUNK`` at a time, each matrix over the chunk's rows
+    (``_matrix``)."""
     dt, marks, values, m, u, w, n_events = inputs
+    y, m_new, u_new, w_new, n_new, outputs, finite = out
     freqs, mark_table, embed_wt, norms, eps, rate, has_rate = step[:7]
     sv_wt, sv_b, out_wt, out_b, fc1_wt, fc1_b, fc2_wt, fc2_b, final_norm, final_eps, gelu_constants = step[7:]
     rows = dt.shape[0]
@@ -974,11 +1001,12 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
         raise ValueError("m, u: not [B, L, H] of the model")
     if d != sv_b.shape[1] - n_heads or n_heads != rate.shape[1]:
         raise ValueError("w: not [B, L, H, Dh] of the model")
-    y = np.empty((rows, d), np.float32)
-    m_new = np.empty_like(m)
-    u_new = np.empty_like(u)
-    w_new = np.empty_like(w)
-    n_new = n_events + 1
+    if y.shape != (rows, d) or m_new.shape != m.shape or u_new.shape != m.shape or w_new.shape != w.shape:
+        raise ValueError("out: not the inputs' rows and state shapes")
+    if n_new.shape[0] != rows or finite.shape[0] != rows or outputs[0].shape[0] != rows:
+        raise ValueError("out: not the inputs' rows")
+    for b in range(rows):
+        n_new[b] = n_events[b] + 1
     size = min(rows, CHUNK)
     x = np.empty((size, d), np.float32)
     h = np.empty((size, d), np.float32)
@@ -991,7 +1019,7 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
     n_scales = 2 * n_heads  # a head's exp(m - m') and exp(s - m'), row by row
     decay = np.empty(size * n_scales, np.float32)
     exp_constants = head[9]
-    outputs, scratch = _forecast_buffers(rows, top_k, head)
+    scratch = _forecast_scratch(rows, head)
     for first in range(0, rows, CHUNK):
         n_rows = min(CHUNK, rows - first)
         for r in range(n_rows):
@@ -1057,13 +1085,10 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
         heads = scratch[0]
         _matrix(y[first:], head[0], head[1], heads, n_rows, _OWN_LOOPS)
         _forecast_chunk(heads, n_rows, first, top_k, head, outputs, scratch)
-    finite = np.ones(rows, np.bool_)  # a row whose new state or features overflowed (the server refuses it)
     marked = 0
     for values in (y, m_new.reshape((rows, -1)), u_new.reshape((rows, -1)), w_new.reshape((rows, -1))):
         marked += _mark_infinite(values, finite)
-    # None where every row is finite (the common case): numba hands each array it returns to Python through a
-    # lookup of its type (some 3,000 instructions an array), a None costs nothing
-    return y, m_new, u_new, w_new, n_new, outputs, (finite if marked else None)
+    return marked
 
 
 #: the number of dimensions of each packed array, in the order of ``EventKernel``'s ``step`` then ``head`` tuples
@@ -1127,9 +1152,79 @@ def _unpack(flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray) -> tuple
 def _step_forecast_packed(
     inputs: tuple, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray, blas: tuple
 ) -> tuple:
-    """``_step_forecast_rows`` on the packed weights."""
+    """``_step_forecast_rows`` on the packed weights, into new arrays: ``(y, m, u, w, n_events, forecast outputs,
+    finite)``, ``finite`` None where every row is finite (the common case: numba hands each array it returns to
+    Python through a lookup of its type, some 3,000 instructions an array; a None costs nothing)."""
     step, head = _unpack(flat32, flat64, layout)
-    return _step_forecast_rows(inputs, top_k, step, head, blas)
+    out = _step_outputs(inputs[0].shape[0], top_k, head, inputs[3], inputs[5])
+    marked = _step_forecast_rows(inputs, top_k, step, head, blas, out)
+    y, m_new, u_new, w_new, n_new, outputs, finite = out
+    return y, m_new, u_new, w_new, n_new, outputs, (finite if marked else None)
+
+
+@_jit
+def _step_outputs_packed(
+    rows: int, top_k: int, flat32: np.ndarray, flat64: np.ndarray, layout: np.ndarray, m: np.ndarray, w: np.ndarray
+) -> tuple:
+    """``_step_outputs`` on the packed weights: the arrays a batch's parts (``_step_forecast_span``) write into."""
+    return _step_outputs(rows, top_k, _unpack(flat32, flat64, layout)[1], m, w)
+
+
+@_jit
+def _step_forecast_span(
+    inputs: tuple,
+    top_k: int,
+    flat32: np.ndarray,
+    flat64: np.ndarray,
+    layout: np.ndarray,
+    blas: tuple,
+    out: tuple,
+    start: int,
+    stop: int,
+) -> int:
+    """``_step_forecast_rows`` on rows ``start .. stop`` of ``inputs`` into the same rows of ``out``
+    (``_step_outputs_packed``' arrays over the whole batch): one part of a batch (``row_parts``), its outputs
+    written in place, none joined afterwards; how many of its rows it marked not finite. Every input and output
+    must have the batch's rows (a part's slices of unequal arrays could agree)."""
+    dt, marks, values, m, u, w, n_events = inputs
+    y, m_new, u_new, w_new, n_new, outputs, finite = out
+    rows = dt.shape[0]
+    for length in (marks.shape[0], values.shape[0], m.shape[0], u.shape[0], w.shape[0], n_events.shape[0]):
+        if length != rows:
+            raise ValueError("dt, marks, values, m, u, w and n_events must have one row per event")
+    for length in (y.shape[0], m_new.shape[0], u_new.shape[0], w_new.shape[0], n_new.shape[0], finite.shape[0]):
+        if length != rows:
+            raise ValueError("out: not the inputs' rows")
+    if not 0 <= start <= stop <= rows:
+        raise ValueError("a part's rows: expected 0 <= start <= stop <= the batch's rows")
+    step, head = _unpack(flat32, flat64, layout)
+    part_inputs = (
+        dt[start:stop],
+        marks[start:stop],
+        values[start:stop],
+        m[start:stop],
+        u[start:stop],
+        w[start:stop],
+        n_events[start:stop],
+    )
+    part_outputs = (
+        outputs[0][start:stop],
+        outputs[1][start:stop],
+        outputs[2][start:stop],
+        outputs[3][start:stop],
+        outputs[4][start:stop],
+        outputs[5][start:stop],
+    )
+    part_out = (
+        y[start:stop],
+        m_new[start:stop],
+        u_new[start:stop],
+        w_new[start:stop],
+        n_new[start:stop],
+        part_outputs,
+        finite[start:stop],
+    )
+    return _step_forecast_rows(part_inputs, top_k, step, head, blas, part_out)
 
 
 @_jit
@@ -1183,19 +1278,6 @@ _F64 = np.dtype(np.float64)
 _INPUT_DTYPES = ((_F32, _F64), (_I64,), (_F32,), (_F32,), (_F32,), (_F32,), (_I64,))
 
 
-def _joined(results: list[tuple]) -> tuple:
-    """The outputs of consecutive parts' ``_step_forecast_packed`` calls as one call's: each array joined along
-    its rows; ``finite`` None where every part's is (every row finite), else each part's, all-True for a None."""
-    y, m, u, w, n, forecasts, finites = zip(*results, strict=True)
-    joined = [np.concatenate(arrays) for arrays in (y, m, u, w, n)]
-    forecast = tuple(np.concatenate(arrays) for arrays in zip(*forecasts, strict=True))
-    finite = None
-    if any(f is not None for f in finites):
-        every = [np.ones(len(rows), np.bool_) if f is None else f for rows, f in zip(y, finites, strict=True)]
-        finite = np.concatenate(every)
-    return (*joined, forecast, finite)
-
-
 class EventKernel:
     """``FusedEventModel``'s step and forecast as one compiled call per batch (see the module docstring).
 
@@ -1216,15 +1298,19 @@ class EventKernel:
         self.time_resolution = float(fused.time_resolution)
         self.levels = levels
         self._packed = _pack(step, head)
-        #: the sgemm of the layers' matrices (``blas.find_sgemm``; ``(0, NO_BLAS, 0)``: the kernel's loops)
-        self._blas = find_sgemm() if blas is None else blas
+        #: the layers' products ``[B, n] x [n, p]``, as ``(n, p)``: score-value, output, feed-forward in and out
+        self.shapes = tuple((int(a.shape[1]), int(a.shape[2])) for a in (step[7], step[9], step[11], step[13]))
+        #: the sgemm of the layers' matrices (``blas.find_sgemm``, a library whose rows are exact on these shapes
+        #: where it chooses; ``(0, NO_BLAS, 0)``: the kernel's loops)
+        self._blas = find_sgemm(self.shapes) if blas is None else blas
 
     @classmethod
     def from_fused(
         cls, fused: FusedEventModel, levels: tuple[float, ...], blas: tuple[int, int, int] | None = None
     ) -> EventKernel:
         """Pack ``fused``'s weights and the quantile ``levels`` in (0, 1); ``blas``: the layers' ``sgemm`` as
-        ``blas.available`` gives one (default ``blas.find_sgemm()``, as ``AAREN_KERNEL_BLAS`` chooses).
+        ``blas.available`` gives one (default ``blas.find_sgemm`` on the layers' shapes, as ``AAREN_KERNEL_BLAS``
+        chooses).
 
         Raises ``ValueError`` for a backbone without a fused step (``fused.layers is None``) or bad levels.
         """
@@ -1295,8 +1381,8 @@ class EventKernel:
         ``n_events [B]`` int64 (not changed) -> ``KernelOutputs`` with ``k = min(top_k, M)`` marks.
 
         Where ``row_parts.set_threads`` allows more than one thread, a batch with rows for two parts or more (128 rows
-        a part by default) runs in parts, each its own compiled call on its own thread, joined in row order: the
-        same bits as one call.
+        a part by default) runs in parts, each its own compiled call on its own thread, writing its rows of the
+        same output arrays: the same bits as one call.
 
         Arrays of another dtype, or of shapes that disagree with the model or each other, and marks outside
         ``[0, M)`` raise ``ValueError``. Pass C-contiguous arrays: numba compiles a version of its own (once,
@@ -1311,14 +1397,15 @@ class EventKernel:
         bounds = row_parts.parts(len(dt))
         if len(bounds) == 1:
             y, m2, u2, w2, n2, forecast, finite = _step_forecast_packed(inputs, k, *packed, blas)
-        else:  # a large batch: its rows in parts on the kernel's threads (row_parts), joined in row order
-            if any(len(a) != len(dt) for a in inputs):  # as the compiled check, which a part's slices could pass
-                raise ValueError("dt, marks, values, m, u, w and n_events must have one row per event")
+        else:  # a large batch: its rows in parts on the kernel's threads (row_parts), each written in place
+            out = _step_outputs_packed(len(dt), k, *packed, m, w)
 
-            def part(start: int, stop: int) -> tuple:
-                return _step_forecast_packed(tuple(a[start:stop] for a in inputs), k, *packed, blas)
+            def part(start: int, stop: int) -> int:
+                return _step_forecast_span(inputs, k, *packed, blas, out, start, stop)
 
-            y, m2, u2, w2, n2, forecast, finite = _joined(row_parts.in_parts(part, bounds))
+            marked = sum(row_parts.in_parts(part, bounds))
+            y, m2, u2, w2, n2, forecast, finite = out
+            finite = finite if marked else None
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast), finite)
 
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:

@@ -2,13 +2,13 @@
 
 The event kernel computes each row of a batch from that row's inputs alone (``kernel.EventKernel``), and its
 compiled code runs without the GIL (``aaren.jit.compiled``: ``nogil``). So a batch of ``B`` rows can be cut into
-``P`` consecutive parts, each part computed by its own call on its own thread, and the parts' outputs joined in
-row order: the same numbers, bit for bit (each BLAS sums a row's products in the same order whatever the number
-of rows; tests/core/test_row_parts.py holds every BLAS found to it).
+``P`` consecutive parts, each part computed by its own call on its own thread, writing its rows of one set of
+output arrays: the same numbers, bit for bit, where the kernel's BLAS sums a row's products in the same order
+whatever the rows beside it (``blas.rows_exact``, which the kernel's own choice passes; tests/core/test_row_parts.py).
 
 Off by default (``set_threads(1)``), as ``torch.set_num_threads`` leaves a library's caller to choose: the server
 sets it from ``kernel_threads`` (``aaren.server.settings``). A part has at least ``min_rows`` rows: a call's fixed
-cost (its arguments, its buffers, the weights packed again by the BLAS, a worker's wake-up: some 30 µs on a 2-CPU
+cost (its arguments, its scratch, the weights packed again by the BLAS, a worker's wake-up: some 30 µs on a 2-CPU
 VM) makes small parts slower than one call. Measured on 2 AMD EPYC (Zen 4) vCPUs, the bundled model, one call
 against two parts on two threads (``bench.kernel``, ``bench/results/round_row_parts.md``): 64 rows 257 -> 296 µs
 (slower), 128 rows 497 -> 466 µs, 256 rows 1,001 -> 684 µs, 512 rows 1,978 -> 1,318 µs. Two parts take more than
