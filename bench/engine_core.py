@@ -11,7 +11,9 @@ Kinds (``--kind``): ``b1`` one session x 1 event, one request at a time (the cor
 one-session round trip: nothing to amortize), ``b64`` 64 sessions x 1 event per request, ``b256``
 256 x 1, ``run64`` one 64-event history of one session per request (the parallel scan). One JSON line per kind:
 ``ev_per_s``, ``us_per_event``, ``forecasts``, ``events``, ``errors``, ``kernel_threads`` (the threads a large
-batch's kernel call may split across: ``aaren_core.tasks.event.row_parts``, set as the server sets it).
+batch's kernel call may split across: ``aaren_core.tasks.event.row_parts``, set as the server sets it),
+``kernel_blas`` (what computes the kernel's layer products: ``EventKernel.blas_name``; under valgrind, whose CPU
+the libraries see otherwise, ``blas.rows_exact`` may fail them both and leave the kernel's loops).
 
     python -m bench.engine_core --kind b64,b256,run64 --rounds 50
     python -m bench.engine_core --kind b256 --rounds 1000 --reps 5 --kernel-threads 1,-1   # in turns
@@ -122,6 +124,7 @@ async def measure(kind: str, rounds: int, warmup: int, kernel_threads: int | Non
         forecasts=forecasts,
         errors=errors,
         kernel_threads=row_parts.threads(),
+        kernel_blas=engine.kernel_blas,
         wall_s=round(wall, 4),
         ev_per_s=round(forecasts / wall, 1),
         us_per_event=round(wall / max(forecasts, 1) * 1e6, 2),

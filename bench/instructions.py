@@ -32,6 +32,10 @@ model) the same way: the gRPC floor the server kinds sit on. Under valgrind the 
 runs about 50 times slower than the client, so at ``s64`` every stream's next event is waiting
 whenever the batcher takes a batch: batches of up to 64 single events, as under a saturating load.
 
+The JSON line names the library that computed the kernel's layer products (``kernel_blas``). Under valgrind
+both BLAS libraries see another CPU than natively and may fail ``blas.rows_exact``, which leaves ``auto`` with
+the kernel's loops. Name the library natively served (``AAREN_KERNEL_BLAS=mkl`` or ``openblas``) to count it.
+
 Needs ``valgrind`` and its headers (Debian: ``valgrind``) and ``cc``. Valgrind runs the process about
 50 times slower than natively while it counts: keep ``--rounds`` small (the figure is per event).
 """

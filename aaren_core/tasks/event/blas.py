@@ -204,7 +204,7 @@ def find_sgemm(shapes: tuple[tuple[int, int], ...] = ()) -> tuple[int, int, int]
     for name, got in candidates:
         if not (auto and shapes) or rows_exact(got, shapes):
             return got
-        _log.warning(
+        _log.info(
             "kernel BLAS: %s sums a row's products otherwise where other rows share its call (shapes %s); "
             "not taken (AAREN_KERNEL_BLAS=%s takes it)",
             name,

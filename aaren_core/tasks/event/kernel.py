@@ -50,7 +50,7 @@ import torch
 
 from aaren.jit import compiled
 from aaren_core.tasks.event import row_parts
-from aaren_core.tasks.event.blas import NO_BLAS, find_sgemm, sgemm
+from aaren_core.tasks.event.blas import MKL, NO_BLAS, find_sgemm, sgemm
 from aaren_core.tasks.event.borrow import borrowed
 from aaren_core.tasks.event.fused import FusedEventModel, FusedLayer
 from aaren_core.tasks.event.special import (
@@ -1358,6 +1358,11 @@ class EventKernel:
             int(fused.value_width),
         )
         return cls(fused, levels, step, head, blas)
+
+    @property
+    def blas_name(self) -> str:
+        """What computes the layers' products: ``mkl``, ``openblas`` (``blas.find_sgemm``'s kinds) or ``loops``."""
+        return {NO_BLAS: "loops", MKL: "mkl"}.get(self._blas[1], "openblas")
 
     def _finish(self, forecast: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         if self.time_resolution > 0:

@@ -124,8 +124,18 @@ class EventTask(RunTask):
             rows["m"], rows["u"], rows["w"], rows["n_events"], self.description.ranked,
         )  # fmt: skip
         kernel.forecast(np.zeros((1, self._fused_model.d_model), np.float32), self.description.ranked)
-        log.info("the compiled step and forecast are ready in %.1f s", time.perf_counter() - started)
+        log.info(
+            "the compiled step and forecast are ready in %.1f s (layers' products: %s)",
+            time.perf_counter() - started,
+            kernel.blas_name,
+        )
         return kernel
+
+    @property
+    def kernel_blas(self) -> str | None:
+        """What computes the compiled kernel's layer products (``EventKernel.blas_name``: ``mkl``, ``openblas`` or
+        ``loops``); None where the kernel does not serve (a GPU, ``--compile-model``, another backbone)."""
+        return None if self._kernel is None else self._kernel.blas_name
 
     def apply(self, rows: Rows, runs: RunColumns, top_k: int) -> tuple[Rows, EventOutputs]:
         """``RunTask.apply``; a batch of single events that all want a forecast goes through the
