@@ -33,8 +33,9 @@ runs about 50 times slower than the client, so at ``s64`` every stream's next ev
 whenever the batcher takes a batch: batches of up to 64 single events, as under a saturating load.
 
 The JSON line names the library that computed the kernel's layer products (``kernel_blas``). Under valgrind
-both BLAS libraries see another CPU than natively and may fail ``blas.rows_exact``, which leaves ``auto`` with
-the kernel's loops. Name the library natively served (``AAREN_KERNEL_BLAS=mkl`` or ``openblas``) to count it.
+both BLAS libraries see another CPU than natively and may fail ``blas.rows_exact``, which would leave ``auto``
+with the kernel's loops: the counted process is told the library the server takes natively here
+(``native_blas``), or the one ``AAREN_KERNEL_BLAS`` names.
 
 Needs ``valgrind`` and its headers (Debian: ``valgrind``) and ``cc``. Valgrind runs the process about
 50 times slower than natively while it counts: keep ``--rounds`` small (the figure is per event).
@@ -46,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import re
@@ -114,6 +116,23 @@ def _measured_ir(folder: Path, what: str) -> int:
     return _total_ir(dumps[0])
 
 
+@functools.cache
+def native_blas() -> str:
+    """``AAREN_KERNEL_BLAS`` for a counted process: as set, or where it is ``auto`` (or unset) the library the
+    server takes natively for the bundled model (``EventTask.kernel_blas``; ``0`` for the kernel's loops). Under
+    valgrind the libraries see another CPU and may fail ``blas.rows_exact``, so ``auto`` there would count the
+    kernel's loops, not what serves."""
+    choice = os.environ.get("AAREN_KERNEL_BLAS", "auto").strip().lower()
+    if choice not in ("auto", "", "1", "on"):
+        return choice
+    from aaren.server.settings import ServerSettings, bundled_checkpoint
+    from aaren.server.tasks.event.task import load_event_task, resolve_device
+
+    engine = load_event_task(str(bundled_checkpoint()), resolve_device("cpu"), ServerSettings().quantiles)
+    name = getattr(engine, "kernel_blas", None) or "loops"
+    return "0" if name == "loops" else name
+
+
 def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd: Path = ROOT) -> dict[str, object]:
     """One counted run of ``kind`` (``bench.engine_core.KINDS``) in a process of its own: its events,
     the measured rounds' instructions and instructions per event."""
@@ -125,7 +144,7 @@ def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd
         command = _callgrind(
             folder, python, "--inside", kind, "--rounds", str(rounds), "--warmup", str(warmup), "--helper", str(library)
         )
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        env = {**os.environ, "PYTHONHASHSEED": "0", "AAREN_KERNEL_BLAS": native_blas()}
         done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:
@@ -157,6 +176,8 @@ def count_server(
         library = build_helper(folder)
         command = _callgrind(folder, python, "--serve-inside", kind[0], "--helper", str(library))
         env = {**os.environ, "PYTHONHASHSEED": "0"}
+        if kind.startswith("s"):  # the server's kernel (the echo has none)
+            env["AAREN_KERNEL_BLAS"] = native_blas()
         with (folder / "server.err").open("w") as err:
             server = subprocess.Popen(
                 command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
