@@ -25,7 +25,7 @@ order where its tiles fall otherwise: numpy's OpenBLAS does on an AMD EPYC Zen 3
 valgrind also gets: 92 of 256 rows of a 64-wide model's features differed between one call and two of 128 rows);
 on Zen 4 (``SkylakeX``) it passed ``tests/core/test_row_parts.py``, as MKL does on each. ``find_sgemm(shapes)``
 with ``auto`` therefore takes the first library in its order whose products pass ``rows_exact`` on the model's own
-matrix shapes (rows computed in windows of one call of 256, 4 to 128 rows at six offsets, against that call, bit
+matrix shapes (rows computed in windows of one call of 256, 4 to 255 rows at six offsets, against that call, bit
 for bit); where none passes, the kernel's own loops, exact by construction. A library named in
 ``AAREN_KERNEL_BLAS`` is taken as named, unprobed.
 
@@ -100,7 +100,7 @@ PROBE_ROWS = 256
 PROBE_WINDOWS = tuple(
     (start, start + length)
     for start in (0, 1, 3, 64, 77, 128)
-    for length in (4, 5, 8, 13, 16, 31, 64, 100, 128)
+    for length in (4, 5, 8, 13, 16, 31, 64, 100, 128, 129, 200, 255)
     if start + length <= PROBE_ROWS
 )
 
@@ -229,20 +229,24 @@ def rows_exact(blas: tuple[int, int, int], shapes: tuple[tuple[int, int], ...], 
     if blas[1] == NO_BLAS:
         return True
     if key not in _exact:
-        rng = np.random.default_rng(seed)
-        exact = True
-        for n, p in shapes:
-            a = rng.standard_normal((PROBE_ROWS, n), dtype=np.float32)
-            b = rng.standard_normal((n, p), dtype=np.float32)
-            bias = rng.standard_normal(p, dtype=np.float32)
-            whole = np.tile(bias, (PROBE_ROWS, 1))
-            product(blas, a, b, whole)
-            for start, stop in PROBE_WINDOWS:
-                window = np.tile(bias, (stop - start, 1))
-                product(blas, a[start:stop], b, window)
-                exact = exact and np.array_equal(window, whole[start:stop])
-        _exact[key] = exact
+        _exact[key] = _windows_match(blas, shapes, np.random.default_rng(seed))
     return _exact[key]
+
+
+def _windows_match(blas: tuple[int, int, int], shapes: tuple[tuple[int, int], ...], rng: np.random.Generator) -> bool:
+    """``rows_exact``'s check, to the first window that differs."""
+    for n, p in shapes:
+        a = rng.standard_normal((PROBE_ROWS, n), dtype=np.float32)
+        b = rng.standard_normal((n, p), dtype=np.float32)
+        bias = rng.standard_normal(p, dtype=np.float32)
+        whole = np.tile(bias, (PROBE_ROWS, 1))
+        product(blas, a, b, whole)
+        for start, stop in PROBE_WINDOWS:
+            window = np.tile(bias, (stop - start, 1))
+            product(blas, a[start:stop], b, window)
+            if not np.array_equal(window, whole[start:stop]):
+                return False
+    return True
 
 
 def available() -> dict[str, tuple[int, int, int]]:
