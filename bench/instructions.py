@@ -117,11 +117,12 @@ def _measured_ir(folder: Path, what: str) -> int:
 
 
 @functools.cache
-def native_blas() -> str:
+def native_blas() -> str | None:
     """``AAREN_KERNEL_BLAS`` for a counted process: as set, or where it is ``auto`` (or unset) the library the
     server takes natively for the bundled model (``EventTask.kernel_blas``; ``0`` for the kernel's loops). Under
     valgrind the libraries see another CPU and may fail ``blas.rows_exact``, so ``auto`` there would count the
-    kernel's loops, not what serves."""
+    kernel's loops, not what serves. None (the setting left as it is) where the tree's task does not say: an older
+    tree, or no kernel serving."""
     choice = os.environ.get("AAREN_KERNEL_BLAS", "auto").strip().lower()
     if choice not in ("auto", "", "1", "on"):
         return choice
@@ -129,8 +130,14 @@ def native_blas() -> str:
     from aaren.server.tasks.event.task import load_event_task, resolve_device
 
     engine = load_event_task(str(bundled_checkpoint()), resolve_device("cpu"), ServerSettings().quantiles)
-    name = getattr(engine, "kernel_blas", None) or "loops"
-    return "0" if name == "loops" else name
+    name = getattr(engine, "kernel_blas", None)
+    return None if name is None else "0" if name == "loops" else name
+
+
+def _with_blas(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``AAREN_KERNEL_BLAS`` set to ``native_blas()`` where that says one."""
+    blas = native_blas()
+    return env if blas is None else {**env, "AAREN_KERNEL_BLAS": blas}
 
 
 def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd: Path = ROOT) -> dict[str, object]:
@@ -144,7 +151,7 @@ def count(kind: str, rounds: int, warmup: int, python: str = sys.executable, cwd
         command = _callgrind(
             folder, python, "--inside", kind, "--rounds", str(rounds), "--warmup", str(warmup), "--helper", str(library)
         )
-        env = {**os.environ, "PYTHONHASHSEED": "0", "AAREN_KERNEL_BLAS": native_blas()}
+        env = _with_blas({**os.environ, "PYTHONHASHSEED": "0"})
         done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:
@@ -177,7 +184,7 @@ def count_server(
         command = _callgrind(folder, python, "--serve-inside", kind[0], "--helper", str(library))
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         if kind.startswith("s"):  # the server's kernel (the echo has none)
-            env["AAREN_KERNEL_BLAS"] = native_blas()
+            env = _with_blas(env)
         with (folder / "server.err").open("w") as err:
             server = subprocess.Popen(
                 command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
