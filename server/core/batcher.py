@@ -964,25 +964,31 @@ class Batcher:
         every = finite is None and not session_error
         if every or keep.any():
             kept = None if every else np.flatnonzero(keep)
-            kept_sess = run_sess if kept is None else run_sess[kept]  # [K] their sessions
-            last = applied[ends if kept is None else ends[kept]]  # [K] their last applied events
             now = time.time()
-            if kept is not None:
-                new_rows = take_rows(new_rows, kept)
-            existed = stored.exists[kept_sess]
-            created = stored.created_at[kept_sess]
+            if kept is None and every_event and n_runs == len(ids) == len(applied):
+                # one event a session, every session of the batch in order (the common batch): run r is session r
+                # and event r, so the columns are the batch's as they are, no gather (six a batch of one event)
+                kept_sess, existed, created = run_sess, stored.exists, stored.created_at
+                last_seq, last_time, expected = seq, work.events.time, stored.last_seq
+            else:
+                kept_sess = run_sess if kept is None else run_sess[kept]  # [K] their sessions
+                last = applied[ends if kept is None else ends[kept]]  # [K] their last applied events
+                if kept is not None:
+                    new_rows = take_rows(new_rows, kept)
+                existed, created = stored.exists[kept_sess], stored.created_at[kept_sess]
+                last_seq, last_time, expected = seq[last], work.events.time[last], stored.last_seq[kept_sess]
             if np.count_nonzero(existed) < len(existed):  # the sessions this batch starts: created now
                 created = np.where(existed, created, now)
             save = SaveBatch(
                 # every session of the batch, in order: the loaded list itself (a store may know it again)
                 session_ids=ids if len(kept_sess) == len(ids) else [ids[u] for u in kept_sess.tolist()],
                 tensors=new_rows,
-                last_seq=seq[last],
-                last_time=work.events.time[last],
+                last_seq=last_seq,
+                last_time=last_time,
                 created_at=created,
                 updated_at=_filled(len(kept_sess), now),
                 model_version=self.task.version,
-                expected_seqs=stored.last_seq[kept_sess],
+                expected_seqs=expected,
             )
             try:
                 written = await self.timed("save", self.store.save(save))
