@@ -265,9 +265,10 @@ class _Place(Generic[Q, R]):
     def __call__(self, answer: Outcomes | R) -> None:
         """The core's answer (``OnDone``), on the loop's thread: kept, and the writer woken where it waits
         for this place (the oldest). No future a request: one wake-up, not a future's callback and then
-        one. An answer that is no ``Outcomes`` is the reply itself (``Accepted.encode`` passes it on: aaren.v1's
-        gathered requests), kept as the reply where no ``after`` waits for it: the writer sends it as it is."""
-        if isinstance(answer, Outcomes) or self.accepted is None or self.accepted.after is not None:
+        one. An answer that is neither ``Outcomes`` nor None is the reply itself (``Accepted.encode`` passes it on:
+        aaren.v1's gathered requests), kept as the reply where no ``after`` waits for it: the writer sends it as
+        it is."""
+        if answer is None or isinstance(answer, Outcomes) or self.accepted is None or self.accepted.after is not None:
             self.answer, self.answered = answer, True
         else:
             self.reply = answer
