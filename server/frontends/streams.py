@@ -216,7 +216,8 @@ class Accepted(Generic[R]):
     #: one-event requests, ``OneEvent``, which its ``Gather`` submits as a group).
     request: CoreRequest | Any
     #: The reply to the core's outcomes, called on a later loop turn than the core's answer; a
-    #: request whose answer is its reply already (aaren.v1's gathered requests) passes it on.
+    #: request whose answer is its reply already (aaren.v1's gathered requests) passes it on, and its
+    #: place skips this call where no ``after`` waits (``_Place.__call__``).
     encode: Callable[[Outcomes | R], R]
     #: Where the request goes: the ``CoreAPI.submitter`` of its model, or what hands it on to it.
     submit: Callable[[Any, OnDone], None]
