@@ -7,10 +7,13 @@ import itertools
 import random
 
 import grpc
+import numpy as np
 import pytest
 import torch
 from servers import START_TIMEOUT_S
 
+from aaren.server.stores.base import as_arrays
+from aaren.server.tasks.runs import RunColumns
 from aaren.v1 import aaren_pb2 as pb
 from aaren.v1 import aaren_pb2_grpc
 from aaren_core.checkpoint import load_checkpoint, save_checkpoint
@@ -86,6 +89,49 @@ def offline_numbers(want, k: int) -> list[float]:
     ]
 
 
+def apply_offline(engine, batches: list[list[pb.Event]], top_k: int) -> dict[tuple[str, int], list[float]]:
+    """The numbers of every event's forecast when the engine applies ``batches`` one after another, each
+    as one call of ``engine.apply`` (a session's events of a batch one run, in the batch's order), the
+    rows kept between calls as the memory store keeps them: the path of the server's batches, had each
+    batch been these events."""
+    fresh = {name: t.unsqueeze(0).numpy() for name, t in engine.layout_rows().items()}
+    rows: dict[str, dict[str, np.ndarray]] = {}
+    last_time: dict[str, float] = {}
+    numbers: dict[tuple[str, int], list[float]] = {}
+    for batch in batches:
+        runs: dict[str, list[pb.Event]] = {}
+        for e in batch:
+            runs.setdefault(e.session_id, []).append(e)
+        order = [e for run in runs.values() for e in run]
+        dt = []
+        for e in order:
+            dt.append(e.time - last_time.get(e.session_id, e.time))
+            last_time[e.session_id] = e.time
+        lengths = np.array([len(run) for run in runs.values()])
+        columns = RunColumns(
+            np.array(dt, dtype=np.float64),
+            np.array([e.mark for e in order], dtype=np.int64),
+            np.array([list(e.values) for e in order], dtype=np.float32),
+            np.cumsum(lengths) - lengths,
+            lengths,
+            np.ones(len(order), dtype=bool),
+        )
+        old = {name: np.concatenate([rows.get(sid, fresh)[name] for sid in runs]) for name in fresh}
+        new, out = engine.apply(old, columns, top_k)
+        new = as_arrays(new)
+        for r, sid in enumerate(runs):
+            rows[sid] = {name: np.array(new[name][r : r + 1]) for name in fresh}
+        for i, e in enumerate(order):
+            numbers[(e.session_id, e.seq)] = [
+                float(out.time_mean[i]),
+                *out.time_quantiles[i].tolist(),
+                *out.top_probs[i].tolist(),
+                *out.value_mean[i].tolist(),
+                *out.value_std[i].tolist(),
+            ]
+    return numbers
+
+
 @pytest.mark.parametrize(
     ("compile_model", "kernel", "frontends"),
     [(False, True, 0), (False, True, 2), (False, False, 0), (True, False, 0)],
@@ -99,15 +145,17 @@ def test_streamed_forecasts_equal_offline_model(
     step and forecast ``torch.compile``d (opt-in).
 
     The yardstick is the exact maths: the same model evaluated offline in float64. Every float32
-    evaluation rounds its own way (the offline model by a parallel scan, the server one step at a
-    time in batches whose make-up depends on timing, the kernel with float64 layer-norm moments and
-    its own erf, inductor with its own sum order), so two of them differ by up to the sum of their
-    distances from the exact answer: this test once held the server to 1e-5 of the offline float32
-    model, and the eager path failed in CI (1.13e-5) and in 2 of 18 runs here (1.26e-5 at worst), each
-    side about 6e-6 from float64. Measured over 12 runs of each variant: the offline float32 model is 6.25e-6
-    (relative, or absolute below 1) from the exact answer at worst, the served forecasts 3.6e-6 to
-    7.7e-6. A served forecast must be no further from the exact answer than twice the offline float32
-    model's own worst rounding on the same events."""
+    evaluation rounds its own way: the offline model by a parallel scan; the server one batch at a
+    time, by the kernel's loops (1-3 rows), a BLAS (4 rows or more, where one is row-exact), or
+    torch's step and scan (a batch with a run of several events), each of whose sums may group
+    otherwise at another batch width. Which batches form depends on timing, so the served numbers
+    are one of many float32 evaluations. The bound is made of the ones the server can take: the
+    engine itself, offline on the same events, with every event alone, the sessions side by side,
+    and 1, 2 or 4 of the test's messages a batch; plus the offline model. A served forecast must be
+    no further from the exact answer than twice the worst of those. (Held to twice the offline model's
+    alone, the kernel at two front ends failed one CI run in three: 1.04x that bound on an Intel host,
+    where MKL's rows and the loops' sum otherwise; here the batches of 2 and 4 messages reach
+    1.35-1.43x the offline model's rounding, and the served forecasts 0.77-1.27x; AMD host.)"""
     sequences, _ = flights_events
     # Compiling while loading takes 25-45 s here with a cold inductor cache (a fresh machine), and
     # longer on a loaded one: the start bound only catches a hung server.
@@ -156,8 +204,25 @@ def test_streamed_forecasts_equal_offline_model(
     def distance(a: float, b: float) -> float:
         return abs(a - b) / max(1.0, abs(b))
 
-    rounding = served = 0.0
-    worst_at = None
+    # The paths a served event's numbers can take, each alone over the same events, offline in the
+    # server's own engine (idle now): every event its own batch; the sessions' k-th events as one
+    # batch; each message as one batch (its runs scanned, its single events stepped beside them), and
+    # 2 or 4 messages as one, as the server gathers the messages that wait while it runs a batch.
+    top_k = len(got[(sequences[0].session_id, 1)].marks)
+    by_session = {seq.session_id: [e for e in events if e.session_id == seq.session_id] for seq in sequences}
+    path_batches = {
+        "each event alone": [[e] for session in by_session.values() for e in session],
+        "sessions side by side": [list(step) for step in zip(*by_session.values(), strict=True)],
+        **{
+            f"{n} messages at a time": [
+                [e for m in messages[i : i + n] for e in m.events] for i in range(0, len(messages), n)
+            ]
+            for n in (1, 2, 4)
+        },
+    }
+    paths = {name: apply_offline(engine, batches, top_k) for name, batches in path_batches.items()}
+    rounding = dict.fromkeys(["offline model", *paths], 0.0)
+    served, worst_at = 0.0, None
     for seq in sequences:
         want = offline_forecasts(model, seq, EVENTS_PER_SESSION)
         exact = offline_forecasts(exact_model, seq, EVENTS_PER_SESSION)
@@ -165,8 +230,11 @@ def test_streamed_forecasts_equal_offline_model(
             f = got[(seq.session_id, k + 1)]
             assert f.seq == k + 1 and f.last_time == pytest.approx(float(seq.times[k]))
             truth = offline_numbers(exact, k)
-            for a, b in zip(offline_numbers(want, k), truth, strict=True):
-                rounding = max(rounding, distance(a, b))
+            for name, numbers in [("offline model", offline_numbers(want, k))] + [
+                (name, path[(seq.session_id, k + 1)]) for name, path in paths.items()
+            ]:
+                for a, b in zip(numbers, truth, strict=True):
+                    rounding[name] = max(rounding[name], distance(a, b))
             for a, b in zip(forecast_numbers(f), truth, strict=True):
                 if distance(a, b) > served:
                     served, worst_at = distance(a, b), (seq.session_id, k, a, b)
@@ -175,9 +243,9 @@ def test_streamed_forecasts_equal_offline_model(
             # Top marks agree, up to the order of ties within float32 rounding.
             if all(abs(p - q) > 1e-6 for p, q in itertools.combinations(probs, 2)):
                 assert top == exact.top_marks[k].tolist()
-    bound = 2 * rounding
-    assert 0 < rounding < 1e-4  # float32 rounds, and no more than float32 should
-    assert served <= bound, (served, bound, worst_at)
+    assert all(0 < r < 1e-4 for r in rounding.values()), rounding  # float32 rounds, and no more than it should
+    bound = 2 * max(rounding.values())
+    assert served <= bound, (served, bound, worst_at, rounding)
 
 
 def test_seq_rules_hold_end_to_end(start_server, flights_events, flights_checkpoint):
