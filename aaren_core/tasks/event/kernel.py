@@ -1413,6 +1413,28 @@ class EventKernel:
             finite = finite if marked else None
         return KernelOutputs(y, m2, u2, w2, n2, self._finish(forecast), finite)
 
+    def prepare(self, m: np.ndarray, u: np.ndarray, w: np.ndarray, n_events: np.ndarray, top_k: int) -> None:
+        """Compile (or load from numba's cache) now every path a request can take, on one fresh row of the state
+        ``m, u [1, L, H]``, ``w [1, L, H, Dh]``, ``n_events [1]`` (as the store holds it), so that no request pays
+        for compiling: ``step_forecast`` in one call and, where ``row_parts`` has threads, in parts (compiled the
+        first time a batch of ``2 x MIN_PART_ROWS`` rows came: a stall of 5 s on a cold cache on this 2-core
+        machine), and the forecast alone (a history's, the unary ``Forecast``'s)."""
+        inputs = (
+            np.zeros(1, np.float64),  # gaps as float64, as a batch's RunColumns hold them
+            np.zeros(1, np.int64),
+            np.zeros((1, self.value_width), np.float32),
+            m,
+            u,
+            w,
+            n_events,
+        )
+        self.step_forecast(*inputs, top_k)
+        if row_parts.threads() > 1:
+            k = max(0, min(int(top_k), self.num_marks))
+            out = _step_outputs_packed(1, k, *self._packed, m, w)
+            _step_forecast_span(inputs, k, *self._packed, self._blas, out, 0, 1)
+        self.forecast(np.zeros((1, self.d_model), np.float32), top_k)
+
     def forecast(self, y: np.ndarray, top_k: int) -> tuple[np.ndarray, ...]:
         """The forecast alone from features ``y [B, d]`` float32 (C-contiguous): ``KernelOutputs.forecast``'s
         six arrays."""

@@ -430,8 +430,10 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         # the first request (a task's own compiled writer is made ready by its encoder)
         one = pb.StreamRequest(events=[pb.Event()]).SerializeToString()
         _read_request(np.frombuffer(one, np.uint8), default.checks)
-        ones, byte = np.ones(1, np.int64), np.frombuffer(b"\0", np.uint8)  # read-only, as the real ones
-        _results_block(byte, ones, byte, ones, ones, np.zeros(1), default.ref_array)
+        # numba compiles a version per argument type, read-only arrays apart: the task's block is writable, the
+        # session ids' bytes and the reference reply are read-only (np.frombuffer of bytes)
+        ones, byte = np.ones(1, np.int64), np.frombuffer(b"\0", np.uint8)
+        _results_block(np.zeros(1, np.uint8), ones, byte, ones, ones, np.zeros(1), default.ref_array)
 
     def _view(self, model: str) -> _ModelView | None:
         """The model a request names ("" the default), None when this server does not serve it."""

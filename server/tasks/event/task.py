@@ -116,14 +116,7 @@ class EventTask(RunTask):
             return None
         kernel = EventKernel.from_fused(self._fused_model, self.quantiles)
         rows = {k: t.unsqueeze(0).numpy() for k, t in self.layout_rows().items()}
-        width = self.description.value_width
-        # the types a batch passes (numba compiles a version per argument type): gaps as float64, as a batch's
-        # RunColumns hold them; and the forecast alone (a history's, the unary Forecast's)
-        kernel.step_forecast(
-            np.zeros(1, np.float64), np.zeros(1, np.int64), np.zeros((1, width), np.float32),
-            rows["m"], rows["u"], rows["w"], rows["n_events"], self.description.ranked,
-        )  # fmt: skip
-        kernel.forecast(np.zeros((1, self._fused_model.d_model), np.float32), self.description.ranked)
+        kernel.prepare(rows["m"], rows["u"], rows["w"], rows["n_events"], self.description.ranked)
         log.info(
             "the compiled step and forecast are ready in %.1f s (layers' products: %s)",
             time.perf_counter() - started,
