@@ -26,7 +26,9 @@ events/s (``bench/results/round_connections.md``).
 
 Server CPU per event, by process, from ``/proc/PID/stat`` (user + sys) before and after each cell:
 aaren's core (the ``aaren serve`` pid) and each front end (its children), TorchServe's
-``java.pid`` and ``worker.pid``, the echo's one process.
+``java.pid`` and ``worker.pid``, the echo's one process. Beside it, the CPU of the cell's load client (its
+process's, from ``getrusage(RUSAGE_CHILDREN)``): each server's own client (ours for aaren and the echo, the kit's
+for TorchServe) shares the same two cores, so a heavier client leaves its server less.
 
 Then batched messages (columns layout): 64 sessions x 1 event per message, and a 64-event history
 of one session per message, ``--batched-streams`` streams, for each aaren layout and the echo,
@@ -46,6 +48,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import signal
 import socket
 import subprocess
@@ -211,12 +214,18 @@ class Bench:
             time.sleep(self.a.ts_pause)
         pids = target.processes()
         before = {k: cpu_seconds(p) for k, p in pids.items()}
+        client_before = client_cpu_seconds()
         proc = subprocess.run(list(cmd), cwd=ROOT, capture_output=True, text=True, timeout=900)
         after = {k: cpu_seconds(p) for k, p in pids.items()}
+        client_s = client_cpu_seconds() - client_before
         lines = [x for x in proc.stdout.strip().splitlines() if x.startswith("{")]
         res: dict[str, object] = json.loads(lines[-1]) if lines else {"errors": 1, "first_error": proc.stderr[-500:]}
         res.update(
-            info, server=target.name, rc=proc.returncode, cpu_s={k: round(after[k] - before[k], 4) for k in pids}
+            info,
+            server=target.name,
+            rc=proc.returncode,
+            cpu_s={k: round(after[k] - before[k], 4) for k in pids},
+            client_cpu_s=round(client_s, 4),
         )
         self.cells.append(res)
         n = float(res.get("forecasts", res.get("events", 0)) or 0)  # the kit reports events, ours forecasts too
@@ -296,6 +305,20 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     ]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return [*lines, ""]
+
+
+def client_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's waited-for children so far: the load clients (each cell's
+    client runs as a child and is waited for), so that a cell's difference is its client's."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def client_cpu_ms(cell: dict[str, object]) -> float | None:
+    """A cell's client CPU ms per event (None for a cell from before clients were counted)."""
+    n = float(cell.get("forecasts", cell.get("events", 0)) or 0)  # type: ignore[arg-type]
+    client = cell.get("client_cpu_s")
+    return None if not n or client is None else float(client) / n * 1e3  # type: ignore[arg-type]
 
 
 def cpu_ms(cell: dict[str, object], process: str | None = None) -> float | None:
@@ -402,8 +425,9 @@ def report(
             by = "; ".join(f"{p} {span([cpu_ms(c, p) for c in cs if p in c['cpu_s']], '{:.3f}')}" for p in procs)
             totals = [v for v in (cpu_ms(c) for c in cs) if v is not None]
             cpu_at[(name, level)] = totals
-            rows.append([level, name, span(totals, "{:.3f}"), by])
-    out += table(("sessions", "server", "total", "by process"), rows)
+            clients = [v for v in (client_cpu_ms(c) for c in cs) if v is not None]
+            rows.append([level, name, span(totals, "{:.3f}"), by, span(clients, "{:.3f}")])
+    out += table(("sessions", "server", "total", "by process", "its client (same machine)"), rows)
 
     out += [
         f"### Batched messages, columns layout ({a.batched_streams} streams, {a.batched_messages} messages "
