@@ -126,7 +126,7 @@ CASES = [  # (batch, d_model, n_heads, num_marks, value_width, n_components, tim
     (17, 7, 1, 3, 0, 1, True, 1.0),
     (17, 15, 3, 7, 3, 5, False, 0.0),
     (3, 15, 5, 7, 0, 3, True, 1 / 60),
-    (70, 16, 4, 7, 2, 4, True, 1.0),  # more rows than a chunk (kernel.CHUNK), the last chunk 6 rows
+    (300, 16, 4, 7, 2, 4, True, 1.0),  # more rows than a chunk (kernel.CHUNK): two chunks of 150
 ]
 
 

@@ -125,6 +125,33 @@ def test_a_batch_in_parts_is_the_same_bits_as_one_call(blas: str, monkeypatch: p
         assert finite.finite is None  # every row of every part finite
 
 
+@pytest.mark.parametrize("blas", sorted(available()))
+def test_parts_that_cut_a_chunk_are_the_same_bits_as_one_call(blas: str) -> None:
+    """Batches of 514 and 516 rows in two parts of the default size (257 and 258 rows): the layers take a call's rows
+    in nearly equal chunks of at most ``kernel.CHUNK``, so no part leaves a chunk of 1-3 rows for the kernel's loops
+    (cut as 256 rows and the rest, such rows summed otherwise than in the one call's chunks: a model of width 64,
+    where MKL's sums and the loops' differ). Bit for bit where the BLAS's rows are exact."""
+    model = model_of(d_model=64, n_heads=4, num_marks=7, value_width=2, n_components=4, seed=3)
+    kernel = EventKernel.from_fused(FusedEventModel.from_model(model), LEVELS, available()[blas])
+    exact = rows_exact(kernel._blas, kernel.shapes)
+    for b in (514, 516):
+        state = state_arrays(tuple(model.init_state(b).tensors().values()))
+        dt, marks, values = (t.numpy() for t in events(b, 2, 7, seed=b))
+        row_parts.set_threads(1)
+        first = kernel.step_forecast(dt, marks, values, *state, 3)  # a state that is not the fresh one
+        inputs = (dt[::-1].copy(), marks, values, first.m, first.u, first.w, first.n_events)
+        whole = kernel.step_forecast(*inputs, 3)
+        row_parts.set_threads(2)
+        assert row_parts.parts(b) == [(0, b // 2), (b // 2, b)]
+        split = kernel.step_forecast(*inputs, 3)
+        for name in ("y", "m", "u", "w"):
+            got, want = getattr(split, name), getattr(whole, name)
+            if exact:
+                assert np.array_equal(got, want), (blas, b, name, np.flatnonzero((got != want).reshape(b, -1).any(1)))
+            else:
+                assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (blas, b, name)
+
+
 def test_auto_takes_the_first_blas_whose_rows_are_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     """``find_sgemm(shapes)``: with ``auto``, the first library of its order that ``rows_exact`` passes (a host
     where one fails is played by the probe's answer), the kernel's loops where none does; a library named in

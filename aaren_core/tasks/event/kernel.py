@@ -642,10 +642,15 @@ def _affine(x: np.ndarray, weight_t: np.ndarray, bias: np.ndarray, out: np.ndarr
         out[j] += bias[j]
 
 
-#: rows of a batch the layers take at a time in ``_step_forecast_rows`` (their activations stay in cache: 256 KiB for
-#: the bundled model's widest, ``hidden``). sgemm packs the layer's weights once a call: at 64 rows a chunk that
-#: was 1,250 instructions a row of the bundled model under callgrind, at 256 about 300 (a 256-row batch: 52.0k
-#: instructions a row against 52.9k, and no slower in wall time here: 4.22 against 4.35 us a row)
+#: the most rows of a batch the layers take at a time in ``_step_forecast_rows`` (their activations stay in cache:
+#: 256 KiB for the bundled model's widest, ``hidden``). sgemm packs the layer's weights once a call: at 64 rows a chunk
+#: that was 1,250 instructions a row of the bundled model under callgrind, at 256 about 300 (a 256-row batch: 52.0k
+#: instructions a row against 52.9k, and no slower in wall time here: 4.22 against 4.35 us a row). A batch is cut
+#: into nearly equal chunks of at most ``CHUNK`` rows, not ``CHUNK`` rows and the rest: a rest of 1-3 rows would go
+#: through the kernel's loops (``_matrix``), and its rows' sums would differ from the BLAS's that the same rows get in
+#: another cut (a batch of 514 rows in one call, or in parts of 257: ``row_parts``). Equal chunks of a batch of
+#: ``BLOCK`` rows or more all have ``BLOCK`` or more, so every row takes the BLAS (``blas.rows_exact``: the same bits
+#: whatever rows are beside it).
 CHUNK = 256
 
 
@@ -1020,8 +1025,10 @@ def _step_forecast_rows(inputs: tuple, top_k: int, step: tuple, head: tuple, bla
     decay = np.empty(size * n_scales, np.float32)
     exp_constants = head[9]
     scratch = _forecast_scratch(rows, head)
-    for first in range(0, rows, CHUNK):
-        n_rows = min(CHUNK, rows - first)
+    n_chunks = (rows + CHUNK - 1) // CHUNK
+    for c in range(n_chunks):
+        first = rows * c // n_chunks
+        n_rows = rows * (c + 1) // n_chunks - first
         for r in range(n_rows):
             b = first + r
             gap = np.float32(dt[b])  # a float64 gap past float32's range becomes inf: its row overflows
