@@ -5,7 +5,8 @@ found here whose rows pass ``blas.rows_exact``; how the kernel chooses its BLAS 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -57,6 +58,32 @@ def test_the_first_part_runs_on_the_caller_and_the_others_on_the_workers() -> No
     bounds = row_parts.parts(3)
     assert row_parts.in_parts(run, bounds) == [(0, 1), (1, 2), (2, 3)]  # in part order
     assert seen[0] == threading.get_ident() and seen[1] != seen[0] and seen[2] != seen[0]
+
+
+def test_the_callers_share_follows_the_parts_times() -> None:
+    """The caller's part grows while the workers' parts end later than its own (a worker that starts late or runs
+    slower), and shrinks the other way, within ``MIN_LEAD``-``MAX_LEAD``; ``set_threads`` starts it equal again."""
+
+    def slow_part(slow_caller: bool) -> Callable[[int, int], int]:
+        def run(start: int, stop: int) -> int:
+            if (start == 0) == slow_caller:
+                time.sleep(0.002)
+            return stop - start
+
+        return run
+
+    row_parts.set_threads(2, min_rows=10)
+    assert row_parts.parts(100) == [(0, 50), (50, 100)]
+    for _ in range(12):
+        assert sum(row_parts.in_parts(slow_part(slow_caller=False), row_parts.parts(100))) == 100
+    (a, b), (c, d) = row_parts.parts(100)
+    assert b - a > d - c and (b - a) / (d - c) <= row_parts.MAX_LEAD
+    for _ in range(24):
+        row_parts.in_parts(slow_part(slow_caller=True), row_parts.parts(100))
+    (a, b), (c, d) = row_parts.parts(100)
+    assert b - a < d - c and (b - a) / (d - c) >= row_parts.MIN_LEAD - 0.05
+    row_parts.set_threads(2, min_rows=10)
+    assert row_parts.parts(100) == [(0, 50), (50, 100)]
 
 
 def test_a_parts_error_is_raised_once_every_part_is_done() -> None:
