@@ -565,7 +565,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--events", type=int, default=None, help="events per session per cell (default 400; quick: 60)")
     p.add_argument("--batched-streams", type=int, default=4, help="streams of a batched-message cell")
     p.add_argument("--batched-messages", type=int, default=None, help="messages per stream (default 100; quick 10)")
-    p.add_argument("--core-rounds", type=int, default=None, help="engine core alone: rounds (default 60; quick 10)")
+    p.add_argument("--core-rounds", type=int, default=None, help="engine core alone: rounds (default 300; quick 10)")
     p.add_argument("--ts-kit", type=Path, default=KIT, help="the TorchServe kit folder (default: the project's own)")
     p.add_argument(
         "--ts-work",
@@ -580,7 +580,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.reps = a.reps or (1 if q else 3)
     a.events = a.events or (60 if q else 400)
     a.batched_messages = a.batched_messages or (10 if q else 100)
-    a.core_rounds = a.core_rounds or (10 if q else 60)
+    a.core_rounds = a.core_rounds or (10 if q else 300)
     a.warm_ts, a.warm_other = ((16, 50), (16, 30)) if q else ((64, 200), (64, 100))
     return a
 
