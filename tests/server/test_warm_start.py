@@ -78,50 +78,60 @@ def test_no_first_event_or_history_of_any_bundled_model_compiles():
     assert before["aaren.server.core.batcher.rows_finite"] >= 2  # warm_plan's and the models' field tuples
 
 
-#: A server's requests in a fresh process (the pytest process has compiled what earlier tests served): one event,
-#: one message of 256 sessions' events (two parts on the kernel's two threads) in each reply layout, and a history.
+#: A server's requests in a fresh process (the pytest process has compiled what earlier tests served), to every bundled
+#: model: one event, one message of 256 sessions' events (two parts on the kernel's two threads) in each reply layout,
+#: and a history; each message on a time step of the model's grid (a series model's).
 _WIRE_SCRIPT = """
-import json, sys
+import json, pathlib, sys
 import grpc
 sys.path.insert(0, sys.argv[1])
-from generated import tiny_checkpoint_at
+import aaren.models
 from servers import ServerThread
 from test_warm_start import compiled_versions
 from aaren.v1 import aaren_pb2 as pb, aaren_pb2_grpc
 
-checkpoint = tiny_checkpoint_at(__import__("pathlib").Path(sys.argv[2]))
-with ServerThread(checkpoint=checkpoint, kernel_threads=2) as server:
+models_dir = pathlib.Path(aaren.models.__file__).parent
+with ServerThread(checkpoint=None, models_dir=models_dir, kernel_threads=2) as server:
     stub = aaren_pb2_grpc.ForecastServiceStub(grpc.insecure_channel(server.address))
+    names = stub.DescribeModel(pb.DescribeModelRequest()).served_models
+    models = [stub.DescribeModel(pb.DescribeModelRequest(model=name)) for name in names]
     before = compiled_versions()
+    answered = {}
+    for model in models:
+        step = model.step_seconds or 60.0
 
-    def event(session, seq):
-        return pb.Event(session_id=session, seq=seq, time=60.0 * seq, mark=seq % 5, values=[0.5, -1.0])
+        def event(session, seq):
+            values = [0.5] * model.value_width
+            return pb.Event(session_id=session, seq=seq, time=(1000 + seq) * step, mark=0, values=values)
 
-    messages = [
-        pb.StreamRequest(events=[event("one", 1)]),
-        pb.StreamRequest(events=[event(f"rows-{i}", 1) for i in range(256)]),
-        pb.StreamRequest(events=[event(f"cols-{i}", 1) for i in range(256)], layout=pb.RESPONSE_LAYOUT_COLUMNS),
-        pb.StreamRequest(events=[event("history", seq) for seq in range(1, 13)]),
-    ]
-    answered = []
-    for message in messages:  # one at a time: each its own batch
-        (response,) = list(stub.Stream(iter([message])))
-        answered.append(len(response.results) or len(response.forecast_columns.event_index))
+        messages = [
+            pb.StreamRequest(events=[event("one", 1)]),
+            pb.StreamRequest(events=[event(f"rows-{i}", 1) for i in range(256)]),
+            pb.StreamRequest(events=[event(f"cols-{i}", 1) for i in range(256)], layout=pb.RESPONSE_LAYOUT_COLUMNS),
+            pb.StreamRequest(events=[event("history", seq) for seq in range(1, 13)]),
+        ]
+        answered[model.name] = []
+        for message in messages:  # one at a time: each its own batch
+            message.model = model.name
+            (response,) = list(stub.Stream(iter([message])))
+            forecasts = [r for r in response.results if r.WhichOneof("outcome") == "forecast"]
+            answered[model.name].append(len(forecasts) or len(response.forecast_columns.event_index))
     after = compiled_versions()
     server.stop()
 print(json.dumps({"answered": answered, "compiled": {k: v for k, v in after.items() if v != before.get(k, 0)}}))
 """
 
 
-def test_no_request_on_the_wire_compiles(tmp_path):
-    """The same through a real server's gRPC front end, in a process of its own: the request reader, the reply
-    writer in both layouts, and a batch large enough for the kernel to run in parts."""
+def test_no_request_on_the_wire_compiles():
+    """The same through a real server's gRPC front end, in a process of its own, for every bundled model: the request
+    reader, the reply writer in both layouts and each task's own, and a batch large enough for the event kernel to run
+    in parts."""
     tests = Path(__file__).parents[1]
     done = subprocess.run(
-        [sys.executable, "-c", _WIRE_SCRIPT, str(tests), str(tmp_path / "ckpt")],
+        [sys.executable, "-c", _WIRE_SCRIPT, str(tests)],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["answered"] == [1, 256, 256, 12]
+    assert len(result["answered"]) == 4 and all(n == [1, 256, 256, 12] for n in result["answered"].values()), result
     assert result["compiled"] == {}
