@@ -228,7 +228,7 @@ class Bench:
             client_cpu_s=round(client_s, 4),
         )
         self.cells.append(res)
-        n = float(res.get("forecasts", res.get("events", 0)) or 0)  # the kit reports events, ours forecasts too
+        n = cell_events(res)
         cpu = sum(after[k] - before[k] for k in pids)
         rate = res.get("all_active_ev_per_s") or res.get("ev_per_s")
         print(
@@ -314,15 +314,19 @@ def client_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def cell_events(cell: dict[str, object]) -> float:
+    """The events a cell's client reports: the kit reports events, ours forecasts too."""
+    return float(cell.get("forecasts", cell.get("events", 0)) or 0)  # type: ignore[arg-type]
+
+
 def client_cpu_ms(cell: dict[str, object]) -> float | None:
     """A cell's client CPU ms per event (None for a cell from before clients were counted)."""
-    n = float(cell.get("forecasts", cell.get("events", 0)) or 0)  # type: ignore[arg-type]
-    client = cell.get("client_cpu_s")
+    n, client = cell_events(cell), cell.get("client_cpu_s")
     return None if not n or client is None else float(client) / n * 1e3  # type: ignore[arg-type]
 
 
 def cpu_ms(cell: dict[str, object], process: str | None = None) -> float | None:
-    n = float(cell.get("forecasts", cell.get("events", 0)) or 0)
+    n = cell_events(cell)
     cpu = cell["cpu_s"]
     assert isinstance(cpu, dict)
     if not n or not cpu:

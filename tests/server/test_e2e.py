@@ -79,7 +79,7 @@ def forecast_numbers(f: pb.Forecast) -> list[float]:
 
 
 def offline_numbers(want, k: int) -> list[float]:
-    """The same numbers of an offline forecast after event k + 1."""
+    """The same numbers of an offline forecast after event k + 1 (or of the engine's ``EventOutputs`` row k)."""
     return [
         float(want.time_mean[k]),
         *want.time_quantiles[k].tolist(),
@@ -122,13 +122,7 @@ def apply_offline(engine, batches: list[list[pb.Event]], top_k: int) -> dict[tup
         for r, sid in enumerate(runs):
             rows[sid] = {name: np.array(new[name][r : r + 1]) for name in fresh}
         for i, e in enumerate(order):
-            numbers[(e.session_id, e.seq)] = [
-                float(out.time_mean[i]),
-                *out.time_quantiles[i].tolist(),
-                *out.top_probs[i].tolist(),
-                *out.value_mean[i].tolist(),
-                *out.value_std[i].tolist(),
-            ]
+            numbers[(e.session_id, e.seq)] = offline_numbers(out, i)  # EventOutputs: the forecast's field names
     return numbers
 
 
