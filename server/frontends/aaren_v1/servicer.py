@@ -90,6 +90,9 @@ class _ModelView:
     block: WireBlock | None
     #: ``ref_wire`` as an array (``_results_block``'s ``tail``).
     ref_array: np.ndarray
+    #: ``_read_request``'s arrays for the common request, one event (``_room(1, width)``): the loop's thread reads
+    #: one request at a time, and what a request keeps of them it copies.
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 _SMALL = [bytes((v,)) for v in range(0x80)]
@@ -204,8 +207,9 @@ def _timestamp(seconds: float) -> Timestamp:
 # an event that fails a check, bytes that do not parse) is read by protobuf instead and checked by
 # ``EventChecker`` event by event, which says what is wrong: the same request, the same errors.
 
-#: what ``_read_request`` answers: ``_READ`` (columns, every event valid) or ``_PROTOBUF`` (read it so)
-_PROTOBUF, _READ = 0, 1
+#: what ``_read_request`` answers: ``_READ`` (columns, every event valid), ``_PROTOBUF`` (read it so) or
+#: ``_ROOM`` (more events than the arrays it was given hold)
+_PROTOBUF, _READ, _ROOM = 0, 1, 2
 _MAX_VARINT_BYTES = 9  # up to 2^63 - 1: a longer one (a negative enum, a seq past MAX_SEQ) goes to protobuf
 _MAX_SEQ = MAX_SEQ
 
@@ -289,30 +293,39 @@ def _read_event(buf: np.ndarray, at: int, end: int, e: int, cols: tuple, checks:
 _HEAD = 7
 
 
-@compiled(error_model="numpy")
-def _columns(n: int, width: int) -> tuple:
-    """Room for the request's fields and ``n`` events: ``ints [_HEAD + 4 n]`` (the fields, then the session id
-    offsets and lengths, seqs and marks ``[n]`` each), ``times [n]``, ``values [n, width]``, and the views of
-    ``ints`` that ``_read_event`` writes (id offsets, id lengths, seqs, times, marks, values)."""
-    ints = np.zeros(_HEAD + 4 * n, np.int64)
-    times = np.empty(n, np.float64)
-    values = np.zeros((n, width), np.float32)
-    h = _HEAD
-    cols = (ints[h : h + n], ints[h + n : h + 2 * n], ints[h + 2 * n : h + 3 * n], times, ints[h + 3 * n :], values)
-    return ints, times, values, cols
+def _room(n: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Room for a request's fields and ``n`` events, as ``_read_request`` fills it: ``ints [_HEAD + 4 n]`` (the
+    fields, then the session id offsets and lengths, seqs and marks ``[n]`` each), ``times [n]``,
+    ``values [n, width]``."""
+    return np.zeros(_HEAD + 4 * n, np.int64), np.zeros(n, np.float64), np.zeros((n, width), np.float32)
+
+
+def _read_columns(buf: np.ndarray, view: _ModelView) -> tuple[int, int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``_read_request`` of ``buf`` for ``view``'s model into its one-event arrays, or into arrays of their own
+    where the request has more events: ``(how, n, (ints, times, values))``."""
+    arrays = view.scratch
+    how, n = _read_request(buf, view.checks, *arrays)
+    if how == _ROOM:
+        arrays = _room(n, view.description.value_width)
+        how, n = _read_request(buf, view.checks, *arrays)
+    return how, n, arrays
 
 
 @compiled(error_model="numpy")
-def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
-    """A ``StreamRequest``'s wire bytes: ``(how, ints, times, values)``, ``how`` ``_READ`` where it is the
-    common request (its fields once at most; every event read and valid), else ``_PROTOBUF``; ``ints``:
-    the offsets and lengths of ``request_id`` and ``model``, ``forecast_mode``, ``top_k``, ``layout``
-    (``_HEAD`` values), then the events' session id offsets, their lengths, seqs and marks ``[n]`` each;
-    ``times [n]``, ``values [n, width]`` (three arrays: each one returned costs its boxing)."""
+def _read_request(
+    buf: np.ndarray, checks: tuple, ints: np.ndarray, times: np.ndarray, values: np.ndarray
+) -> tuple[int, int]:
+    """A ``StreamRequest``'s wire bytes into ``ints``, ``times`` and ``values`` (``_room``'s arrays, for as many
+    events as they have room for): ``(how, n)``. ``how`` is ``_READ`` where it is the common request (its
+    fields once at most; its ``n`` events read and valid), ``_ROOM`` where it has more events than the arrays
+    hold (nothing read: call again with ``_room(n, width)``), else ``_PROTOBUF``. ``ints`` then holds the
+    offsets and lengths of ``request_id`` and ``model``, ``forecast_mode``, ``top_k``, ``layout`` (``_HEAD``
+    values), then the events' session id offsets, their lengths, seqs and marks ``[n]`` each; ``times [n]``,
+    ``values [n, width]``. The caller's arrays, not new ones: an array a compiled call returns costs its
+    boxing, some 3,700 instructions each."""
     end = buf.shape[0]
-    width = checks[0]
-    none_ints, none_times, none_values, _ = _columns(0, width)
-    head = none_ints
+    head = ints
+    head[:_HEAD] = 0
     seen = 0
     n = 0
     at = 0
@@ -320,12 +333,12 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
         key, at = _read_varint(buf, at, end)
         field, wire_type = key >> 3, key & 7
         if key < 0 or field < 1 or field > 6 or (field != 2 and seen & (1 << field)):
-            return _PROTOBUF, head, none_times, none_values
+            return _PROTOBUF, 0
         seen |= 1 << field
         if wire_type == 2 and (field == 1 or field == 2 or field == 6):
             size, at = _read_varint(buf, at, end)
             if size < 0 or at + size > end:
-                return _PROTOBUF, head, none_times, none_values
+                return _PROTOBUF, 0
             if field == 2:
                 n += 1
             else:
@@ -335,12 +348,14 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
         elif wire_type == 0 and field >= 3 and field <= 5:
             v, at = _read_varint(buf, at, end)
             if v < 0 or v > 0xFFFFFFFF:
-                return _PROTOBUF, head, none_times, none_values
+                return _PROTOBUF, 0
             head[field + 1] = v
         else:
-            return _PROTOBUF, head, none_times, none_values
-    ints, times, values, cols = _columns(n, width)
-    ints[:_HEAD] = head[:_HEAD]
+            return _PROTOBUF, 0
+    if times.shape[0] < n or ints.shape[0] < _HEAD + 4 * n or values.shape[0] < n:
+        return _ROOM, n
+    h = _HEAD
+    cols = (ints[h : h + n], ints[h + n : h + 2 * n], ints[h + 2 * n : h + 3 * n], times, ints[h + 3 * n :], values)
     e = 0
     at = 0
     while at < end:  # the events, in order (the bytes were read above: no check needed on the way)
@@ -348,7 +363,7 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
         if key >> 3 == 2:
             size, at = _read_varint(buf, at, end)
             if not _read_event(buf, at, at + size, e, cols, checks):
-                return _PROTOBUF, head, none_times, none_values
+                return _PROTOBUF, 0
             e += 1
             at += size
         elif key & 7 == 2:
@@ -356,7 +371,7 @@ def _read_request(buf: np.ndarray, checks: tuple) -> tuple:
             at += size
         else:
             _, at = _read_varint(buf, at, end)
-    return _READ, ints, times, values
+    return _READ, n
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -419,7 +434,19 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
             checks = (d.value_width, d.num_marks, self.settings.max_session_id_bytes, d.missing_values)
             block, ref_array = wire_blocks(encoder), np.frombuffer(ref_wire, np.uint8)
             views[d.name] = _ModelView(
-                d, ref, tuple(d.quantiles), checker, encoder, d.ranked, submit, wire, ref_wire, checks, block, ref_array
+                d,
+                ref,
+                tuple(d.quantiles),
+                checker,
+                encoder,
+                d.ranked,
+                submit,
+                wire,
+                ref_wire,
+                checks,
+                block,
+                ref_array,
+                _room(1, d.value_width),
             )
         for alias, name in core.aliases.items():
             views.setdefault(alias, views[name])
@@ -429,7 +456,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         # the compiled request reader and reply writer, ready (compiled, or loaded from numba's cache) before
         # the first request (a task's own compiled writer is made ready by its encoder)
         one = pb.StreamRequest(events=[pb.Event()]).SerializeToString()
-        _read_request(np.frombuffer(one, np.uint8), default.checks)
+        _read_request(np.frombuffer(one, np.uint8), default.checks, *default.scratch)
         # numba compiles a version per argument type, read-only arrays apart: the task's block is writable, the
         # session ids' bytes and the reference reply are read-only (np.frombuffer of bytes)
         ones, byte = np.ones(1, np.int64), np.frombuffer(b"\0", np.uint8)
@@ -681,12 +708,11 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         view = self._default
         assert view is not None
         buf = np.frombuffer(raw, np.uint8)
-        how, ints, times, values = _read_request(buf, view.checks)
+        how, n, (ints, times, values) = _read_columns(buf, view)
         if how != _READ:
             return None
         numbers = ints.tolist()
         rid_at, rid_len, model_at, model_len, mode, top_k, layout = numbers[:_HEAD]
-        n = len(times)
         try:
             model = raw[model_at : model_at + model_len].decode() if model_len else ""
             if model:
@@ -695,7 +721,7 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
                     return None
                 if named is not view:
                     view = named
-                    how, ints, times, values = _read_request(buf, view.checks)
+                    how, n, (ints, times, values) = _read_columns(buf, view)
                     if how != _READ:
                         return None
                     numbers = ints.tolist()
@@ -714,14 +740,16 @@ class ForecastServicer(pb_grpc.ForecastServiceServicer):
         if gather and n == 1 and layout != pb.RESPONSE_LAYOUT_COLUMNS:
             prefix = b"\x0a%b%b" % (_varint(rid_len), rid) if rid_len else b""
             # seq and mark follow the id's offset and length (``_read_request``'s ``ints``)
-            event = OneEvent(prefix, ids[0], numbers[_HEAD + 2], float(times[0]), numbers[_HEAD + 3], values)
+            event = OneEvent(prefix, ids[0], numbers[_HEAD + 2], times.item(0), numbers[_HEAD + 3], values.copy())
             submit = functools.partial(self._gather.add, (view, tenant, self._top_k(top_k, view)))
             return Accepted(event, functools.partial(self._gathered_reply, request_id), submit)
         h = _HEAD
+        if values is view.scratch[2]:  # the view's arrays: the request keeps its own copies
+            ints, times, values = ints[: h + 4 * n].copy(), times[:n].copy(), values[:n].copy()
         core = CoreRequest(
             n,
             _ONE if n == 1 else np.arange(n),
-            EventColumns(ids, ints[h + 2 * n : h + 3 * n], times, ints[h + 3 * n :], values),
+            EventColumns(ids, ints[h + 2 * n : h + 3 * n], times, ints[h + 3 * n : h + 4 * n], values),
             {},
             top_k=top_k,
             last_only=mode == pb.FORECAST_MODE_LAST_PER_SESSION,
