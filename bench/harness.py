@@ -31,6 +31,7 @@ __all__ = [
     "children",
     "cpu_seconds",
     "describe",
+    "main_thread_cpu_seconds",
     "start_aaren",
     "start_echo",
 ]
@@ -41,10 +42,21 @@ START_TIMEOUT_S = 180.0
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat`` fields 14 and 15); 0
-    when it is gone."""
+    """User + system CPU seconds of process ``pid`` so far, all its threads (``/proc/PID/stat`` fields 14
+    and 15); 0 when it is gone."""
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``'s main thread so far (``/proc/PID/task/PID/stat``): in a
+    Python gRPC server, its event loop's thread, where the loop, the servicer's Python and gRPC's Cython run
+    (gRPC's own I/O and poller threads are the rest of ``cpu_seconds``); 0 when it is gone."""
+    return _stat_cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _stat_cpu_seconds(path: Path) -> float:
     try:
-        data = Path(f"/proc/{pid}/stat").read_text()
+        data = path.read_text()
     except OSError:
         return 0.0
     fields = data[data.rindex(")") + 2 :].split()  # the command name may hold spaces

@@ -26,9 +26,11 @@ events/s (``bench/results/round_connections.md``).
 
 Server CPU per event, by process, from ``/proc/PID/stat`` (user + sys) before and after each cell:
 aaren's core (the ``aaren serve`` pid) and each front end (its children), TorchServe's
-``java.pid`` and ``worker.pid``, the echo's one process. Beside it, the CPU of the cell's load client (its
-process's, from ``getrusage(RUSAGE_CHILDREN)``): each server's own client (ours for aaren and the echo, the kit's
-for TorchServe) shares the same two cores, so a heavier client leaves its server less.
+``java.pid`` and ``worker.pid``, the echo's one process; of a Python server's, the part its main thread took
+(``/proc/PID/task/PID/stat``: the event loop's thread; gRPC's own threads cost the echo and aaren alike, so a
+difference between them shows there, ``bench/results/round_reader_room.md``). Beside it, the CPU of the cell's
+load client (its process's, from ``getrusage(RUSAGE_CHILDREN)``): each server's own client (ours for aaren and the
+echo, the kit's for TorchServe) shares the same two cores, so a heavier client leaves its server less.
 
 Then batched messages (columns layout): 64 sessions x 1 event per message, and a 64-event history
 of one session per message, ``--batched-streams`` streams, for each aaren layout and the echo,
@@ -58,7 +60,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, Server, cpu_seconds, describe, start_aaren, start_echo
+from bench.harness import ROOT, Server, cpu_seconds, describe, main_thread_cpu_seconds, start_aaren, start_echo
 
 __all__ = ["main"]
 
@@ -214,8 +216,10 @@ class Bench:
             time.sleep(self.a.ts_pause)
         pids = target.processes()
         before = {k: cpu_seconds(p) for k, p in pids.items()}
+        main_before = {k: main_thread_cpu_seconds(p) for k, p in pids.items()}
         client_before = client_cpu_seconds()
         proc = subprocess.run(list(cmd), cwd=ROOT, capture_output=True, text=True, timeout=900)
+        main_after = {k: main_thread_cpu_seconds(p) for k, p in pids.items()}
         after = {k: cpu_seconds(p) for k, p in pids.items()}
         client_s = client_cpu_seconds() - client_before
         lines = [x for x in proc.stdout.strip().splitlines() if x.startswith("{")]
@@ -225,6 +229,7 @@ class Bench:
             server=target.name,
             rc=proc.returncode,
             cpu_s={k: round(after[k] - before[k], 4) for k in pids},
+            main_thread_cpu_s={k: round(main_after[k] - main_before[k], 4) for k in pids},
             client_cpu_s=round(client_s, 4),
         )
         self.cells.append(res)
@@ -335,6 +340,15 @@ def cpu_ms(cell: dict[str, object], process: str | None = None) -> float | None:
     return total / n * 1e3
 
 
+def main_thread_ms(cell: dict[str, object]) -> float | None:
+    """A cell's main-thread CPU ms per event over the server's processes (each Python server process's event loop
+    runs on its main thread); None for TorchServe (the JVM's main thread serves nothing) or an older cell."""
+    n, main = cell_events(cell), cell.get("main_thread_cpu_s")
+    if not n or not isinstance(main, dict) or cell.get("server") == TS:
+        return None
+    return sum(main.values()) / n * 1e3
+
+
 def report(
     b: Bench,
     names: Sequence[str],
@@ -417,7 +431,13 @@ def report(
         rows,
     )
 
-    out += ["### Server CPU per event (ms, user+sys from /proc over each cell; min-max over reps)", ""]
+    out += [
+        "### Server CPU per event (ms, user+sys from /proc over each cell; min-max over reps)",
+        "",
+        "Event-loop threads: each Python server process's main thread, where its loop, its Python and gRPC's Cython "
+        "run; the rest of its CPU is gRPC's I/O and poller threads (and the kernel's workers).",
+        "",
+    ]
     rows = []
     cpu_at: dict[tuple[str, int], list[float]] = {}
     for level in levels:
@@ -430,8 +450,20 @@ def report(
             totals = [v for v in (cpu_ms(c) for c in cs) if v is not None]
             cpu_at[(name, level)] = totals
             clients = [v for v in (client_cpu_ms(c) for c in cs) if v is not None]
-            rows.append([level, name, span(totals, "{:.3f}"), by, span(clients, "{:.3f}")])
-    out += table(("sessions", "server", "total", "by process", "its client (same machine)"), rows)
+            loops = [v for v in (main_thread_ms(c) for c in cs) if v is not None]
+            rows.append([level, name, span(totals, "{:.3f}"), by, span(loops, "{:.3f}") if loops else "-",
+                         span(clients, "{:.3f}")])  # fmt: skip
+    out += table(
+        (
+            "sessions",
+            "server",
+            "total",
+            "by process",
+            "of it, event-loop threads",
+            "its client (same machine)",
+        ),
+        rows,
+    )
 
     out += [
         f"### Batched messages, columns layout ({a.batched_streams} streams, {a.batched_messages} messages "

@@ -22,6 +22,9 @@ def test_layouts_quick_without_torchserve(tmp_path):
     for c in single:
         assert c["errors"] == 0 and c["forecasts"] == c["sessions"] * 30, c
         assert c["cpu_s"], c  # the server's processes were found
+        # each process's main thread (its event loop) is a part of that process's CPU
+        assert c["main_thread_cpu_s"].keys() == c["cpu_s"].keys(), c
+        assert all(0 <= c["main_thread_cpu_s"][k] <= c["cpu_s"][k] + 0.02 for k in c["cpu_s"]), c
         assert c["channels"] == 1, c  # one connection to a one-process server, as the TorchServe kit's client
     batched = [c for c in cells if c["phase"] == "batched"]
     assert {(c["server"], c["mode"]) for c in batched} == {
