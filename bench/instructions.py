@@ -19,7 +19,9 @@ count the same within a fraction of a percent (each kind is run ``--runs`` times
 runs before and after (imports, model load, compiling) is not counted.
 
 The server kinds ``sN`` count the whole in-process server (``aaren serve --frontends 0``: gRPC, the
-aaren.v1 front end, the engine core, the memory store, every thread of the process) while a client in
+aaren.v1 front end, the engine core, the memory store, every thread of the process, on the event loop
+``aaren serve`` runs on: uvloop where it is installed, ``AAREN_EVENT_LOOP`` chooses; the JSON line's
+``event_loop``; counts made before 2026-12-07 ran on asyncio's own loop) while a client in
 another process (this one, not under valgrind) drives ``N`` streams, one session each, one event per
 message, each stream waiting for its reply before its next write (``bench.stream_client``'s single
 mode). The streams are opened and warmed up (``--warmup`` events each) uncounted; then the client
@@ -207,7 +209,16 @@ def count_server(
             raise SystemExit(f"the counted server failed ({server.returncode}):\n{tail}")
         instructions = _measured_ir(folder, "window")
     events = int(result["events"])
-    return {**result, "instructions": instructions, "instructions_per_event": round(instructions / max(events, 1))}
+    from aaren import event_loop
+    from aaren.server.settings import ServerSettings
+
+    loop = event_loop.resolve(ServerSettings().event_loop)  # the counted server's, from the same environment
+    return {
+        **result,
+        "event_loop": loop,
+        "instructions": instructions,
+        "instructions_per_event": round(instructions / max(events, 1)),
+    }
 
 
 def _line(server: subprocess.Popen[str], prefix: str) -> str:
@@ -301,6 +312,7 @@ def _serve_inside(which: str, helper: str) -> None:
 
     import grpc
 
+    from aaren import event_loop
     from aaren.server.app import AarenServer
     from aaren.server.settings import ServerSettings
 
@@ -345,7 +357,7 @@ def _serve_inside(which: str, helper: str) -> None:
         await done.wait()
         await stop(1.0)
 
-    asyncio.run(serve())
+    event_loop.run(serve(), settings.event_loop)  # the loop aaren serve runs on (uvloop where it is installed)
 
 
 class _CountedClock:
