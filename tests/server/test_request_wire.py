@@ -158,3 +158,26 @@ def test_the_compiled_read_is_protobufs(servicer, seed: int) -> None:
             else:
                 same_request(gathered, want)
     assert taken > 50  # the compiled pass was exercised
+
+
+def test_what_a_read_keeps_is_its_own(servicer) -> None:
+    """The compiled pass reads one-event requests into the model's one set of arrays: what each request keeps of
+    them (its core request's columns, a gathered request's numbers) is its own copy, unchanged by later reads."""
+    events = [
+        pb.Event(session_id=f"s{i}", seq=i + 1, time=0.5 * i, mark=i % NUM_MARKS, values=[float(i), -float(i)])
+        for i in range(6)
+    ]
+    layouts = (pb.RESPONSE_LAYOUT_ROWS, pb.RESPONSE_LAYOUT_COLUMNS)
+    requests = [pb.StreamRequest(events=[e], layout=layout) for e in events for layout in layouts]
+    many = pb.StreamRequest(events=events)  # more events than the arrays hold
+    kept = []
+    for request in [*requests, many]:
+        raw = request.SerializeToString()
+        kept.append((request, servicer._read(raw, "t").request, servicer._read(raw, "t", gather=True).request))
+    for request, read, gathered in kept:  # after every read
+        want = protobuf_reading(servicer, request.SerializeToString())
+        same_request(read, want)
+        if want.n == 1 and request.layout != pb.RESPONSE_LAYOUT_COLUMNS:
+            same_event(gathered, want, request.request_id)
+        else:
+            same_request(gathered, want)
