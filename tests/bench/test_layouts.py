@@ -2,9 +2,12 @@
 installed in CI). Only that every event got a forecast is asserted, never a time."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from bench import layouts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,3 +40,7 @@ def test_layouts_quick_without_torchserve(tmp_path):
     assert all(c["errors"] == 0 and c["forecasts"] == c["events"] > 0 for c in core)
     text = (tmp_path / "layouts.md").read_text()
     assert "Issue 21's aims in this run" in text and "TorchServe not run" in text
+    assert "server cores busy" in text
+    for c in single:  # the cores a server kept busy: its CPU seconds over the cell's wall seconds, at most two here
+        busy = layouts.server_cores(c)
+        assert busy is not None and 0 < busy <= (os.cpu_count() or 1) + 0.1, c
