@@ -11,8 +11,9 @@ finite or NaN).
 has the protocol's ``StreamCodec`` decode each into a ``CoreRequest`` (or a refusal), submits it to
 the model's queue with the request's place in the stream as its ``on_done``, and sends the replies.
 The core only hands the place its answer, which the place keeps, waking the writer where it waits
-for it (no more than a future's ``set_result`` would do, without a future a request): the writer
-encodes it on a later turn of the event loop, so the core's batcher never builds a proto.
+for it (the one future the writer made when it had nothing to send: no future a request, no
+``asyncio.Event`` set and cleared an event): the writer encodes it on a later turn of the event loop,
+so the core's batcher never builds a proto.
 
 Replies leave in the order their requests arrived (``OrderedReplies``): the writer waits for the
 oldest answer first, so a session's results reach the client in the order its events were sent,
@@ -273,53 +274,79 @@ class _Place(Generic[Q, R]):
             self.answer, self.answered = answer, True
         else:
             self.reply = answer
-        pending = self.stream.pending
-        if pending and pending[0] is self:
-            self.stream.wake.set()
-
-    @property
-    def ready(self) -> bool:
-        """Its reply can be made now."""
-        return self.answered or self.reply is not None
+        stream = self.stream
+        writer = stream.writer
+        if writer is not None and stream.pending and stream.pending[0] is self:
+            stream.writer = None
+            if not writer.done():  # not cancelled with its call
+                writer.set_result(None)
 
 
 class OrderedReplies(Generic[Q, R]):
-    """The unanswered requests of one stream, oldest first, and what its writer waits for."""
+    """The unanswered requests of one stream, oldest first, and what its writer and reader wait for.
 
-    __slots__ = ("closing", "idle", "limit", "pause_s", "pending", "reader_done", "room", "wake")
+    Each wait is a future made only while a coroutine waits (``writer``, ``reader``, ``drained``), set by whoever
+    makes its condition true: one event of one stream touches no future but the writer's (asyncio's ``Event``
+    costs a call a ``set`` and a ``clear`` whether anybody waits or not, three of them an event)."""
+
+    __slots__ = ("closing", "drained", "limit", "pause_s", "pending", "reader", "reader_done", "writer")
 
     def __init__(self, limit: int) -> None:
         self.pending: deque[_Place[Q, R]] = deque()
         self.limit = limit
-        self.room = asyncio.Event()  # set while fewer than `limit` requests are unanswered
-        self.room.set()
-        self.idle = asyncio.Event()  # set while none is
-        self.idle.set()
-        self.wake = asyncio.Event()  # set when the writer has something new to look at
+        #: the writer's wait for something new to look at (``wake``), while it waits
+        self.writer: asyncio.Future[None] | None = None
+        #: the reader's wait for room (fewer than ``limit`` unanswered), while it waits
+        self.reader: asyncio.Future[None] | None = None
+        #: a wait for no request unanswered (``idle``), while one waits
+        self.drained: asyncio.Future[None] | None = None
         #: Seconds the reader waits before the next read (a refusal's retry hint).
         self.pause_s = 0.0
         self.reader_done = False
         self.closing = False
 
+    def wake(self) -> None:
+        """Wake the writer if it waits (its wait, ``writer``, is a future the writer makes before it awaits it; a
+        wait cancelled with its call is left as it is)."""
+        writer = self.writer
+        if writer is not None:
+            self.writer = None
+            if not writer.done():
+                writer.set_result(None)
+
+    async def room(self) -> None:
+        """Until fewer than ``limit`` requests are unanswered."""
+        while len(self.pending) >= self.limit:
+            self.reader = asyncio.get_running_loop().create_future()
+            await self.reader
+
+    async def idle(self) -> None:
+        """Until no request is unanswered."""
+        while self.pending:
+            self.drained = asyncio.get_running_loop().create_future()
+            await self.drained
+
     def add(self, place: _Place[Q, R]) -> None:
         """The next request's place. When this place is the oldest, the writer is woken once its reply
         can be made (at once for a refusal; for an answer to come, by the place when it comes), not
         before: a wake-up that would only find the answer missing costs the loop a turn."""
-        first = not self.pending
-        self.pending.append(place)
-        self.idle.clear()
-        if len(self.pending) >= self.limit:
-            self.room.clear()
-        if first and place.ready:
-            self.wake.set()
+        pending = self.pending
+        pending.append(place)
+        if len(pending) == 1 and (place.answered or place.reply is not None):
+            self.wake()
 
     def sent(self) -> None:
         """The oldest request's reply leaves."""
-        self.pending.popleft()
-        if len(self.pending) < self.limit:
-            self.room.set()
-        if not self.pending:
-            self.idle.set()
+        pending = self.pending
+        pending.popleft()
+        if self.reader is not None and len(pending) < self.limit:
+            reader, self.reader = self.reader, None
+            if not reader.done():  # not cancelled with its call
+                reader.set_result(None)
+        if self.drained is not None and not pending:
+            drained, self.drained = self.drained, None
+            if not drained.done():
+                drained.set_result(None)
 
     def note(self, outcomes: Outcomes | R) -> None:
         """A refusal's retry hint pauses the reading (an answer that is a reply already has none)."""
@@ -357,7 +384,7 @@ class StreamLoop(Generic[Q, R]):
         """Ask every open stream to end with UNAVAILABLE once its accepted requests are answered."""
         for stream in self._open:
             stream.closing = True
-            stream.wake.set()
+            stream.wake()
 
     async def serve(self, requests: AsyncIterator[Q], context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
         """The replies of one call, in request order (an async generator for grpc.aio)."""
@@ -369,6 +396,7 @@ class StreamLoop(Generic[Q, R]):
         if refusal is not None:
             await abort(context, refusal)
         stream = OrderedReplies[Q, R](self.limit)
+        loop = asyncio.get_running_loop()
         self._open.add(stream)
         self.open_streams.inc()
         reader = asyncio.create_task(self._read(stream, requests, tenant))
@@ -381,13 +409,13 @@ class StreamLoop(Generic[Q, R]):
                         await abort(context, Reasons.shutting_down())
                     if stream.reader_done:
                         break
-                    stream.wake.clear()
-                    await stream.wake.wait()
+                    stream.writer = news = loop.create_future()  # ``wake`` sets it
+                    await news
                     continue
                 place = stream.pending[0]
-                if not place.ready:  # the place wakes the writer when its answer comes
-                    stream.wake.clear()
-                    await stream.wake.wait()
+                if not (place.answered or place.reply is not None):  # the place wakes the writer when it comes
+                    stream.writer = news = loop.create_future()
+                    await news
                     continue
                 if place.reply is not None:
                     reply = place.reply
@@ -432,7 +460,7 @@ class StreamLoop(Generic[Q, R]):
                     continue
                 if accepted.before is not None:
                     # Whatever this stream sent before is answered before the request's own step.
-                    await stream.idle.wait()
+                    await stream.idle()
                     await accepted.before()
                 self._submit(stream, request, accepted, started)
                 pause, stream.pause_s = stream.pause_s, 0.0
@@ -441,11 +469,11 @@ class StreamLoop(Generic[Q, R]):
                     # a retry may pass, so a flood costs the server one answer per pause, not a
                     # CPU-bound loop of refusals that would slow everybody else down.
                     await asyncio.sleep(min(pause, MAX_PAUSE_S))
-                if not stream.room.is_set():
-                    await stream.room.wait()
+                if len(stream.pending) >= stream.limit:
+                    await stream.room()
         finally:
             stream.reader_done = True  # the writer ends the call, with the reader's error if any
-            stream.wake.set()
+            stream.wake()
 
     def _submit(self, stream: OrderedReplies[Q, R], request: Q, accepted: Accepted[R], started: float) -> None:
         place = _Place(request, started, stream, accepted)
@@ -455,7 +483,7 @@ class StreamLoop(Generic[Q, R]):
         except Exception:  # a bug must cost this request, not the stream
             log.exception("submitting a request failed")
             place.reply = self.codec.refusal(request, Reasons.internal())
-            stream.wake.set()  # its answer will never come: the writer sends the refusal
+            stream.wake()  # its answer will never come: the writer sends the refusal
             return
         if place.answered:  # refused at once (a limit): pause before the next read
             stream.note(place.answer)  # type: ignore[arg-type]
