@@ -544,19 +544,13 @@ def report(
         good = [all(ok(v) for v in p) for p in measured]
         return "**yes**" if all(good) else ("partly (some layouts)" if any(good) else "**no**")
 
-    def rep_ratio(name: str, level: int, key: Callable[[dict[str, Any]], float | None]) -> list[float]:
-        """``key`` of ``name``'s cell over the echo's, per rep."""
-        mine, echo = per_rep("single", name, sessions=level), per_rep("single", ECHO, sessions=level)
-        pairs = [(key(mine[r]), key(echo[r])) for r in mine if r in echo]
-        return [m / e for m, e in pairs if m and e]
-
-    def echo_over_ts(level: int) -> list[float]:
-        """The echo's all-active events/s over TorchServe's, per rep."""
-        echo, ts = per_rep("single", ECHO, sessions=level), per_rep("single", TS, sessions=level)
-        key = "all_active_ev_per_s"
-        return [
-            float(echo[r][key]) / float(ts[r][key]) for r in echo if r in ts and echo[r].get(key) and ts[r].get(key)
-        ]
+    def rep_ratio(
+        name: str, level: int, key: Callable[[dict[str, Any]], float | None], over: str = ECHO
+    ) -> list[float]:
+        """``key`` of ``name``'s cell over ``over``'s (the echo's), per rep."""
+        mine, theirs = per_rep("single", name, sessions=level), per_rep("single", over, sessions=level)
+        pairs = [(key(mine[r]), key(theirs[r])) for r in mine if r in theirs]
+        return [float(m) / float(t) for m, t in pairs if m and t]
 
     for level, aim in AIM_TS_RATIO.items():
         if level not in levels:
@@ -567,7 +561,7 @@ def report(
         vals = [ratios.get((n, level, f"{TS}:all_active_ev_per_s"), []) for n in layouts]
         measured = "; ".join(verdict(n, v, lambda x, a=aim: x >= a) for n, v in zip(layouts, vals, strict=True))
         if ECHO in names:  # the no-op echo, measured the same way: the ratio the transport alone reaches
-            echo_ts = echo_over_ts(level)
+            echo_ts = rep_ratio(ECHO, level, lambda c: c.get("all_active_ev_per_s"), over=TS)
             measured += f" [the echo: {span(echo_ts, '{:.2f}') if echo_ts else 'not measured'}]"
         aims.append(
             (

@@ -275,11 +275,8 @@ class _Place(Generic[Q, R]):
         else:
             self.reply = answer
         stream = self.stream
-        writer = stream.writer
-        if writer is not None and stream.pending and stream.pending[0] is self:
-            stream.writer = None
-            if not writer.done():  # not cancelled with its call
-                writer.set_result(None)
+        if stream.writer is not None and stream.pending and stream.pending[0] is self:
+            stream.wake()
 
 
 class OrderedReplies(Generic[Q, R]):
@@ -404,19 +401,18 @@ class StreamLoop(Generic[Q, R]):
             while True:
                 if stream.closing and not reader.done():
                     reader.cancel()  # send what was accepted before the drain, then end the call
-                if not stream.pending:
+                pending = stream.pending
+                if not pending:
                     if stream.closing:
                         await abort(context, Reasons.shutting_down())
                     if stream.reader_done:
                         break
-                    stream.writer = news = loop.create_future()  # ``wake`` sets it
-                    await news
-                    continue
-                place = stream.pending[0]
-                if not (place.answered or place.reply is not None):  # the place wakes the writer when it comes
+                if not pending or not (pending[0].answered or pending[0].reply is not None):
+                    # ``wake`` sets it: a new request, the reader's end, a drain, or the oldest place's answer
                     stream.writer = news = loop.create_future()
                     await news
                     continue
+                place = pending[0]
                 if place.reply is not None:
                     reply = place.reply
                 else:
